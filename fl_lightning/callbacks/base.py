@@ -1,0 +1,54 @@
+"""Callbacks with federated hooks.
+
+A ``FederatedCallback`` is an ordinary Lightning callback (it can use every ``pl.Callback``
+hook and keeps its state in ``state_dict``) plus four hooks the engine calls each round:
+
+* ``on_round_start``: after the round's clients are sampled;
+* ``on_client_update``: for each update this process produced; returns the update to keep
+  (attacks, clipping, noise and compression transform it here);
+* ``aggregate`` (aggregators only): combine all of the round's updates;
+* ``on_round_end``: after the server update.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import pytorch_lightning as pl
+from torch import Tensor
+
+from fl_lightning.update import ClientUpdate
+
+if TYPE_CHECKING:
+    from fl_lightning.module import FederatedModule
+
+
+class FederatedCallback(pl.Callback):
+    """Base class of callbacks that take part in rounds."""
+
+    def on_round_start(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, clients: list[int]) -> None:
+        """Called once the round's clients (all processes' clients) are known."""
+
+    def on_client_update(self, trainer: pl.Trainer, module: "FederatedModule", update: ClientUpdate) -> ClientUpdate:
+        """Return the update to keep for aggregation (default: unchanged)."""
+        return update
+
+    def on_round_end(
+        self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Optional[dict[str, Tensor]]
+    ) -> None:
+        """Called after the server update; ``aggregate`` is None when the round had no valid update."""
+
+
+class Aggregator(FederatedCallback):
+    """A callback that combines the round's client updates into one tensor per name.
+
+    An aggregator sees only this process's updates and is responsible for its own
+    cross-process communication (``fl_lightning.distributed``), so that its result is the
+    same on every process and equal to the single-process result.
+    """
+
+    def aggregate(
+        self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
+    ) -> Optional[dict[str, Tensor]]:
+        """Combine ``updates`` (this process's, sorted by client id); None if there is nothing to combine."""
+        raise NotImplementedError

@@ -1,0 +1,64 @@
+"""One client's split of a dataset and the mini-batches drawn from it.
+
+Batches come from a ``torch.Generator`` the caller derives from (seed, round, client), so a
+client's batch order does not depend on anything else. Tensor-backed datasets
+(``TensorDataset``) are sliced directly, which is what makes per-client batching cheap;
+other map-style datasets go through ``default_collate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, TensorDataset, default_collate
+
+
+class ClientData:
+    """The samples ``indices`` of ``dataset`` that belong to one client split."""
+
+    def __init__(self, dataset: Dataset, indices: Tensor, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset = dataset
+        self.indices = torch.as_tensor(indices, dtype=torch.long)
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def fetch(self, positions: Tensor) -> Any:
+        """The batch of the split's samples at ``positions`` (positions within the split)."""
+        idx = self.indices[positions]
+        if isinstance(self.dataset, TensorDataset):
+            return tuple(t[idx] for t in self.dataset.tensors)
+        return default_collate([self.dataset[i] for i in idx.tolist()])
+
+    def step_batches(self, steps: int, generator: torch.Generator) -> Iterator[Any]:
+        """``steps`` batches of ``min(batch_size, len)`` samples, reshuffling at each pass."""
+        n = len(self)
+        if n == 0:
+            raise ValueError("the client split is empty")
+        b = min(self.batch_size, n)
+        perm, pos = torch.randperm(n, generator=generator), 0
+        for _ in range(steps):
+            if pos + b > n:
+                perm, pos = torch.randperm(n, generator=generator), 0
+            yield self.fetch(perm[pos : pos + b])
+            pos += b
+
+    def epoch_batches(
+        self, epochs: int = 1, generator: Optional[torch.Generator] = None, batch_size: Optional[int] = None
+    ) -> Iterator[Any]:
+        """``epochs`` passes in chunks of ``batch_size`` (default: the split's; the last chunk may
+        be smaller); shuffled if a generator is given, in index order otherwise."""
+        n, b = len(self), batch_size or self.batch_size
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+            for start in range(0, n, b):
+                yield self.fetch(order[start : start + b])
+
+    def full(self) -> Any:
+        """The whole split as one batch."""
+        return self.fetch(torch.arange(len(self)))

@@ -1,0 +1,87 @@
+"""torchvision datasets as federations: MNIST, Fashion-MNIST, CIFAR-10, CIFAR-100.
+
+The images are read once through torchvision (``root``, ``download``) and kept as one
+normalized float tensor, so a client's mini-batch is a tensor slice. No augmentation is
+applied (the federated papers implemented here use none).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+from torchvision import datasets
+
+from fl_lightning.datamodules.base import FederatedDataModule
+
+
+class TorchvisionFederated(FederatedDataModule):
+    """A torchvision classification dataset split into clients.
+
+    Args:
+        root: directory holding the dataset in torchvision's layout.
+        download: let torchvision download it if missing (needs internet).
+        **kwargs: the ``FederatedDataModule`` arguments.
+    """
+
+    dataset_cls: ClassVar[Any]
+    mean: ClassVar[tuple[float, ...]]
+    std: ClassVar[tuple[float, ...]]
+
+    def __init__(self, root: str = "data", download: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.root = root
+        self.download = download
+
+    def prepare_data(self) -> None:
+        if self.download:
+            for train in (True, False):
+                self.dataset_cls(self.root, train=train, download=True)
+
+    def _load(self, train: bool) -> TensorDataset:
+        try:
+            ds = self.dataset_cls(self.root, train=train, download=False)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"{self.dataset_cls.__name__} not found under root={self.root!r}; pass download=True "
+                "(needs internet) or point root at a copy in torchvision's layout"
+            ) from err
+        x = torch.as_tensor(np.asarray(ds.data)).float().div_(255.0)
+        x = x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)  # [N, C, H, W]
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        y = torch.as_tensor(np.asarray(ds.targets), dtype=torch.long)
+        return TensorDataset((x - mean) / std, y)
+
+    def build_datasets(self) -> tuple[Dataset, Optional[Dataset]]:
+        return self._load(train=True), self._load(train=False)
+
+
+class MNISTFederated(TorchvisionFederated):
+    """MNIST (60,000 train / 10,000 test, 1x28x28) split into clients."""
+
+    dataset_cls = datasets.MNIST
+    mean, std = (0.1307,), (0.3081,)
+
+
+class FashionMNISTFederated(TorchvisionFederated):
+    """Fashion-MNIST (60,000 / 10,000, 1x28x28) split into clients."""
+
+    dataset_cls = datasets.FashionMNIST
+    mean, std = (0.2860,), (0.3530,)
+
+
+class CIFAR10Federated(TorchvisionFederated):
+    """CIFAR-10 (50,000 / 10,000, 3x32x32) split into clients."""
+
+    dataset_cls = datasets.CIFAR10
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+
+class CIFAR100Federated(TorchvisionFederated):
+    """CIFAR-100 (50,000 / 10,000, 3x32x32) split into clients."""
+
+    dataset_cls = datasets.CIFAR100
+    mean, std = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)

@@ -1,0 +1,58 @@
+"""``Classifier``: a plain LightningModule for classification, the base of the reference models.
+
+Nothing federated here: these are the modules a user would train centrally, and that a
+``FederatedModule`` federates unchanged. Subclasses only build ``self.net``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Classifier(pl.LightningModule):
+    """Cross-entropy classifier over ``self.net``, with SGD and accuracy logging.
+
+    Args:
+        lr: SGD learning rate.
+        momentum: SGD momentum.
+        weight_decay: SGD weight decay.
+    """
+
+    net: nn.Module
+
+    def __init__(self, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+        super().__init__()
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        self.lr = lr
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def _evaluate(self, batch: Any, prefix: str) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log(f"{prefix}_loss", F.cross_entropy(logits.float(), y), prog_bar=False, sync_dist=True)
+        self.log(f"{prefix}_acc", (logits.argmax(-1) == y).float().mean(), prog_bar=True, sync_dist=True)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)

@@ -1,0 +1,444 @@
+"""``FederatedModule``: the one ``LightningModule`` the Trainer sees.
+
+It wraps the user's client ``LightningModule`` unchanged and runs a whole federation inside
+one ``Trainer``: a Trainer epoch is a communication round, a training "batch" is a work
+item (by default one client's whole local update).
+
+::
+
+    on_train_epoch_start   sample the round's clients from (seed, round); split them over ranks
+    training_step(item)    load the client's start model and state, run its local steps with the
+                           client module's own training_step/configure_optimizers, turn the
+                           result into a ClientUpdate, let callbacks transform it, keep it
+    last item of a round   aggregate (an Aggregator callback; weighted mean by default) ->
+                           server update (the server optimizer) -> callbacks.on_round_end ->
+                           client state synchronized across ranks
+
+Between rounds the wrapped client module holds the global model, so validation and test run
+the client's own ``validation_step``/``test_step`` on the global model.
+
+Algorithms subclass this and override a few hooks:
+
+* :meth:`client_start` — the state a client starts from (global model by default);
+* :meth:`client_update` / :meth:`local_train` — the local work and what is sent back;
+* :meth:`adjust_local_gradients` — a gradient correction applied before each local step;
+* :meth:`server_update` — how the aggregate changes the global model;
+* :meth:`update_spec` — the names and sizes of the tensors in a ``ClientUpdate``;
+* :meth:`num_work_items` / :meth:`round_work` / :meth:`run_work_item` — the schedule, for
+  algorithms whose clients move in lock-step.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from contextlib import contextmanager
+from typing import Any, Iterator, Literal, Optional, Sequence
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.utilities.apply_func import move_data_to_device
+from pytorch_lightning.strategies import DDPStrategy
+from torch import Tensor
+
+from fl_lightning.callbacks.aggregation import WeightedMean
+from fl_lightning.callbacks.base import Aggregator, FederatedCallback
+from fl_lightning.distributed import all_gather_object, rank_and_world
+from fl_lightning.seeding import generator, sample_clients
+from fl_lightning.state import ClientStateStore
+from fl_lightning.update import ClientUpdate
+from fl_lightning.vectors import StateVector
+
+NonFinitePolicy = Literal["skip", "raise"]
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """A client update contained NaN or Inf and the module was configured to stop."""
+
+
+class FederatedModule(pl.LightningModule):
+    """Runs federated training of ``client`` (plain FedAvg unless a subclass changes the rules).
+
+    Args:
+        client: any ``LightningModule``. Its ``training_step`` gives the local loss (its
+            ``self.log`` calls keep working), its ``configure_optimizers`` the local optimizer
+            (created fresh for each client each round), its ``validation_step``/``test_step``
+            the metrics of the global model.
+        clients_per_round: clients sampled (uniformly, without replacement) each round.
+        local_steps: local optimizer steps per client per round. Exclusive with ``local_epochs``.
+        local_epochs: passes over the client's training split per round, instead of steps.
+        server_lr: learning rate of the server optimizer (SGD on the pseudo-gradient
+            ``-mean(delta)``); 1.0 with no momentum is plain FedAvg.
+        server_momentum: momentum of the server optimizer (FedAvgM).
+        nonfinite_updates: what to do with an update holding NaN/Inf: ``"skip"`` excludes it
+            from the round and reports it (warning + ``round/excluded`` metric), ``"raise"``
+            stops the run. It is never averaged in.
+        seed: the seed of client sampling and of every client's batch order.
+    """
+
+    #: "client": one work item is one client's whole update. Lock-step algorithms override
+    #: :meth:`num_work_items`, :meth:`round_work` and :meth:`run_work_item`.
+    def __init__(
+        self,
+        client: pl.LightningModule,
+        clients_per_round: int = 10,
+        local_steps: Optional[int] = 10,
+        local_epochs: Optional[int] = None,
+        server_lr: float = 1.0,
+        server_momentum: float = 0.0,
+        nonfinite_updates: NonFinitePolicy = "skip",
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(client, pl.LightningModule):
+            raise TypeError(f"client must be a LightningModule, got {type(client).__name__}")
+        if clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+        if (local_steps is None) == (local_epochs is None):
+            raise ValueError(
+                f"give exactly one of local_steps and local_epochs, got local_steps={local_steps}, "
+                f"local_epochs={local_epochs}"
+            )
+        for name, value in (("local_steps", local_steps), ("local_epochs", local_epochs)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if server_lr <= 0:
+            raise ValueError(f"server_lr must be > 0, got {server_lr}")
+        if not 0 <= server_momentum < 1:
+            raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")
+        if nonfinite_updates not in ("skip", "raise"):
+            raise ValueError(f"nonfinite_updates must be 'skip' or 'raise', got {nonfinite_updates!r}")
+        self.save_hyperparameters(ignore=["client"])
+        self.client = client
+        self.clients_per_round = clients_per_round
+        self.local_steps = local_steps
+        self.local_epochs = local_epochs
+        self.server_lr = server_lr
+        self.server_momentum = server_momentum
+        self.nonfinite_updates = nonfinite_updates
+        self.seed = seed
+        self.automatic_optimization = False
+        self.store = ClientStateStore()
+        self.state = StateVector(client)
+        self.round_start: Optional[Tensor] = None
+        self.round_clients: list[int] = []
+        self._rank_clients: list[int] = []
+        self._work: list[Any] = []
+        self._updates: list[ClientUpdate] = []
+        self._excluded: list[int] = []
+        self._local_client: Optional[int] = None
+        self._default_aggregator = WeightedMean()
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, stage: str) -> None:
+        strategy = self.trainer.strategy
+        if isinstance(strategy, DDPStrategy) and not getattr(strategy, "is_federated", False):
+            raise ValueError(
+                f"strategy {type(strategy).__name__} all-reduces the gradients of every local step; "
+                "use strategy='fl_ddp' (or 'fl_ddp_spawn'), fl_lightning's DDP strategy for federations"
+            )
+        dm = self.datamodule
+        if stage == "fit" and self.clients_per_round > len(dm.train_clients):
+            raise ValueError(
+                f"clients_per_round={self.clients_per_round} is above the number of training clients "
+                f"({len(dm.train_clients)})"
+            )
+
+    @property
+    def datamodule(self) -> Any:
+        """The ``FederatedDataModule`` of the run."""
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is None or not hasattr(dm, "client_data"):
+            raise RuntimeError("a FederatedModule needs a FederatedDataModule: trainer.fit(module, datamodule=...)")
+        return dm
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """The server optimizer, over the global model's parameters."""
+        return torch.optim.SGD(self.client.parameters(), lr=self.server_lr, momentum=self.server_momentum)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The global model's forward."""
+        return self.client(*args, **kwargs)
+
+    # -------------------------------------------------------------- schedule
+    def num_work_items(self) -> int:
+        """Work items per round on each process (the length of the train loader)."""
+        _, world = rank_and_world()
+        return math.ceil(self.clients_per_round / world)
+
+    def sample_round(self, round_idx: int) -> list[int]:
+        """The clients of round ``round_idx``, from (seed, round) only."""
+        return sample_clients(self.seed, round_idx, list(self.datamodule.train_clients), self.clients_per_round)
+
+    def round_work(self, clients: list[int]) -> list[Any]:
+        """This process's work items for the round given its clients (default: one per client)."""
+        return list(clients)
+
+    def run_work_item(self, item: Any) -> None:
+        """Run one work item (default: one client's update, then :meth:`receive` it)."""
+        self.receive(self.client_update(item))
+
+    # ----------------------------------------------------------------- round
+    def on_train_epoch_start(self) -> None:
+        rank, world = rank_and_world()
+        round_idx = self.current_epoch
+        self.round_clients = self.sample_round(round_idx)
+        self._rank_clients = self.round_clients[rank::world]
+        self._work = self.round_work(self._rank_clients)
+        if len(self._work) > self.num_work_items():
+            raise RuntimeError(f"{len(self._work)} work items for a loader of {self.num_work_items()}")
+        self.round_start = self.state.flatten()
+        self._updates, self._excluded = [], []
+        for cb in self._federated_callbacks():
+            cb.on_round_start(self.trainer, self, round_idx, self.round_clients)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx < len(self._work):
+            self.run_work_item(self._work[batch_idx])
+        if batch_idx == self.num_work_items() - 1:
+            with torch.autocast(self.device.type, enabled=False):
+                self.finish_round()
+
+    def receive(self, update: ClientUpdate) -> None:
+        """Pass ``update`` through the callbacks and keep it for aggregation, unless non-finite."""
+        for cb in self._federated_callbacks():
+            update = cb.on_client_update(self.trainer, self, update)
+        if not update.is_finite():
+            message = f"round {self.current_epoch}: the update of client {update.client_id} contains NaN or Inf"
+            if self.nonfinite_updates == "raise":
+                raise NonFiniteUpdateError(message)
+            warnings.warn(message + "; it is excluded from the round", RuntimeWarning, stacklevel=2)
+            self._excluded.append(update.client_id)
+            return
+        self._updates.append(update)
+
+    def finish_round(self) -> None:
+        """Aggregate, update the server, synchronize client state, call ``on_round_end``."""
+        aggregate = self.aggregator.aggregate(self.trainer, self, sorted(self._updates, key=lambda u: u.client_id))
+        self.state.load(self.round_start)
+        if aggregate is not None:
+            self.server_update(aggregate)
+        else:
+            warnings.warn(f"round {self.current_epoch}: no valid client update; the global model is unchanged")
+        self.store.sync()
+        excluded = sum(len(e) for e in all_gather_object(self._excluded))
+        self.log("round/excluded", float(excluded), on_step=False, on_epoch=True, batch_size=1)
+        for cb in self._federated_callbacks():
+            cb.on_round_end(self.trainer, self, self.current_epoch, aggregate)
+        self._updates = []
+
+    # ------------------------------------------------------------ client side
+    def client_start(self, client_id: int) -> Tensor:
+        """The state vector client ``client_id`` starts its local work from (the global model)."""
+        assert self.round_start is not None
+        return self.round_start
+
+    def client_update(self, client_id: int) -> ClientUpdate:
+        """Load the start state, run the local work, return ``{"delta": end - start}``."""
+        start = self.client_start(client_id)
+        self.state.load(start)
+        metrics = self.local_train(client_id)
+        delta = self.state.flatten() - start
+        return ClientUpdate(client_id, self.datamodule.num_samples(client_id), {"delta": delta}, metrics)
+
+    def local_train(self, client_id: int, optimizer: Optional[torch.optim.Optimizer] = None) -> dict[str, float]:
+        """Run the local steps of ``client_id`` on the client module (with ``optimizer``, else a
+        fresh :meth:`local_optimizer`); return the mean loss and the number of steps."""
+        optimizer = optimizer if optimizer is not None else self.local_optimizer()
+        total, count = 0.0, 0
+        with self._local(client_id):
+            for step, batch in enumerate(self.local_batches(client_id)):
+                loss = self.local_step(optimizer, batch, step)
+                total += float(loss.detach())
+                count += 1
+        return {"loss": total / max(count, 1), "steps": float(count)}
+
+    def local_batches(self, client_id: int) -> Iterator[Any]:
+        """The client's mini-batches for this round, on the device, in an order from (seed, round, client)."""
+        data = self.datamodule.client_data(client_id, "train")
+        g = generator(self.seed, "batches", self.current_epoch, client_id)
+        batches = (
+            data.step_batches(self.local_steps, g) if self.local_steps is not None else data.epoch_batches(self.local_epochs, g)
+        )
+        for batch in batches:
+            yield move_data_to_device(batch, self.device)
+
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        """A fresh optimizer from the client module's ``configure_optimizers``."""
+        return _single_optimizer(self.client.configure_optimizers())
+
+    def local_loss(self, batch: Any, step: int) -> Tensor:
+        """The client module's training loss on ``batch`` (its ``training_step``)."""
+        self.client._current_fx_name = "training_step"
+        if self.trainer._results is not None:
+            self.trainer._results.batch = batch  # lets the client's self.log infer its batch size
+        out = self.client.training_step(batch, step)
+        loss = out["loss"] if isinstance(out, dict) else out
+        if not isinstance(loss, Tensor):
+            raise TypeError(f"the client's training_step must return a loss tensor, got {type(out).__name__}")
+        return loss
+
+    def local_step(self, optimizer: torch.optim.Optimizer, batch: Any, step: int) -> Tensor:
+        """One local optimizer step through the Trainer's precision plugin (loss scaling, autocast)."""
+        loss_box: list[Tensor] = []
+
+        def closure() -> Tensor:
+            optimizer.zero_grad(set_to_none=True)
+            loss = self.local_loss(batch, step)
+            self.manual_backward(loss)
+            loss_box.append(loss.detach())
+            return loss
+
+        self.trainer.strategy.optimizer_step(optimizer, closure, model=self)
+        return loss_box[0]
+
+    def adjust_local_gradients(self, client_id: int) -> None:
+        """Change the client's gradients (unscaled) before each local optimizer step. Default: nothing."""
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._local_client is not None:
+            self.adjust_local_gradients(self._local_client)
+            self.client.on_before_optimizer_step(optimizer)
+
+    @contextmanager
+    def _local(self, client_id: int) -> Iterator[None]:
+        """Marks the local work of ``client_id`` (for gradient hooks and the client's logging)."""
+        results = self.trainer._results
+        trainer_batch = results.batch if results is not None else None
+        self._local_client = client_id
+        try:
+            yield
+        finally:
+            self._local_client = None
+            if results is not None:
+                results.batch = trainer_batch
+
+    # ------------------------------------------------------------ server side
+    def update_spec(self) -> dict[str, int]:
+        """Names and sizes of the flat tensors of every ``ClientUpdate``."""
+        return {"delta": self.state.dim}
+
+    def server_update(self, aggregate: dict[str, Tensor]) -> None:
+        """``x <- x - server_lr * momentum(-delta)`` for parameters; buffers take ``x + delta``."""
+        delta = aggregate["delta"].to(self.device)
+        optimizer = self.optimizers()
+        raw = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
+        offset = 0
+        for p in self.state.params:
+            p.grad = -delta[offset : offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+        raw.step()
+        raw.zero_grad(set_to_none=True)
+        if self.state.dim > self.state.num_params:
+            new = self.state.flatten()
+            new[self.state.num_params :] += delta[self.state.num_params :]
+            self.state.load(new)
+
+    @property
+    def aggregator(self) -> Aggregator:
+        """The Trainer's ``Aggregator`` callback, or the sample-weighted mean if none is given."""
+        found = [cb for cb in self.trainer.callbacks if isinstance(cb, Aggregator)]
+        if len(found) > 1:
+            raise ValueError(f"give at most one Aggregator callback, got {[type(c).__name__ for c in found]}")
+        return found[0] if found else self._default_aggregator
+
+    def _federated_callbacks(self) -> Sequence[FederatedCallback]:
+        return [cb for cb in self.trainer.callbacks if isinstance(cb, FederatedCallback)]
+
+    # ------------------------------------------------------------ evaluation
+    def client_eval_state(self, client_id: int) -> Optional[Tensor]:
+        """The state vector client ``client_id`` is evaluated with; None means the global model.
+
+        Personalized algorithms return the client's own model here.
+        """
+        return None
+
+    @torch.no_grad()
+    def client_accuracy(self, client_id: int, data: Any) -> float:
+        """Accuracy of client ``client_id``'s model on ``data`` (a ``ClientData``), reading the
+        client module's output as logits."""
+        state = self.client_eval_state(client_id)
+        saved = self.state.flatten() if state is not None else None
+        if state is not None:
+            self.state.load(state.to(self.device))
+        was_training = self.client.training
+        self.client.eval()
+        correct = 0
+        for x, y in data.epoch_batches(1, batch_size=self.datamodule.eval_batch_size):
+            logits = self.client(move_data_to_device(x, self.device))
+            correct += int((logits.argmax(-1).cpu() == y).sum())
+        self.client.train(was_training)
+        if saved is not None:
+            self.state.load(saved)
+        return correct / max(len(data), 1)
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return self._client_hook("validation_step", batch, batch_idx)
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return self._client_hook("test_step", batch, batch_idx)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return self._client_hook("predict_step", batch, batch_idx)
+
+    def on_validation_epoch_start(self) -> None:
+        self._client_hook("on_validation_epoch_start")
+
+    def on_validation_epoch_end(self) -> None:
+        self._client_hook("on_validation_epoch_end")
+
+    def on_test_epoch_start(self) -> None:
+        self._client_hook("on_test_epoch_start")
+
+    def on_test_epoch_end(self) -> None:
+        self._client_hook("on_test_epoch_end")
+
+    def _client_hook(self, name: str, *args: Any) -> Any:
+        self.client._current_fx_name = name
+        return getattr(self.client, name)(*args)
+
+    # ------------------------------------------------------------ checkpoint
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed by this run."""
+        dm = self.datamodule
+        return {
+            "algorithm": type(self).__qualname__,
+            "state_dim": self.state.dim,
+            "num_clients": dm.num_clients,
+            "partition": dm.partition_hash(),
+            "seed": self.seed,
+        }
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["federated"] = {"store": self.store.state_dict(), "fingerprint": self.fingerprint()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("federated")
+        if saved is None:
+            raise ValueError("the checkpoint was not written by a FederatedModule (no 'federated' entry)")
+        if self._trainer is not None and getattr(self._trainer, "datamodule", None) is not None:
+            mine = self.fingerprint()
+            diff = {k: (saved["fingerprint"].get(k), v) for k, v in mine.items() if saved["fingerprint"].get(k) != v}
+            if diff:
+                lines = ", ".join(f"{k}: checkpoint {a!r} vs run {b!r}" for k, (a, b) in diff.items())
+                raise ValueError(f"the checkpoint comes from another configuration ({lines})")
+        self.store.load_state_dict(saved["store"])
+
+
+def _single_optimizer(config: Any) -> torch.optim.Optimizer:
+    """The optimizer of a ``configure_optimizers`` result that holds exactly one."""
+    if isinstance(config, torch.optim.Optimizer):
+        return config
+    if isinstance(config, dict) and "optimizer" in config:
+        if config.get("lr_scheduler") is not None:
+            warnings.warn("the client's lr_scheduler is ignored: local optimizers are created fresh each round")
+        return _single_optimizer(config["optimizer"])
+    if isinstance(config, (list, tuple)) and len(config) >= 1:
+        if len(config) == 2 and isinstance(config[0], (list, tuple)):
+            return _single_optimizer(list(config[0]))
+        if len(config) == 1:
+            return _single_optimizer(config[0])
+    raise ValueError(
+        "the client's configure_optimizers must return exactly one optimizer (optionally with a scheduler), "
+        f"got {config!r}"
+    )

@@ -1,0 +1,45 @@
+"""``fl_ddp``: DDP processes for a federation, without DDP's gradient all-reduce.
+
+Lightning's ``ddp`` wraps the model in ``DistributedDataParallel``, which all-reduces the
+gradients of every backward pass: every local step of every client would be averaged across
+processes. A federation wants the opposite: each process runs its own clients independently
+and the processes meet once per round (an all-reduce for a mean aggregate, an all-gather for
+a robust one). ``FederatedDDPStrategy`` keeps everything of ``DDPStrategy`` (process
+launching, process group, device placement, collectives, checkpoint saving on rank 0)
+except the wrapper; it broadcasts rank 0's initial model so all processes start equal.
+
+Registered names: ``fl_ddp`` (subprocess launcher, like ``ddp``), ``fl_ddp_spawn`` and
+``fl_ddp_notebook`` (``fork``), usable as ``Trainer(strategy="fl_ddp")`` and
+``--trainer.strategy fl_ddp`` on the command line.
+"""
+
+from __future__ import annotations
+
+from pytorch_lightning.overrides.distributed import _sync_module_states
+from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry
+from torch import nn
+
+
+class FederatedDDPStrategy(DDPStrategy):
+    """DDP process management with no ``DistributedDataParallel`` wrapper."""
+
+    strategy_name = "fl_ddp"
+    #: ``FederatedModule`` refuses DDP strategies that lack this flag.
+    is_federated = True
+
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        _sync_module_states(model)
+        return model
+
+    def _register_ddp_hooks(self) -> None:
+        """No DDP wrapper, no communication hooks."""
+
+
+for _name, _start in (("fl_ddp", "popen"), ("fl_ddp_spawn", "spawn"), ("fl_ddp_notebook", "fork")):
+    if _name not in StrategyRegistry:
+        StrategyRegistry.register(
+            _name,
+            FederatedDDPStrategy,
+            description=f"federated DDP ({_start}): one process per device, no per-step gradient all-reduce",
+            start_method=_start,
+        )
