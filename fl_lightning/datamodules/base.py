@@ -21,7 +21,7 @@ from typing import Any, Literal, Optional, Sequence
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 from fl_lightning.datamodules import partition as P
 from fl_lightning.datamodules.client_data import ClientData
@@ -41,17 +41,14 @@ def labels_of(dataset: Dataset) -> np.ndarray:
     return np.asarray([int(dataset[i][1]) for i in range(len(dataset))])
 
 
-class _RoundItems(IterableDataset):
-    """The work items of one round on this process: ``0 .. n-1``."""
+def work_item_loader(n: int) -> DataLoader:
+    """A loader of the indices ``0 .. n-1`` of this process's work items in a round.
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter(range(self.n))
+    Its sampler is a one-replica ``DistributedSampler``: the items are already this
+    process's share, so Lightning must not split them again.
+    """
+    items = range(n)
+    return DataLoader(items, batch_size=None, sampler=DistributedSampler(items, num_replicas=1, rank=0, shuffle=False))
 
 
 class FederatedDataModule(pl.LightningDataModule):
@@ -216,8 +213,7 @@ class FederatedDataModule(pl.LightningDataModule):
 
     # -------------------------------------------------------------- loaders
     def train_dataloader(self) -> DataLoader:
-        module = self.trainer.lightning_module
-        return DataLoader(_RoundItems(module.num_work_items()), batch_size=None)
+        return work_item_loader(self.trainer.lightning_module.num_work_items())
 
     def global_test_set(self) -> Dataset:
         """The global test set, or the union of the clients' test splits when there is none."""

@@ -1,0 +1,64 @@
+"""LeNet-style convolutional classifiers (5x5 convolutions without padding, 2x2 max-pooling).
+
+One class covers the variants the papers use:
+
+* RAGA's LeNet: ``conv_channels=(6, 16)``, ``hidden=()`` (two conv, two pool, one FC);
+* PeFLL's client LeNet: ``conv_channels=(16, 32)``, ``hidden=(120, 84)``;
+* the classic LeNet-5 head: ``conv_channels=(6, 16)``, ``hidden=(120, 84)``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import nn
+
+from fl_lightning.models.classifier import Classifier
+
+
+def lenet_layers(
+    in_channels: int, image_size: int, conv_channels: Sequence[int], hidden: Sequence[int], out_features: int
+) -> nn.Sequential:
+    """The LeNet stack: [conv5x5 -> ReLU -> maxpool2] per conv channel, flatten, [FC -> ReLU] per hidden, FC."""
+    layers: list[nn.Module] = []
+    channels, size = in_channels, image_size
+    for c in conv_channels:
+        layers += [nn.Conv2d(channels, c, 5), nn.ReLU(), nn.MaxPool2d(2)]
+        channels, size = c, (size - 4) // 2
+    if size < 1:
+        raise ValueError(f"image_size={image_size} is too small for {len(conv_channels)} conv layers")
+    layers.append(nn.Flatten())
+    width = channels * size * size
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, out_features))
+    return nn.Sequential(*layers)
+
+
+class LeNet(Classifier):
+    """A LeNet classifier; defaults: MNIST-sized RAGA LeNet (1x28x28, conv 6-16, one FC).
+
+    Args:
+        in_channels: image channels (1 for MNIST, 3 for CIFAR).
+        image_size: input height = width (28 or 32).
+        conv_channels: output channels of the 5x5 conv layers.
+        hidden: widths of the hidden fully connected layers.
+        num_classes: number of classes.
+        lr, momentum, weight_decay: the local SGD optimizer.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        image_size: int = 28,
+        conv_channels: Sequence[int] = (6, 16),
+        hidden: Sequence[int] = (),
+        num_classes: int = 10,
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.save_hyperparameters()
+        self.net = lenet_layers(in_channels, image_size, conv_channels, hidden, num_classes)

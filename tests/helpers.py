@@ -1,0 +1,48 @@
+"""Small federations for tests: tiny models, generated data, fixed seeds."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pytorch_lightning as pl
+import torch
+
+from fl_lightning.datamodules import SyntheticFederated
+from fl_lightning.models import LogisticRegression, MLP
+
+
+def synthetic(num_clients: int = 8, **kwargs: Any) -> SyntheticFederated:
+    """Synthetic(1, 1) with small clients (fast)."""
+    kwargs.setdefault("batch_size", 16)
+    kwargs.setdefault("max_samples", 120)
+    kwargs.setdefault("min_samples", 20)
+    return SyntheticFederated(num_clients=num_clients, dim=20, **kwargs)
+
+
+def tiny_client(seed: int = 0, hidden: tuple[int, ...] = (), lr: float = 0.1) -> pl.LightningModule:
+    """A logistic regression (or small MLP) client with a fixed initialization."""
+    torch.manual_seed(seed)
+    if hidden:
+        return MLP(in_features=20, hidden=hidden, num_classes=10, lr=lr)
+    return LogisticRegression(in_features=20, num_classes=10, lr=lr)
+
+
+def trainer(max_epochs: int = 3, callbacks: Optional[list] = None, **kwargs: Any) -> pl.Trainer:
+    """A quiet CPU Trainer."""
+    kwargs.setdefault("logger", False)
+    kwargs.setdefault("enable_checkpointing", False)
+    kwargs.setdefault("accelerator", "cpu")
+    kwargs.setdefault("devices", 1)
+    return pl.Trainer(
+        max_epochs=max_epochs,
+        callbacks=callbacks or [],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **kwargs,
+    )
+
+
+def global_vector(module: Any) -> torch.Tensor:
+    """The global model of a FederatedModule as one flat CPU vector."""
+    return module.state.flatten().cpu()

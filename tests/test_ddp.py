@@ -1,0 +1,54 @@
+"""DDP on CPU (gloo): 2 processes give the global model of 1 process, with no client run twice."""
+
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+from torch.nn.parallel import DistributedDataParallel
+
+from fl_lightning.algorithms import SCAFFOLD, FedAvg
+from fl_lightning.callbacks import FederatedCallback
+from fl_lightning.distributed import all_gather_object
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+pytestmark = pytest.mark.slow
+
+
+class CheckRoundWork(FederatedCallback):
+    """Fails the run if a client runs twice in a round, a sampled client is skipped, or DDP wraps the model."""
+
+    def on_round_start(self, trainer, module, round_idx, clients):
+        self.seen = []
+        if isinstance(trainer.strategy.model, DistributedDataParallel):
+            raise AssertionError("the model is wrapped in DistributedDataParallel: local steps would be all-reduced")
+
+    def on_client_update(self, trainer, module, update):
+        self.seen.append(update.client_id)
+        return update
+
+    def on_round_end(self, trainer, module, round_idx, aggregate):
+        everyone = [c for part in all_gather_object(self.seen) for c in part]
+        if sorted(everyone) != sorted(module.round_clients) or len(set(everyone)) != len(everyone):
+            raise AssertionError(f"round {round_idx}: ran {sorted(everyone)}, sampled {module.round_clients}")
+
+
+def run(algorithm: type, devices: int) -> pl.LightningModule:
+    pl.seed_everything(0)
+    module = algorithm(tiny_client(hidden=(8,)), clients_per_round=5, local_steps=4, seed=3)
+    strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+    trainer(3, callbacks=[CheckRoundWork()], devices=devices, strategy=strategy).fit(module, synthetic(8))
+    return module
+
+
+@pytest.mark.parametrize("algorithm", [FedAvg, SCAFFOLD])
+def test_two_processes_equal_one(algorithm):
+    one = global_vector(run(algorithm, 1))
+    two = global_vector(run(algorithm, 2))
+    assert (one - two).abs().max() <= 1e-5
+    assert (one - global_vector(algorithm(tiny_client(hidden=(8,))))).abs().max() > 1e-3  # it trained
+
+
+def test_lightning_ddp_is_refused():
+    module = FedAvg(tiny_client(), clients_per_round=2, local_steps=1)
+    with pytest.raises(ValueError, match="fl_ddp"):
+        trainer(1, strategy="ddp", devices=1).fit(module, synthetic(4))

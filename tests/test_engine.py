@@ -1,0 +1,182 @@
+"""The round loop of FederatedModule: federating an unchanged LightningModule, determinism,
+order independence, bad input and non-finite updates."""
+
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fl_lightning import FederatedCallback, NonFiniteUpdateError
+from fl_lightning.algorithms import FedAvg, FedProx
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+
+class PlainClassifier(pl.LightningModule):
+    """A user's ordinary LightningModule: nothing federated in it."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(20, 10)
+        self.train_steps = 0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self.layer(x), y)
+        self.log("user_loss", loss, on_step=False, on_epoch=True)
+        self.train_steps += 1
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("user_acc", (self.layer(x).argmax(-1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_unchanged_lightning_module_is_federated():
+    torch.manual_seed(0)
+    client = PlainClassifier()
+    t = trainer(3)
+    t.fit(FedAvg(client, clients_per_round=4, local_steps=5), synthetic(8))
+    assert client.train_steps == 3 * 4 * 5
+    assert "user_loss" in t.callback_metrics and "user_acc" in t.callback_metrics
+    assert t.current_epoch == 3
+
+
+def test_fedavg_learns():
+    module = FedAvg(tiny_client(), clients_per_round=8, local_steps=10)
+    t = trainer(8)
+    dm = synthetic(8)
+    before = t.validate(module, dm, verbose=False)[0]["val_acc"]
+    t.fit(module, dm)
+    after = t.validate(module, dm, verbose=False)[0]["val_acc"]
+    assert after > before + 0.2
+
+
+def test_local_epochs_run_whole_passes():
+    client = PlainClassifier()
+    dm = synthetic(4)
+    trainer(1).fit(FedAvg(client, clients_per_round=4, local_steps=None, local_epochs=2), dm)
+    batches = sum(-(-dm.num_samples(c) // dm.batch_size) for c in range(4))
+    assert client.train_steps == 2 * batches
+
+
+def test_same_seed_same_model_other_seed_other_model():
+    runs = []
+    for seed in (5, 5, 6):
+        module = FedAvg(tiny_client(), clients_per_round=3, local_steps=3, seed=seed)
+        trainer(2).fit(module, synthetic(8))
+        runs.append(global_vector(module))
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+
+
+class ReversedOrder(FedAvg):
+    def round_work(self, clients):
+        return list(reversed(clients))
+
+
+def test_result_does_not_depend_on_client_order():
+    a, b = FedAvg(tiny_client(), clients_per_round=5, local_steps=3), ReversedOrder(tiny_client(), clients_per_round=5, local_steps=3)
+    trainer(3).fit(a, synthetic(8))
+    trainer(3).fit(b, synthetic(8))
+    assert torch.equal(global_vector(a), global_vector(b))
+
+
+def test_fedavg_is_mean_of_deltas_by_hand():
+    """One round, all clients, one local step: x1 = x0 + sum_i n_i (y_i - x0) / sum n_i."""
+    dm = synthetic(3)
+    module = FedAvg(tiny_client(), clients_per_round=3, local_steps=1, seed=2)
+    x0 = global_vector(module)
+    trainer(1).fit(module, dm)
+    deltas, weights = [], []
+    for cid in range(3):
+        client = tiny_client()
+        batch = next(dm.client_data(cid).step_batches(1, __import__("fl_lightning").seeding.generator(2, "batches", 0, cid)))
+        loss = F.cross_entropy(client(batch[0]), batch[1])
+        loss.backward()
+        with torch.no_grad():
+            for p in client.parameters():
+                p -= 0.1 * p.grad
+        deltas.append(torch.cat([p.detach().reshape(-1) for p in client.parameters()]) - x0)
+        weights.append(dm.num_samples(cid))
+    w = torch.tensor(weights, dtype=torch.float64)
+    expected = x0 + (torch.stack(deltas).double() * w[:, None]).sum(0).float() / w.sum().float()
+    assert torch.allclose(global_vector(module), expected, atol=1e-6)
+
+
+def test_fedprox_with_mu_zero_is_fedavg():
+    a = FedAvg(tiny_client(), clients_per_round=4, local_steps=3)
+    b = FedProx(tiny_client(), mu=0.0, clients_per_round=4, local_steps=3)
+    trainer(2).fit(a, synthetic(8))
+    trainer(2).fit(b, synthetic(8))
+    assert torch.equal(global_vector(a), global_vector(b))
+
+
+def test_fedprox_pulls_toward_global_model():
+    a = FedAvg(tiny_client(), clients_per_round=4, local_steps=20)
+    b = FedProx(tiny_client(), mu=1.0, clients_per_round=4, local_steps=20)
+    x0 = global_vector(a)
+    trainer(1).fit(a, synthetic(8))
+    trainer(1).fit(b, synthetic(8))
+    assert (global_vector(b) - x0).norm() < (global_vector(a) - x0).norm()
+
+
+def test_server_momentum_changes_the_trajectory():
+    a = FedAvg(tiny_client(), clients_per_round=4, local_steps=3)
+    b = FedAvg(tiny_client(), clients_per_round=4, local_steps=3, server_momentum=0.9)
+    trainer(3).fit(a, synthetic(8))
+    trainer(3).fit(b, synthetic(8))
+    assert not torch.allclose(global_vector(a), global_vector(b))
+
+
+class Poison(FederatedCallback):
+    def on_client_update(self, trainer, module, update):
+        if update.client_id == module.round_clients[0]:
+            update.tensors["delta"][0] = float("nan")
+        return update
+
+
+def test_nonfinite_update_is_excluded_and_reported():
+    module = FedAvg(tiny_client(), clients_per_round=4, local_steps=2)
+    t = trainer(2, callbacks=[Poison()])
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        t.fit(module, synthetic(8))
+    assert torch.isfinite(global_vector(module)).all()
+    assert float(t.callback_metrics["round/excluded"]) == 1.0
+
+
+def test_nonfinite_update_can_stop_the_run():
+    module = FedAvg(tiny_client(), clients_per_round=4, local_steps=2, nonfinite_updates="raise")
+    with pytest.raises(NonFiniteUpdateError, match="client"):
+        trainer(1, callbacks=[Poison()]).fit(module, synthetic(8))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"clients_per_round": 0}, "clients_per_round must be >= 1"),
+        ({"local_steps": None}, "exactly one of local_steps and local_epochs"),
+        ({"local_steps": 0}, "local_steps must be >= 1"),
+        ({"server_lr": 0.0}, "server_lr must be > 0"),
+        ({"server_momentum": 1.0}, r"server_momentum must be in \[0, 1\)"),
+        ({"nonfinite_updates": "ignore"}, "nonfinite_updates must be"),
+    ],
+)
+def test_bad_module_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FedAvg(tiny_client(), **kwargs)
+
+
+def test_more_clients_per_round_than_clients():
+    with pytest.raises(ValueError, match="clients_per_round=9 is above the number of training clients"):
+        trainer(1).fit(FedAvg(tiny_client(), clients_per_round=9), synthetic(8))
+
+
+def test_client_must_be_a_lightning_module():
+    with pytest.raises(TypeError, match="LightningModule"):
+        FedAvg(nn.Linear(2, 2))
