@@ -1,0 +1,162 @@
+"""FederatedDataModule: client splits, unseen clients, summary, determinism, loaders, datasets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from fl_lightning.datamodules import (
+    CIFAR10Federated,
+    FederatedDataModule,
+    MNISTFederated,
+    SyntheticFederated,
+    labels_of,
+)
+from fl_lightning.seeding import generator
+from tests.helpers import synthetic
+
+
+class Blobs(FederatedDataModule):
+    """400 generated samples of 4 classes."""
+
+    def build_datasets(self):
+        g = torch.Generator().manual_seed(0)
+        y = torch.arange(400) % 4
+        x = torch.randn(400, 3, generator=g) + y[:, None]
+        return TensorDataset(x, y), None
+
+
+def test_splits_cover_each_client_and_follow_its_labels():
+    dm = Blobs(num_clients=5, partition="dirichlet", alpha=1.0, val_fraction=0.1, test_fraction=0.2, seed=1)
+    dm.setup()
+    labels = labels_of(dm.pool)
+    for c in range(5):
+        parts = [dm.splits[s][c] for s in ("train", "val", "test")]
+        joined = np.concatenate(parts)
+        assert len(np.unique(joined)) == len(joined)
+        hist_all = np.bincount(labels[joined], minlength=4) / len(joined)
+        hist_test = np.bincount(labels[parts[2]], minlength=4) / max(len(parts[2]), 1)
+        assert np.abs(hist_all - hist_test).max() < 0.15
+    assert len(dm.global_test_set()) == sum(len(t) for t in dm.splits["test"])
+
+
+def test_unseen_clients_are_held_out_and_never_sampled():
+    from fl_lightning.algorithms import FedAvg
+    from tests.helpers import tiny_client, trainer
+
+    dm = synthetic(10, unseen_fraction=0.3)
+    dm.setup()
+    assert len(dm.unseen_clients) == 3 and not set(dm.unseen_clients) & set(dm.train_clients)
+    module = FedAvg(tiny_client(), clients_per_round=7, local_steps=1)
+    trainer(2).fit(module, dm)
+    assert sorted(module.round_clients) == dm.train_clients
+
+
+def test_same_seed_same_partition():
+    a, b, c = Blobs(num_clients=6, partition="iid", seed=3), Blobs(num_clients=6, partition="iid", seed=3), Blobs(
+        num_clients=6, partition="iid", seed=4)
+    for dm in (a, b, c):
+        dm.setup()
+    assert a.partition_hash() == b.partition_hash() != c.partition_hash()
+
+
+def test_summary_lists_samples_and_histograms():
+    dm = Blobs(num_clients=4, partition="shards", shards_per_client=1, test_fraction=0.25)
+    dm.setup()
+    text = dm.summary()
+    assert "4 clients" in text and "partition=shards" in text
+    rows = [line.split() for line in text.splitlines()[2:6]]
+    assert [r[:4] for r in rows] == [[str(c), "75", "0", "25"] for c in range(4)]
+    assert sorted(" ".join(r[4:]) for r in rows) == ["[0 0 0 75]", "[0 0 75 0]", "[0 75 0 0]", "[75 0 0 0]"]
+
+
+def test_client_batches_are_keyed_by_seed_round_client():
+    dm = synthetic(4)
+    dm.setup()
+    data = dm.client_data(1)
+    a = [b[0] for b in data.step_batches(5, generator(0, "batches", 3, 1))]
+    b = [b[0] for b in data.step_batches(5, generator(0, "batches", 3, 1))]
+    c = [b[0] for b in data.step_batches(5, generator(0, "batches", 4, 1))]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+    assert all(len(x) == min(dm.batch_size, len(data)) for x in a)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"partition": "zipf"}, "partition must be one of"),
+        ({"partition": "dirichlet", "alpha": 0.0}, "alpha must be > 0"),
+        ({"num_clients": 0}, "num_clients must be >= 1"),
+        ({"test_fraction": 1.0}, r"test_fraction must be in \[0, 1\)"),
+        ({"val_fraction": 0.6, "test_fraction": 0.5}, "val_fraction \\+ test_fraction"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
+)
+def test_bad_datamodule_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Blobs(**kwargs)
+
+
+def test_more_clients_than_samples():
+    with pytest.raises(ValueError, match="more than the 400 samples"):
+        Blobs(num_clients=401).setup()
+
+
+def test_natural_partition_needs_keys():
+    with pytest.raises(ValueError, match="no natural partition"):
+        Blobs(num_clients=2, partition="natural").setup()
+
+
+def test_client_with_no_training_samples():
+    class Tiny(FederatedDataModule):
+        def build_datasets(self):
+            return TensorDataset(torch.zeros(4, 2), torch.tensor([0, 0, 1, 1])), None
+
+    with pytest.raises(ValueError, match="no training samples"):
+        Tiny(num_clients=4, partition="iid", test_fraction=0.9).setup()
+
+
+def test_synthetic_is_deterministic_and_heterogeneous():
+    a, b = SyntheticFederated(num_clients=10, seed=0), SyntheticFederated(num_clients=10, seed=0)
+    a.setup(), b.setup()
+    assert torch.equal(a.pool.tensors[0], b.pool.tensors[0])
+    sizes = [a.num_samples(c) for c in range(10)]
+    assert len(set(sizes)) > 3  # power-law sizes
+    with pytest.raises(ValueError, match="alpha and beta must be >= 0"):
+        SyntheticFederated(alpha=-1.0).setup()
+
+
+class FakeVision:
+    """Stands in for a torchvision dataset class: ``data`` (uint8 images) and ``targets``."""
+
+    def __init__(self, root, train, download):
+        n = 60 if train else 20
+        g = torch.Generator().manual_seed(int(train))
+        self.data = torch.randint(0, 255, (n, 28, 28), dtype=torch.uint8, generator=g)
+        self.targets = (torch.arange(n) % 10).tolist()
+
+
+class FakeCIFAR(FakeVision):
+    def __init__(self, root, train, download):
+        super().__init__(root, train, download)
+        self.data = np.zeros((len(self.targets), 32, 32, 3), dtype=np.uint8)
+
+
+def test_torchvision_datamodules_on_generated_data(monkeypatch):
+    monkeypatch.setattr(MNISTFederated, "dataset_cls", FakeVision)
+    monkeypatch.setattr(CIFAR10Federated, "dataset_cls", FakeCIFAR)
+    mnist = MNISTFederated(num_clients=3, partition="iid")
+    mnist.setup()
+    x, y = mnist.client_data(0).full()
+    assert x.shape[1:] == (1, 28, 28) and len(mnist.test_set) == 20
+    cifar = CIFAR10Federated(num_clients=2, partition="classes", classes_per_client=5)
+    cifar.setup()
+    assert cifar.client_data(1).full()[0].shape[1:] == (3, 32, 32)
+
+
+def test_missing_torchvision_data_says_how_to_get_it(tmp_path):
+    with pytest.raises(RuntimeError, match="download=True"):
+        MNISTFederated(root=str(tmp_path), num_clients=2).setup()

@@ -1,0 +1,101 @@
+"""Partitioners: every sample used once, the promised skew, determinism, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fl_lightning.datamodules import partition as P
+
+LABELS = np.repeat(np.arange(10), 50)  # 500 samples, 50 per class
+
+
+def assert_exact_cover(parts, n):
+    joined = np.concatenate(parts)
+    assert len(joined) == n and len(np.unique(joined)) == n
+
+
+def test_iid_sizes_differ_by_at_most_one():
+    parts = P.iid(500, 7, seed=0)
+    assert_exact_cover(parts, 500)
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_dirichlet_small_alpha_is_skewed_large_alpha_is_not():
+    def mean_classes(alpha):
+        parts = P.dirichlet(LABELS, 10, alpha, seed=0)
+        assert_exact_cover(parts, 500)
+        return np.mean([len(np.unique(LABELS[p])) for p in parts])
+
+    assert mean_classes(0.05) < 4 < 9 < mean_classes(100.0)
+
+
+def test_dirichlet_min_samples():
+    parts = P.dirichlet(LABELS, 20, 0.3, min_samples=10, seed=1)
+    assert min(len(p) for p in parts) >= 10
+
+
+def test_shards_one_per_client_is_sorted_split():
+    parts = P.shards(LABELS, 10, 1, seed=0)
+    assert_exact_cover(parts, 500)
+    assert all(len(np.unique(LABELS[p])) == 1 for p in parts)
+
+
+def test_shards_two_per_client():
+    parts = P.shards(LABELS, 25, 2, seed=0)
+    assert_exact_cover(parts, 500)
+    assert all(len(np.unique(LABELS[p])) <= 2 for p in parts)
+
+
+def test_classes_per_client():
+    parts = P.classes(LABELS, 20, 3, seed=0)
+    assert_exact_cover(parts, 500)
+    assert all(len(np.unique(LABELS[p])) == 3 for p in parts)
+
+
+def test_natural_groups_by_key():
+    keys = np.array(["b", "a", "b", "c", "a"])
+    parts = P.natural(keys)
+    assert [p.tolist() for p in parts] == [[1, 4], [0, 2], [3]]
+
+
+def test_partitions_are_deterministic_from_the_seed():
+    a, b = P.dirichlet(LABELS, 10, 0.5, seed=3), P.dirichlet(LABELS, 10, 0.5, seed=3)
+    c = P.dirichlet(LABELS, 10, 0.5, seed=4)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_stratified_split_follows_the_client_distribution():
+    idx = np.arange(200)
+    labels = np.repeat([0, 1], 100)
+    train, val, test = P.stratified_split(idx, labels, [0.1, 0.25], seed=0)
+    assert_exact_cover([train, val, test], 200)
+    assert np.bincount(labels[test]).tolist() == [25, 25]
+    assert np.bincount(labels[val]).tolist() == [10, 10]
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: P.iid(5, 6), "num_clients=6 is more than the 5 samples"),
+        (lambda: P.dirichlet(LABELS, 10, 0.0), "alpha must be > 0"),
+        (lambda: P.dirichlet(LABELS, 10, -1.0), "alpha must be > 0"),
+        (lambda: P.dirichlet(LABELS, 10, 0.01, min_samples=49), "min_samples"),
+        (lambda: P.shards(LABELS, 10, 0), "shards_per_client must be >= 1"),
+        (lambda: P.shards(LABELS, 300, 2), "600 shards"),
+        (lambda: P.classes(LABELS, 10, 11), r"classes_per_client must be in \[1, 10\]"),
+        (lambda: P.natural(["a", "b"], num_clients=3), "2 distinct keys"),
+        (lambda: P.iid(10, 0), "num_clients must be >= 1"),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_empty_client_is_an_error():
+    labels = np.array([0, 0, 0, 1])
+    with pytest.raises(ValueError, match="no samples"):
+        P.classes(labels, 4, 1, seed=0)  # class 1 has one sample for two clients
