@@ -139,7 +139,11 @@ class FederatedDataModule(pl.LightningDataModule):
         parts = self._partition(labels)
         self.num_clients = len(parts)
         fractions = [self.val_fraction, self.test_fraction]
-        split = [P.stratified_split(p, labels, fractions, seed=self.seed + 1 + i) for i, p in enumerate(parts)]
+        if any(fractions):
+            split = [P.stratified_split(p, labels, fractions, seed=self.seed + 1 + i) for i, p in enumerate(parts)]
+        else:
+            none = np.array([], dtype=np.int64)
+            split = [(np.sort(p), none, none) for p in parts]
         self.splits = {name: [s[j] for s in split] for j, name in enumerate(("train", "val", "test"))}
         empty = [c for c, idx in enumerate(self.splits["train"]) if len(idx) == 0]
         if empty:

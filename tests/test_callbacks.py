@@ -1,0 +1,107 @@
+"""Federated callback hooks, the weighted-mean aggregator and per-client metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fl_lightning.algorithms import FedAvg
+from fl_lightning.callbacks import Aggregator, ClientMetrics, FederatedCallback, WeightedMean
+from fl_lightning.callbacks.client_metrics import accuracy_summary
+from fl_lightning.update import ClientUpdate
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+
+def updates():
+    return [
+        ClientUpdate(2, 1, {"delta": torch.tensor([4.0, 0.0])}),
+        ClientUpdate(0, 3, {"delta": torch.tensor([0.0, 4.0])}),
+    ]
+
+
+class _Module:
+    device = torch.device("cpu")
+
+    @staticmethod
+    def update_spec():
+        return {"delta": 2}
+
+
+def test_weighted_mean_by_samples_and_uniform():
+    by_samples = WeightedMean().aggregate(None, _Module(), updates())["delta"]
+    uniform = WeightedMean("uniform").aggregate(None, _Module(), updates())["delta"]
+    assert torch.equal(by_samples, torch.tensor([1.0, 3.0]))
+    assert torch.equal(uniform, torch.tensor([2.0, 2.0]))
+    assert WeightedMean().aggregate(None, _Module(), []) is None
+    with pytest.raises(ValueError, match="weighting"):
+        WeightedMean("median")
+
+
+class Recorder(FederatedCallback):
+    def __init__(self):
+        self.events = []
+
+    def on_round_start(self, trainer, module, round_idx, clients):
+        self.events.append(("start", round_idx, tuple(clients)))
+
+    def on_client_update(self, trainer, module, update):
+        self.events.append(("update", update.client_id))
+        return update
+
+    def on_round_end(self, trainer, module, round_idx, aggregate):
+        self.events.append(("end", round_idx, tuple(aggregate)))
+
+
+def test_hooks_run_in_round_order():
+    rec = Recorder()
+    module = FedAvg(tiny_client(), clients_per_round=2, local_steps=1)
+    trainer(2, callbacks=[rec]).fit(module, synthetic(4))
+    kinds = [e[0] for e in rec.events]
+    assert kinds == ["start", "update", "update", "end"] * 2
+    assert rec.events[0][2] == tuple(sorted(e[1] for e in rec.events[1:3]))
+    assert rec.events[3] == ("end", 0, ("delta",))
+
+
+class HalfSteps(Aggregator):
+    """A custom aggregator: half of the plain mean."""
+
+    def aggregate(self, trainer, module, updates):
+        return {"delta": 0.5 * WeightedMean("uniform").aggregate(trainer, module, updates)["delta"]}
+
+
+def test_custom_aggregator_replaces_the_default():
+    a = FedAvg(tiny_client(), clients_per_round=4, local_steps=2)
+    b = FedAvg(tiny_client(), clients_per_round=4, local_steps=2)
+    x0 = global_vector(a)
+    trainer(1, callbacks=[WeightedMean("uniform")]).fit(a, synthetic(4))
+    trainer(1, callbacks=[HalfSteps()]).fit(b, synthetic(4))
+    assert torch.allclose(global_vector(b) - x0, 0.5 * (global_vector(a) - x0), atol=1e-6)
+
+
+def test_two_aggregators_are_refused():
+    with pytest.raises(ValueError, match="at most one Aggregator"):
+        trainer(1, callbacks=[WeightedMean(), HalfSteps()]).fit(FedAvg(tiny_client(), clients_per_round=2), synthetic(4))
+
+
+def test_accuracy_summary():
+    out = accuracy_summary(torch.tensor([0.5, 1.0, 0.0, 0.75]), "c")
+    assert out["c/acc_mean"] == pytest.approx(0.5625)
+    assert out["c/acc_worst"] == 0.0
+    assert out["c/acc_p10"] == pytest.approx(0.15)
+
+
+def test_client_metrics_match_a_direct_evaluation():
+    dm = synthetic(6, test_fraction=0.3)
+    module = FedAvg(tiny_client(), clients_per_round=6, local_steps=5)
+    metrics = ClientMetrics()
+    t = trainer(2, callbacks=[metrics])
+    t.fit(module, dm)
+    direct = []
+    with torch.no_grad():
+        for cid in range(6):
+            x, y = dm.client_data(cid, "test").full()
+            direct.append(float((module.client(x).argmax(-1) == y).float().mean()))
+    assert float(t.callback_metrics["clients/acc_mean"]) == pytest.approx(sum(direct) / 6, abs=1e-6)
+    assert float(t.callback_metrics["clients/acc_worst"]) == pytest.approx(min(direct), abs=1e-6)
+    with pytest.raises(ValueError, match="split"):
+        ClientMetrics(split="holdout")
