@@ -127,6 +127,7 @@ class FederatedModule(pl.LightningModule):
         self._updates: list[ClientUpdate] = []
         self._excluded: list[int] = []
         self._local_client: Optional[int] = None
+        self._results: Any = None
         self._default_aggregator = WeightedMean()
 
     # ------------------------------------------------------------------ setup
@@ -245,13 +246,12 @@ class FederatedModule(pl.LightningModule):
         """Run the local steps of ``client_id`` on the client module (with ``optimizer``, else a
         fresh :meth:`local_optimizer`); return the mean loss and the number of steps."""
         optimizer = optimizer if optimizer is not None else self.local_optimizer()
-        total, count = 0.0, 0
+        losses = []
         with self._local(client_id):
             for step, batch in enumerate(self.local_batches(client_id)):
-                loss = self.local_step(optimizer, batch, step)
-                total += float(loss.detach())
-                count += 1
-        return {"loss": total / max(count, 1), "steps": float(count)}
+                losses.append(self.local_step(optimizer, batch, step))
+        loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
+        return {"loss": loss, "steps": float(len(losses))}
 
     def local_batches(self, client_id: int) -> Iterator[Any]:
         """The client's mini-batches for this round, on the device, in an order from (seed, round, client)."""
@@ -269,9 +269,8 @@ class FederatedModule(pl.LightningModule):
 
     def local_loss(self, batch: Any, step: int) -> Tensor:
         """The client module's training loss on ``batch`` (its ``training_step``)."""
-        self.client._current_fx_name = "training_step"
-        if self.trainer._results is not None:
-            self.trainer._results.batch = batch  # lets the client's self.log infer its batch size
+        if self._results is not None:
+            self._results.batch = batch  # lets the client's self.log infer its batch size
         out = self.client.training_step(batch, step)
         loss = out["loss"] if isinstance(out, dict) else out
         if not isinstance(loss, Tensor):
@@ -279,39 +278,45 @@ class FederatedModule(pl.LightningModule):
         return loss
 
     def local_step(self, optimizer: torch.optim.Optimizer, batch: Any, step: int) -> Tensor:
-        """One local optimizer step through the Trainer's precision plugin (loss scaling, autocast)."""
-        loss_box: list[Tensor] = []
+        """One local optimizer step; returns the detached loss.
 
-        def closure() -> Tensor:
-            optimizer.zero_grad(set_to_none=True)
-            loss = self.local_loss(batch, step)
-            self.manual_backward(loss)
-            loss_box.append(loss.detach())
-            return loss
-
-        self.trainer.strategy.optimizer_step(optimizer, closure, model=self)
-        return loss_box[0]
+        The forward runs inside the Trainer's precision context (autocast for ``*-mixed``);
+        under ``16-mixed`` the loss is scaled with the precision plugin's ``GradScaler`` and
+        the gradients are unscaled before :meth:`adjust_local_gradients`. Local steps do not
+        dispatch the Trainer's per-step backward/optimizer hooks: they are the inner loop of
+        one Trainer step.
+        """
+        optimizer.zero_grad(set_to_none=True)
+        loss = self.local_loss(batch, step)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is None:
+            loss.backward()
+            self.adjust_local_gradients(self._local_client)
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            self.adjust_local_gradients(self._local_client)
+            scaler.step(optimizer)
+            scaler.update()
+        return loss.detach()
 
     def adjust_local_gradients(self, client_id: int) -> None:
-        """Change the client's gradients (unscaled) before each local optimizer step. Default: nothing."""
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._local_client is not None:
-            self.adjust_local_gradients(self._local_client)
-            self.client.on_before_optimizer_step(optimizer)
+        """Change the client's (unscaled) gradients before each local optimizer step. Default: nothing."""
 
     @contextmanager
     def _local(self, client_id: int) -> Iterator[None]:
-        """Marks the local work of ``client_id`` (for gradient hooks and the client's logging)."""
-        results = self.trainer._results
-        trainer_batch = results.batch if results is not None else None
+        """Marks the local work of ``client_id``: the client module logs as in its ``training_step``."""
+        self._results = self.trainer._results
+        trainer_batch = self._results.batch if self._results is not None else None
         self._local_client = client_id
+        self.client._current_fx_name = "training_step"
         try:
             yield
         finally:
             self._local_client = None
-            if results is not None:
-                results.batch = trainer_batch
+            if self._results is not None:
+                self._results.batch = trainer_batch
 
     # ------------------------------------------------------------ server side
     def update_spec(self) -> dict[str, int]:

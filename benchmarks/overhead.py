@@ -1,0 +1,138 @@
+"""Overhead of fl_lightning against a minimal hand-written PyTorch FedAvg loop.
+
+The same work both ways: an MNIST-sized MLP (784-200-200-10), 100 clients (iid), 10 per round,
+10 local SGD steps of batch 64 per client, sample-weighted averaging of the deltas. Runs are
+interleaved in one process (hand, framework, hand, framework, ...) and the best of each is
+compared, so the ratio is robust to the machine's background load.
+
+    python benchmarks/overhead.py [--rounds 20] [--repeats 3] [--mnist ../shared/data]
+
+Prints both times per round and the ratio framework / hand-written (target <= 1.10 on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+from fl_lightning.algorithms import FedAvg
+from fl_lightning.datamodules import FederatedDataModule, MNISTFederated
+from fl_lightning.models import MLP
+from fl_lightning.seeding import generator, sample_clients
+
+CLIENTS, PER_ROUND, STEPS, BATCH, LR = 100, 10, 10, 64, 0.05
+
+
+class RandomMNIST(FederatedDataModule):
+    """MNIST-shaped random data, when the real MNIST is not at hand."""
+
+    def build_datasets(self):
+        g = torch.Generator().manual_seed(0)
+        return TensorDataset(torch.randn(60_000, 1, 28, 28, generator=g), torch.randint(0, 10, (60_000,), generator=g)), None
+
+
+def hand_written(dm: FederatedDataModule, rounds: int) -> float:
+    """Plain PyTorch FedAvg over the same client splits; returns seconds per round."""
+    torch.manual_seed(0)
+    model = MLP(hidden=(200, 200), lr=LR).net
+    x_all, y_all = dm.pool.tensors
+    splits = [torch.from_numpy(s) for s in dm.splits["train"]]
+    start = time.perf_counter()
+    for r in range(rounds):
+        global_state = [p.detach().clone() for p in model.parameters()]
+        acc = [torch.zeros_like(p) for p in global_state]
+        total = 0
+        for cid in sample_clients(0, r, list(range(CLIENTS)), PER_ROUND):
+            with torch.no_grad():
+                for p, g in zip(model.parameters(), global_state):
+                    p.copy_(g)
+            opt = torch.optim.SGD(model.parameters(), lr=LR)
+            idx, gen = splits[cid], generator(0, "batches", r, cid)
+            perm, pos = torch.randperm(len(idx), generator=gen), 0
+            for _ in range(STEPS):
+                if pos + BATCH > len(idx):
+                    perm, pos = torch.randperm(len(idx), generator=gen), 0
+                batch = idx[perm[pos : pos + BATCH]]
+                pos += BATCH
+                opt.zero_grad()
+                F.cross_entropy(model(x_all[batch]), y_all[batch]).backward()
+                opt.step()
+            with torch.no_grad():
+                for a, p, g in zip(acc, model.parameters(), global_state):
+                    a.add_(p - g, alpha=len(idx))
+            total += len(idx)
+        with torch.no_grad():
+            for p, g, a in zip(model.parameters(), global_state, acc):
+                p.copy_(g + a / total)
+    return (time.perf_counter() - start) / rounds
+
+
+class QuietMLP(MLP):
+    """The MLP client without ``self.log`` in its training step: the hand-written loop's exact work."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+
+class Timer(pl.Callback):
+    """Wall time of the training epochs (rounds) only, without Trainer setup and teardown."""
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == 0:
+            self.start = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module):
+        self.seconds = time.perf_counter() - self.start
+
+
+def framework(dm: FederatedDataModule, rounds: int, client_cls: type = QuietMLP) -> float:
+    """The same FedAvg through fl_lightning; returns seconds per round."""
+    torch.manual_seed(0)
+    module = FedAvg(client_cls(hidden=(200, 200), lr=LR), clients_per_round=PER_ROUND, local_steps=STEPS, seed=0)
+    timer = Timer()
+    trainer = pl.Trainer(max_epochs=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0, callbacks=[timer], accelerator="cpu")
+    trainer.fit(module, dm)
+    return timer.seconds / rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mnist", default="../shared/data", help="MNIST root; random data if not found")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    try:
+        dm = MNISTFederated(root=args.mnist, num_clients=CLIENTS, partition="iid", batch_size=BATCH)
+        dm.setup()
+        data = "MNIST"
+    except RuntimeError:
+        dm = RandomMNIST(num_clients=CLIENTS, partition="iid", batch_size=BATCH)
+        dm.setup()
+        data = "random MNIST-shaped data"
+    times: dict[str, list[float]] = {"hand-written PyTorch": [], "fl_lightning": [], "fl_lightning, client logs": []}
+    for _ in range(args.repeats):
+        times["hand-written PyTorch"].append(hand_written(dm, args.rounds))
+        times["fl_lightning"].append(framework(dm, args.rounds))
+        times["fl_lightning, client logs"].append(framework(dm, args.rounds, MLP))
+    best = {name: min(ts) for name, ts in times.items()}
+    print(f"data: {data}; {CLIENTS} clients, {PER_ROUND}/round, {STEPS} steps of batch {BATCH}; "
+          f"{args.rounds} rounds x {args.repeats} repeats, {args.threads} thread(s)")
+    for name, ts in times.items():
+        print(f"{name:<26}: {best[name] * 1e3:8.1f} ms/round (runs: {', '.join(f'{t * 1e3:.1f}' for t in ts)})")
+    hand = best["hand-written PyTorch"]
+    print(f"ratio fl_lightning / hand-written: {best['fl_lightning'] / hand:.3f} (target <= 1.10)")
+    print(f"ratio with the client's self.log('train_loss') at every local step: "
+          f"{best['fl_lightning, client logs'] / hand:.3f} (Lightning's logging cost, paid per local step)")
+
+
+if __name__ == "__main__":
+    main()
