@@ -76,8 +76,6 @@ class FederatedModule(pl.LightningModule):
         seed: the seed of client sampling and of every client's batch order.
     """
 
-    #: "client": one work item is one client's whole update. Lock-step algorithms override
-    #: :meth:`num_work_items`, :meth:`round_work` and :meth:`run_work_item`.
     def __init__(
         self,
         client: pl.LightningModule,
