@@ -6,7 +6,7 @@ communication round, and aggregation, attacks and personalization are callbacks.
 """
 
 from fl_lightning import strategy as _strategy  # noqa: F401  (registers fl_ddp)
-from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedProx
+from fl_lightning.algorithms import RAGA, SCAFFOLD, FedAvg, FedDeper, FedDRO, FedProx, FedProxVR, PeFLL
 from fl_lightning.callbacks import Aggregator, ClientMetrics, FederatedCallback, WeightedMean
 from fl_lightning.datamodules import (
     CIFAR10Federated,
@@ -32,13 +32,19 @@ __all__ = [
     "ClientUpdate",
     "FashionMNISTFederated",
     "FedAvg",
+    "FedDRO",
+    "FedDeper",
     "FedProx",
+    "FedProxVR",
     "FederatedCallback",
     "FederatedDDPStrategy",
     "FederatedDataModule",
     "FederatedModule",
     "MNISTFederated",
     "NonFiniteUpdateError",
+    "PeFLL",
+    "RAGA",
     "SCAFFOLD",
     "SyntheticFederated",
+    "WeightedMean",
 ]

@@ -6,6 +6,11 @@
     fl-lightning fit --config configs/fedavg_mnist.yaml --model.local_steps 5 --trainer.max_epochs 50
     fl-lightning validate --config configs/quickstart.yaml --ckpt_path last.ckpt
     fl-lightning fit --config configs/quickstart.yaml --print_config
+    fl-lightning pefll-predict --config configs/pefll/<run>.yaml --predict.ckpt_path last.ckpt
+
+``pefll-predict`` takes the training config (model and data) and a trained PeFLL checkpoint and
+writes each client's personalized model, generated with no finetuning (by default for the
+clients held out as unseen), printing its accuracy on the client's test split.
 
 ``--model`` accepts any ``FederatedModule`` subclass and ``--data`` any
 ``FederatedDataModule`` subclass (``class_path`` + ``init_args``). The federated DDP
@@ -14,9 +19,12 @@ strategies are registered on import, so ``--trainer.strategy fl_ddp`` works.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Optional
 
-from pytorch_lightning.cli import LightningCLI
+import torch
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.module import FederatedModule
@@ -37,8 +45,51 @@ class FederatedCLI(LightningCLI):
         )
 
 
+class PeFLLPredictCLI(FederatedCLI):
+    """The training config's model and data, plus the ``predict.*`` options of PeFLL-predict."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--predict.ckpt_path", type=str, required=True, help="trained PeFLL checkpoint")
+        parser.add_argument("--predict.clients", type=Optional[list[int]], default=None,
+                            help="client ids (default: the unseen clients, else all)")
+        parser.add_argument("--predict.labels_hidden", type=bool, default=False,
+                            help="do not use the clients' labels (needs a label-free embedding)")
+        parser.add_argument("--predict.output_dir", type=str, default="personalized",
+                            help="where client_<id>.pt state dicts are written")
+
+
+def pefll_predict(args: list[str]) -> dict[int, float]:
+    """Run PeFLL-predict from the command line; returns ``client id -> test accuracy`` (NaN without a test split)."""
+    from fl_lightning.algorithms.pefll import PeFLL
+    from fl_lightning.predict import predict_clients
+
+    cli = PeFLLPredictCLI(args=args, run=False)
+    options = cli.config["predict"]
+    model, dm = cli.model, cli.datamodule
+    if not isinstance(model, PeFLL):
+        raise ValueError(f"pefll-predict needs a PeFLL model in the config, got {type(model).__name__}")
+    checkpoint = torch.load(options["ckpt_path"], map_location="cpu", weights_only=False)
+    model.load_state_dict(checkpoint["state_dict"])
+    personal = predict_clients(model.eval(), dm, options["clients"], options["labels_hidden"], options["output_dir"])
+    accuracies = {}
+    for cid, client in personal.items():
+        test = dm.client_data(cid, "test")
+        if len(test) == 0:
+            accuracies[cid] = float("nan")
+            continue
+        x, y = test.full()
+        with torch.no_grad():
+            accuracies[cid] = float((client(x).argmax(-1) == y).float().mean())
+        print(f"client {cid}: test accuracy {accuracies[cid]:.4f} -> {Path(options['output_dir']) / f'client_{cid}.pt'}")
+    return accuracies
+
+
 def main(args: Optional[list[str]] = None) -> None:
     """Entry point of the ``fl-lightning`` command."""
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["pefll-predict"]:
+        pefll_predict(argv[1:])
+        return
     FederatedCLI(args=args)
 
 

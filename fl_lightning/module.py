@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from contextlib import contextmanager
-from typing import Any, Iterator, Literal, Optional, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any, Iterable, Iterator, Literal, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -124,9 +124,11 @@ class FederatedModule(pl.LightningModule):
         self._work: list[Any] = []
         self._updates: list[ClientUpdate] = []
         self._excluded: list[int] = []
+        self._callbacks: list[FederatedCallback] = []
         self._local_client: Optional[int] = None
         self._results: Any = None
-        self._default_aggregator = WeightedMean()
+        #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's
+        self.default_aggregator: Aggregator = WeightedMean()
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
@@ -188,7 +190,8 @@ class FederatedModule(pl.LightningModule):
             raise RuntimeError(f"{len(self._work)} work items for a loader of {self.num_work_items()}")
         self.round_start = self.state.flatten()
         self._updates, self._excluded = [], []
-        for cb in self._federated_callbacks():
+        self._callbacks = [cb for cb in self.trainer.callbacks if isinstance(cb, FederatedCallback)]
+        for cb in self._callbacks:
             cb.on_round_start(self.trainer, self, round_idx, self.round_clients)
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
@@ -200,7 +203,7 @@ class FederatedModule(pl.LightningModule):
 
     def receive(self, update: ClientUpdate) -> None:
         """Pass ``update`` through the callbacks and keep it for aggregation, unless non-finite."""
-        for cb in self._federated_callbacks():
+        for cb in self._callbacks:
             update = cb.on_client_update(self.trainer, self, update)
         if not update.is_finite():
             message = f"round {self.current_epoch}: the update of client {update.client_id} contains NaN or Inf"
@@ -213,16 +216,20 @@ class FederatedModule(pl.LightningModule):
 
     def finish_round(self) -> None:
         """Aggregate, update the server, synchronize client state, call ``on_round_end``."""
-        aggregate = self.aggregator.aggregate(self.trainer, self, sorted(self._updates, key=lambda u: u.client_id))
+        updates = sorted(self._updates, key=lambda u: u.client_id)
+        for cb in self._callbacks:
+            updates = cb.on_round_updates(self.trainer, self, updates)
+        aggregate = self.aggregator.aggregate(self.trainer, self, updates)
         self.state.load(self.round_start)
         if aggregate is not None:
             self.server_update(aggregate)
+            self._count_server_step()
         else:
             warnings.warn(f"round {self.current_epoch}: no valid client update; the global model is unchanged")
         self.store.sync()
         excluded = sum(len(e) for e in all_gather_object(self._excluded))
         self.log("round/excluded", float(excluded), on_step=False, on_epoch=True, batch_size=1)
-        for cb in self._federated_callbacks():
+        for cb in self._callbacks:
             cb.on_round_end(self.trainer, self, self.current_epoch, aggregate)
         self._updates = []
 
@@ -240,26 +247,53 @@ class FederatedModule(pl.LightningModule):
         delta = self.state.flatten() - start
         return ClientUpdate(client_id, self.datamodule.num_samples(client_id), {"delta": delta}, metrics)
 
-    def local_train(self, client_id: int, optimizer: Optional[torch.optim.Optimizer] = None) -> dict[str, float]:
-        """Run the local steps of ``client_id`` on the client module (with ``optimizer``, else a
-        fresh :meth:`local_optimizer`); return the mean loss and the number of steps."""
+    def local_train(
+        self,
+        client_id: int,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        batches: Optional[Iterable[Any]] = None,
+    ) -> dict[str, float]:
+        """Run local steps of ``client_id`` on the client module; return the mean loss and the step count.
+
+        Args:
+            client_id: the client.
+            optimizer: the local optimizer (default: a fresh :meth:`local_optimizer`).
+            batches: the mini-batches (default: :meth:`local_batches` of this round).
+
+        Works inside training and inside evaluation hooks (finetuning, unseen clients): see
+        :meth:`local_context`.
+        """
         optimizer = optimizer if optimizer is not None else self.local_optimizer()
+        batches = batches if batches is not None else self.local_batches(client_id)
         losses = []
-        with self._local(client_id):
-            for step, batch in enumerate(self.local_batches(client_id)):
+        with self.local_context(client_id):
+            for step, batch in enumerate(batches):
                 losses.append(self.local_step(optimizer, batch, step))
         loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
         return {"loss": loss, "steps": float(len(losses))}
 
-    def local_batches(self, client_id: int) -> Iterator[Any]:
-        """The client's mini-batches for this round, on the device, in an order from (seed, round, client)."""
+    def local_batches(
+        self, client_id: int, round_idx: Optional[int] = None, stream: str = "batches", steps: Optional[int] = None
+    ) -> Iterator[Any]:
+        """The client's mini-batches, on the device, in an order from ``(seed, stream, round, client)``.
+
+        Args:
+            client_id: the client.
+            round_idx: the round of the key (default: the current round).
+            stream: the name of the random stream (another name gives an independent order).
+            steps: a number of steps instead of the module's ``local_steps``/``local_epochs``.
+        """
         data = self.datamodule.client_data(client_id, "train")
-        g = generator(self.seed, "batches", self.current_epoch, client_id)
-        batches = (
-            data.step_batches(self.local_steps, g) if self.local_steps is not None else data.epoch_batches(self.local_epochs, g)
-        )
+        g = generator(self.seed, stream, self.current_epoch if round_idx is None else round_idx, client_id)
+        if steps is not None or self.local_steps is not None:
+            batches = data.step_batches(steps if steps is not None else self.local_steps, g)
+        else:
+            batches = data.epoch_batches(self.local_epochs, g)
         for batch in batches:
-            yield move_data_to_device(batch, self.device)
+            batch = move_data_to_device(batch, self.device)
+            for cb in self._callbacks:
+                batch = cb.on_local_batch(self.trainer, self, client_id, batch)
+            yield batch
 
     def local_optimizer(self) -> torch.optim.Optimizer:
         """A fresh optimizer from the client module's ``configure_optimizers``."""
@@ -303,18 +337,34 @@ class FederatedModule(pl.LightningModule):
         """Change the client's (unscaled) gradients before each local optimizer step. Default: nothing."""
 
     @contextmanager
-    def _local(self, client_id: int) -> Iterator[None]:
-        """Marks the local work of ``client_id``: the client module logs as in its ``training_step``."""
+    def local_context(self, client_id: int) -> Iterator[None]:
+        """The setting of local work for ``client_id``.
+
+        In training, the client module's ``self.log`` works as in its own ``training_step``. In
+        an evaluation hook (finetuning, fitting an unseen client), gradients are enabled,
+        inference mode is left, and the client's ``self.log`` calls are dropped: they would
+        land in the evaluation's results.
+        """
+        training = self.trainer.training
         self._results = self.trainer._results
         trainer_batch = self._results.batch if self._results is not None else None
+        fx_name = self.client._current_fx_name
         self._local_client = client_id
-        self.client._current_fx_name = "training_step"
-        try:
-            yield
-        finally:
-            self._local_client = None
-            if self._results is not None:
-                self._results.batch = trainer_batch
+        with ExitStack() as stack:
+            if training:
+                self.client._current_fx_name = "training_step"
+            else:
+                object.__setattr__(self.client, "log", _drop_log)
+                stack.callback(object.__delattr__, self.client, "log")
+                stack.enter_context(torch.inference_mode(False))
+                stack.enter_context(torch.enable_grad())
+            try:
+                yield
+            finally:
+                self._local_client = None
+                self.client._current_fx_name = fx_name
+                if self._results is not None:
+                    self._results.batch = trainer_batch
 
     # ------------------------------------------------------------ server side
     def update_spec(self) -> dict[str, int]:
@@ -337,16 +387,25 @@ class FederatedModule(pl.LightningModule):
             new[self.state.num_params :] += delta[self.state.num_params :]
             self.state.load(new)
 
+    def _count_server_step(self) -> None:
+        """Count the round's server update as one optimizer step (``trainer.global_step``).
+
+        The server optimizer is stepped directly (the precision plugin's loss scaler must not
+        touch pseudo-gradients), so the step is counted with the two hooks Lightning's own
+        ``LightningOptimizer.step`` calls around a manual-optimization step. ``ModelCheckpoint``
+        and step-based loggers rely on ``global_step`` advancing once per round.
+        """
+        optimizer = self.optimizers()
+        optimizer._on_before_step()
+        optimizer._on_after_step()
+
     @property
     def aggregator(self) -> Aggregator:
         """The Trainer's ``Aggregator`` callback, or the sample-weighted mean if none is given."""
         found = [cb for cb in self.trainer.callbacks if isinstance(cb, Aggregator)]
         if len(found) > 1:
             raise ValueError(f"give at most one Aggregator callback, got {[type(c).__name__ for c in found]}")
-        return found[0] if found else self._default_aggregator
-
-    def _federated_callbacks(self) -> Sequence[FederatedCallback]:
-        return [cb for cb in self.trainer.callbacks if isinstance(cb, FederatedCallback)]
+        return found[0] if found else self.default_aggregator
 
     # ------------------------------------------------------------ evaluation
     def client_eval_state(self, client_id: int) -> Optional[Tensor]:
@@ -357,10 +416,11 @@ class FederatedModule(pl.LightningModule):
         return None
 
     @torch.no_grad()
-    def client_accuracy(self, client_id: int, data: Any) -> float:
-        """Accuracy of client ``client_id``'s model on ``data`` (a ``ClientData``), reading the
-        client module's output as logits."""
-        state = self.client_eval_state(client_id)
+    def client_accuracy(self, client_id: int, data: Any, personalized: bool = True) -> float:
+        """Accuracy on ``data`` (a ``ClientData``) of client ``client_id``'s model
+        (:meth:`client_eval_state`), or of the global model if ``personalized`` is False; the
+        client module's output is read as logits."""
+        state = self.client_eval_state(client_id) if personalized else None
         saved = self.state.flatten() if state is not None else None
         if state is not None:
             self.state.load(state.to(self.device))
@@ -426,6 +486,10 @@ class FederatedModule(pl.LightningModule):
                 lines = ", ".join(f"{k}: checkpoint {a!r} vs run {b!r}" for k, (a, b) in diff.items())
                 raise ValueError(f"the checkpoint comes from another configuration ({lines})")
         self.store.load_state_dict(saved["store"])
+
+
+def _drop_log(*args: Any, **kwargs: Any) -> None:
+    """Stands in for a client's ``self.log`` during local work inside an evaluation hook."""
 
 
 def _single_optimizer(config: Any) -> torch.optim.Optimizer:

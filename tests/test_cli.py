@@ -76,3 +76,42 @@ def test_bad_override_names_the_parameter(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--config", QUICK, "--model.init_args.clients_per_round", "many"])
     assert "clients_per_round" in capsys.readouterr().err
+
+
+PEFLL = """
+seed_everything: 0
+model:
+  class_path: fl_lightning.algorithms.pefll.PeFLL
+  init_args:
+    client: {class_path: fl_lightning.models.LogisticRegression, init_args: {in_features: 20, lr: 0.1}}
+    embedding:
+      class_path: fl_lightning.models.hypernetwork.MLPEmbedding
+      init_args: {in_features: 20, num_classes: 10, descriptor_dim: 4, hidden: [8]}
+    hypernetwork_size: S
+    hypernetwork_width: 8
+    clients_per_round: 3
+    local_steps: 2
+data:
+  class_path: fl_lightning.datamodules.SyntheticFederated
+  init_args: {num_clients: 8, dim: 20, max_samples: 60, unseen_fraction: 0.25, batch_size: 8}
+trainer:
+  max_epochs: 2
+  logger: false
+  enable_progress_bar: false
+  num_sanity_val_steps: 0
+  callbacks:
+    - class_path: pytorch_lightning.callbacks.ModelCheckpoint
+      init_args: {save_last: true, save_top_k: 0}
+"""
+
+
+def test_pefll_predict_subcommand(tmp_path, capsys):
+    config = tmp_path / "pefll.yaml"
+    config.write_text(PEFLL)
+    main(["fit", "--config", str(config), "--trainer.default_root_dir", str(tmp_path)])
+    ckpt = next(tmp_path.rglob("last.ckpt"))
+    out = tmp_path / "personal"
+    main(["pefll-predict", "--config", str(config), "--predict.ckpt_path", str(ckpt), "--predict.output_dir", str(out)])
+    printed = capsys.readouterr().out
+    unseen = sorted(int(p.stem.split("_")[1]) for p in out.glob("client_*.pt"))
+    assert len(unseen) == 2 and all(f"client {c}: test accuracy" in printed for c in unseen)

@@ -160,3 +160,26 @@ def test_torchvision_datamodules_on_generated_data(monkeypatch):
 def test_missing_torchvision_data_says_how_to_get_it(tmp_path):
     with pytest.raises(RuntimeError, match="download=True"):
         MNISTFederated(root=str(tmp_path), num_clients=2).setup()
+
+
+def test_femnist_reads_leaf_json_one_client_per_writer(tmp_path):
+    import json
+
+    from fl_lightning.datamodules.leaf import FEMNISTFederated
+
+    g = np.random.default_rng(0)
+    for split, n in (("train", 9), ("test", 1)):
+        (tmp_path / split).mkdir()
+        users = ["w1", "w2", "w3"]
+        blob = {"users": users, "user_data": {u: {"x": g.random((n, 784)).tolist(), "y": [k % 62 for k in range(n)]}
+                                              for u in users}}
+        (tmp_path / split / "part0.json").write_text(json.dumps(blob))
+    dm = FEMNISTFederated(root=str(tmp_path), pad_to=32, test_fraction=0.2)
+    dm.setup()
+    assert dm.num_clients == 3 and sum(dm.num_samples(c) for c in range(3)) + sum(
+        len(t) for t in dm.splits["test"]) == 30
+    assert dm.client_data(0).full()[0].shape[1:] == (1, 32, 32)
+    with pytest.raises(ValueError, match="3 writers"):
+        FEMNISTFederated(root=str(tmp_path), num_clients=5).setup()
+    with pytest.raises(RuntimeError, match="LEAF"):
+        FEMNISTFederated(root=str(tmp_path / "nowhere")).setup()

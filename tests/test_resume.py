@@ -24,6 +24,8 @@ def test_resume_is_exact(tmp_path, algorithm, kwargs):
     first = make(algorithm, kwargs)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
     trainer(2, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(6))
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 2  # written after round 2: one server step per round
     resumed = make(algorithm, kwargs)
     trainer(4).fit(resumed, synthetic(6), ckpt_path=str(tmp_path / "last.ckpt"))
 

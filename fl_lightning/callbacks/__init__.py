@@ -1,7 +1,48 @@
 """Callbacks with federated hooks: aggregators, attacks, personalization, metrics."""
 
 from fl_lightning.callbacks.aggregation import WeightedMean
+from fl_lightning.callbacks.attacks import (
+    ALIEAttack,
+    ByzantineAttack,
+    GaussianAttack,
+    IPMAttack,
+    LabelFlipAttack,
+    ScalingAttack,
+    SignFlipAttack,
+)
 from fl_lightning.callbacks.base import Aggregator, FederatedCallback
+from fl_lightning.callbacks.class_metrics import ClassAccuracy
 from fl_lightning.callbacks.client_metrics import ClientMetrics
+from fl_lightning.callbacks.finetune import LocalFinetuning
+from fl_lightning.callbacks.personalized import PersonalizedAccuracy
+from fl_lightning.callbacks.robust_aggregation import (
+    CenteredClipping,
+    CoordinateMedian,
+    GeometricMedian,
+    Krum,
+    RobustAggregator,
+    TrimmedMean,
+)
 
-__all__ = ["Aggregator", "ClientMetrics", "FederatedCallback", "WeightedMean"]
+__all__ = [
+    "ALIEAttack",
+    "Aggregator",
+    "ByzantineAttack",
+    "CenteredClipping",
+    "ClassAccuracy",
+    "ClientMetrics",
+    "CoordinateMedian",
+    "FederatedCallback",
+    "GaussianAttack",
+    "GeometricMedian",
+    "IPMAttack",
+    "Krum",
+    "LabelFlipAttack",
+    "LocalFinetuning",
+    "PersonalizedAccuracy",
+    "RobustAggregator",
+    "ScalingAttack",
+    "SignFlipAttack",
+    "TrimmedMean",
+    "WeightedMean",
+]

@@ -4,15 +4,20 @@ A ``FederatedCallback`` is an ordinary Lightning callback (it can use every ``pl
 hook and keeps its state in ``state_dict``) plus four hooks the engine calls each round:
 
 * ``on_round_start``: after the round's clients are sampled;
+* ``on_local_batch``: for each mini-batch a client trains on; returns the batch to use (data
+  poisoning such as label flipping happens here);
 * ``on_client_update``: for each update this process produced; returns the update to keep
   (attacks, clipping, noise and compression transform it here);
+* ``on_round_updates``: once per round before aggregation, with this process's kept updates,
+  at the same point on every process (collectives allowed): attacks that read the honest
+  uploads (ALIE, IPM, a colluding sign flip) forge theirs here;
 * ``aggregate`` (aggregators only): combine all of the round's updates;
 * ``on_round_end``: after the server update.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import pytorch_lightning as pl
 from torch import Tensor
@@ -29,9 +34,22 @@ class FederatedCallback(pl.Callback):
     def on_round_start(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, clients: list[int]) -> None:
         """Called once the round's clients (all processes' clients) are known."""
 
+    def on_local_batch(self, trainer: pl.Trainer, module: "FederatedModule", client_id: int, batch: Any) -> Any:
+        """Return the batch client ``client_id`` trains on (default: unchanged)."""
+        return batch
+
     def on_client_update(self, trainer: pl.Trainer, module: "FederatedModule", update: ClientUpdate) -> ClientUpdate:
         """Return the update to keep for aggregation (default: unchanged)."""
         return update
+
+    def on_round_updates(
+        self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
+    ) -> list[ClientUpdate]:
+        """Return the updates to aggregate (this process's, sorted by client id; default: unchanged).
+
+        Called on every process at the same point of the round, so it may use collectives.
+        """
+        return updates
 
     def on_round_end(
         self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Optional[dict[str, Tensor]]

@@ -16,7 +16,7 @@ Loaders:
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal, Optional, Sequence
+from typing import Literal, Optional, Sequence
 
 import numpy as np
 import pytorch_lightning as pl

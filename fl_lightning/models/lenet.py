@@ -14,26 +14,14 @@ from typing import Sequence
 from torch import nn
 
 from fl_lightning.models.classifier import Classifier
+from fl_lightning.models.cnn import cnn_layers
 
 
 def lenet_layers(
     in_channels: int, image_size: int, conv_channels: Sequence[int], hidden: Sequence[int], out_features: int
 ) -> nn.Sequential:
-    """The LeNet stack: [conv5x5 -> ReLU -> maxpool2] per conv channel, flatten, [FC -> ReLU] per hidden, FC."""
-    layers: list[nn.Module] = []
-    channels, size = in_channels, image_size
-    for c in conv_channels:
-        layers += [nn.Conv2d(channels, c, 5), nn.ReLU(), nn.MaxPool2d(2)]
-        channels, size = c, (size - 4) // 2
-    if size < 1:
-        raise ValueError(f"image_size={image_size} is too small for {len(conv_channels)} conv layers")
-    layers.append(nn.Flatten())
-    width = channels * size * size
-    for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        width = h
-    layers.append(nn.Linear(width, out_features))
-    return nn.Sequential(*layers)
+    """The LeNet stack: :func:`~fl_lightning.models.cnn.cnn_layers` with 5x5 kernels and no padding."""
+    return cnn_layers(in_channels, image_size, conv_channels, 5, 0, hidden, out_features)
 
 
 class LeNet(Classifier):

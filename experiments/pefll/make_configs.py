@@ -1,0 +1,97 @@
+"""Writes configs/pefll/*.yaml: PeFLL's Table 1 settings (CIFAR-10 / CIFAR-100, 100 / 500 / 1000 clients,
+10 % unseen) for PeFLL and the baselines that fit the framework (FedAvg + local finetuning, Local only,
+pFedHN), with the paper's / the authors' code hyper-parameters (spec section 4).
+
+    python experiments/pefll/make_configs.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+OUT = Path(__file__).resolve().parents[2] / "configs" / "pefll"
+CIFAR = {  # dataset: (datamodule, classes, classes per client, embedding)
+    "cifar10": ("fl_lightning.datamodules.CIFAR10Federated", 10, 2, "cnn"),
+    "cifar100": ("fl_lightning.datamodules.CIFAR100Federated", 100, 10, "label"),
+}
+
+
+def lenet(num_classes: int, lr: float, weight_decay: float = 0.0) -> dict:
+    args = dict(in_channels=3, image_size=32, conv_channels=[16, 32], hidden=[120, 84], num_classes=num_classes,
+                lr=lr, momentum=0.9)
+    if weight_decay:
+        args["weight_decay"] = weight_decay
+    return {"class_path": "fl_lightning.models.LeNet", "init_args": args}
+
+
+def embedding(kind: str, num_classes: int, dim: int) -> dict:
+    if kind == "cnn":
+        return {"class_path": "fl_lightning.models.hypernetwork.CNNEmbedding",
+                "init_args": dict(in_channels=3, image_size=32, num_classes=num_classes, descriptor_dim=dim)}
+    return {"class_path": "fl_lightning.models.hypernetwork.LabelEmbedding",
+            "init_args": dict(num_classes=num_classes, descriptor_dim=dim)}
+
+
+def metrics(extra: list | None = None) -> list:
+    """Model selection on the seen clients' val split; seen / unseen test accuracy."""
+    return [
+        {"class_path": "fl_lightning.callbacks.ClientMetrics", "init_args": {"split": "val", "prefix": "clients_val"}},
+        {"class_path": "fl_lightning.callbacks.ClientMetrics", "init_args": {"split": "test"}},
+        {"class_path": "fl_lightning.callbacks.ClientMetrics", "init_args": {"split": "test", "clients": "unseen"}},
+        *(extra or []),
+        {"class_path": "pytorch_lightning.callbacks.ModelCheckpoint",
+         "init_args": {"monitor": "clients_val/acc_mean", "mode": "max", "save_last": True}},
+    ]
+
+
+def config(dataset: str, n: int, method: str) -> dict:
+    data_cls, classes, per_client, emb = CIFAR[dataset]
+    dim, per_round = int(1 + n / 4), max(1, n // 20)  # l = int(1 + n/4); 5 % participation
+    common = dict(clients_per_round=per_round, local_steps=50, seed=0)
+    rounds, callbacks = 5000, metrics()
+    if method == "pefll":
+        model = {"class_path": "fl_lightning.algorithms.pefll.PeFLL", "init_args": dict(
+            client=lenet(classes, 2e-3), embedding=embedding(emb, classes, dim), descriptor_batch_size=32,
+            descriptor_standardize=True, hypernetwork_size="M", hypernetwork_width=100, relu_before_head=True,
+            lambda_h=1e-3, lambda_v=1e-3, server_optimizer="adam", server_lr=2e-4, server_clip=50.0, client_clip=50.0,
+            **common)}
+    elif method == "pfedhn":
+        model = {"class_path": "fl_lightning.algorithms.pfedhn.PFedHN", "init_args": dict(
+            client=lenet(classes, 5e-3, 5e-5), embedding_dim=dim, new_client_rounds=20, hypernetwork_size="M",
+            server_optimizer="sgd", server_lr=1e-2, server_momentum=0.9, lambda_h=5e-4, **common)}
+    elif method == "fedavg":
+        model = {"class_path": "fl_lightning.algorithms.FedAvg", "init_args": dict(client=lenet(classes, 1e-2), **common)}
+        callbacks = metrics([
+            {"class_path": "fl_lightning.callbacks.finetune.LocalFinetuning", "init_args": {"steps": 50}},
+            {"class_path": "fl_lightning.callbacks.finetune.LocalFinetuning", "init_args": {"steps": 50, "clients": "unseen"}},
+        ])
+    else:  # local: every training client once, 200 epochs
+        model = {"class_path": "fl_lightning.algorithms.local_only.LocalOnly", "init_args": dict(
+            client=lenet(classes, 1e-2), clients_per_round=n - n // 10, local_steps=None, local_epochs=200, seed=0)}
+        rounds = 1
+    return {
+        "seed_everything": 0,
+        "model": model,
+        "data": {"class_path": data_cls, "init_args": dict(
+            root="data", num_clients=n, partition="classes", classes_per_client=per_client, val_fraction=0.15,
+            test_fraction=0.15, unseen_fraction=0.1, batch_size=32, seed=0, print_summary=True)},
+        "trainer": dict(max_epochs=rounds, check_val_every_n_epoch=min(30, rounds), num_sanity_val_steps=0,
+                        default_root_dir=f"runs/pefll/{dataset}_n{n}_{method}", callbacks=callbacks),
+    }
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for dataset in CIFAR:
+        for n in (100, 500, 1000):
+            for method in ("pefll", "fedavg", "local", "pfedhn"):
+                name = OUT / f"{dataset}_n{n}_{method}.yaml"
+                header = (f"# PeFLL Table 1: {dataset}, {n} clients (10 % unseen), {method}. Generated by "
+                          f"experiments/pefll/make_configs.py.\n#   fl-lightning fit --config {name.relative_to(OUT.parents[1])}\n")
+                name.write_text(header + yaml.safe_dump(config(dataset, n, method), sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()

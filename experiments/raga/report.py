@@ -1,0 +1,78 @@
+"""Markdown tables of a grid.py result file: final test accuracy per attack, curves, wall times.
+
+    python experiments/raga/report.py experiments/raga/results/mlp_r20.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+NAMES = {"raga": "RAGA", "fedavg": "FedAvg", "rfa": "RFA", "byrdsaga": "Byrd-SAGA"}
+ORDER = ["raga", "fedavg", "rfa", "byrdsaga"]
+
+
+def load(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def accuracy_table(records: list[dict], attack: str) -> str:
+    """Rows: methods; columns: Byzantine data fractions (0 is the shared attack-free run)."""
+    cells: dict[tuple[str, float], dict] = {}
+    achieved: dict[float, tuple[float, int]] = {0.0: (0.0, 0)}
+    for r in records:
+        if r["attack"] == attack or r["attack"] == "none":
+            cells[(r["method"], r["fraction"])] = r
+            achieved[r["fraction"]] = (r["achieved_fraction"], r["num_byzantine"])
+    fractions = sorted({f for _, f in cells})
+    head = "| method | " + " | ".join(f"{f:g} ({achieved[f][0]:.3f}, {achieved[f][1]} cl.)" for f in fractions) + " |"
+    lines = [head, "|---" * (len(fractions) + 1) + "|"]
+    for m in ORDER:
+        row = [f"{cells[(m, f)]['test_acc']:.4f}" if (m, f) in cells else "–" for f in fractions]
+        lines.append(f"| {NAMES[m]} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def curve_table(records: list[dict], attack: str, fractions: list[float]) -> str:
+    """Test accuracy by round for each method at the given fractions."""
+    lines = []
+    for r in records:
+        if r["fraction"] in fractions and (r["attack"] == attack or r["attack"] == "none"):
+            pts = " ".join(f"{acc:.3f}" for _, acc, _ in r["curve"])
+            rounds = ",".join(str(t) for t, _, _ in r["curve"])
+            lines.append((r["fraction"], ORDER.index(r["method"]), f"| {r['fraction']:g} | {NAMES[r['method']]} | {pts} |", rounds))
+    lines.sort()
+    rounds = lines[0][3] if lines else ""
+    return "\n".join([f"| fraction | method | test accuracy at rounds {rounds} |", "|---|---|---|"] + [l[2] for l in lines])
+
+
+def wall_table(records: list[dict]) -> str:
+    by_method: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        by_method[r["method"]].append(r["wall_s"])
+    lines = ["| method | runs | wall s (min / mean / max) |", "|---|---|---|"]
+    for m in ORDER:
+        w = by_method.get(m, [])
+        if w:
+            lines.append(f"| {NAMES[m]} | {len(w)} | {min(w):.0f} / {sum(w) / len(w):.0f} / {max(w):.0f} |")
+    total = sum(r["wall_s"] for r in records)
+    lines.append(f"| all | {len(records)} | total {total / 60:.1f} min |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("results")
+    args = parser.parse_args()
+    records = load(args.results)
+    attacks = [a for a in ("gaussian", "signflip", "alie", "ipm", "labelflip") if any(r["attack"] == a for r in records)]
+    for attack in attacks:
+        print(f"### {attack}\n\n{accuracy_table(records, attack)}\n")
+    print(f"### curves (gaussian)\n\n{curve_table(records, 'gaussian', [0.0, 0.2, 0.4])}\n")
+    print(f"### wall times\n\n{wall_table(records)}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""``LocalFinetuning``: the "global model + local finetuning" baseline of personalized FL.
+
+After each validation run, every selected client copies the global model, runs ``steps``
+local optimizer steps (its own ``configure_optimizers``) on its training split and is
+evaluated on its own split; the global model is restored afterwards, so training is not
+affected. Logs the mean / worst / 10th percentile of the finetuned clients' accuracies, like
+``ClientMetrics`` (whose client selection and summary it reuses).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Optional
+
+
+from fl_lightning.callbacks.client_metrics import ClientMetrics
+from fl_lightning.distributed import all_gather_object, rank_and_world
+
+if TYPE_CHECKING:
+    from fl_lightning.module import FederatedModule
+
+
+class LocalFinetuning(ClientMetrics):
+    """Evaluate each client's finetuned copy of the global model.
+
+    Args:
+        steps: local finetuning steps per client (batches of the datamodule's ``batch_size``,
+            drawn from (seed, "finetune", client)).
+        split: the clients' split to evaluate.
+        clients: ``train``, ``unseen`` or ``all``.
+        prefix: metric name prefix (default ``finetuned`` or ``finetuned_unseen``).
+    """
+
+    def __init__(
+        self,
+        steps: int = 20,
+        split: Literal["train", "val", "test"] = "test",
+        clients: Literal["train", "unseen", "all"] = "train",
+        prefix: Optional[str] = None,
+    ) -> None:
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        super().__init__(split, clients, prefix or ("finetuned" if clients != "unseen" else "finetuned_unseen"))
+        self.steps = steps
+
+    def finetuned_accuracy(self, module: "FederatedModule", client_id: int) -> float:
+        """Accuracy on the client's split of the global model after ``steps`` local steps."""
+        dm = module.datamodule
+        global_state = module.state.flatten()
+        module.local_train(client_id, batches=module.local_batches(client_id, 0, stream="finetune", steps=self.steps))
+        accuracy = module.client_accuracy(client_id, dm.client_data(client_id, self.split))
+        module.state.load(global_state)
+        return accuracy
+
+    def evaluate(self, module: "FederatedModule") -> dict[int, float]:
+        rank, world = rank_and_world()
+        dm = module.datamodule
+        mine = {
+            cid: self.finetuned_accuracy(module, cid)
+            for cid in self._client_ids(module)[rank::world]
+            if len(dm.client_data(cid, self.split)) > 0
+        }
+        merged: dict[int, float] = {}
+        for part in all_gather_object(mine):
+            merged.update(part)
+        return merged

@@ -1,0 +1,197 @@
+"""Byzantine-robust aggregators as callbacks, usable with any algorithm.
+
+Each aggregator gathers the round's updates from every process (one all-gather per round,
+``fl_lightning.distributed.gather_updates``), stacks each client's tensors into one row of a
+``[n, p]`` matrix (all the update's names concatenated, in ``module.update_spec()`` order), applies
+a pure function of ``fl_lightning.robust`` on the module's device in float64, and splits the
+result back into names. The result is the same on every process and equal to the
+single-process one.
+
+Only the geometric median uses the clients' sample counts (``weighting``); the
+coordinate-wise rules, Krum and centered clipping treat clients alike, as in their papers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Optional
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from fl_lightning.callbacks.base import Aggregator
+from fl_lightning.distributed import gather_updates
+from fl_lightning.robust import (
+    STOP_RULES,
+    StopRule,
+    centered_clipping,
+    coordinate_median,
+    geometric_median,
+    krum,
+    trimmed_mean,
+)
+from fl_lightning.update import ClientUpdate
+
+if TYPE_CHECKING:
+    from fl_lightning.module import FederatedModule
+
+Weighting = Literal["num_samples", "uniform"]
+
+
+def stack_updates(updates: list[ClientUpdate], names: dict[str, int], device: torch.device) -> tuple[Tensor, Tensor]:
+    """``([n, sum numel], [n] sample counts)``: each update's tensors concatenated in ``names`` order."""
+    rows = [torch.cat([u.tensors[name].reshape(-1).to(device, torch.float64) for name in names]) for u in updates]
+    counts = torch.tensor([float(u.num_samples) for u in updates], dtype=torch.float64, device=device)
+    return torch.stack(rows), counts
+
+
+def split_aggregate(vector: Tensor, names: dict[str, int]) -> dict[str, Tensor]:
+    """The inverse of the concatenation of :func:`stack_updates`, as fp32 tensors."""
+    return {name: part.float() for name, part in zip(names, vector.split(list(names.values())))}
+
+
+class RobustAggregator(Aggregator):
+    """Base class: gathers all updates, stacks them, calls :meth:`combine` on the ``[n, p]`` matrix."""
+
+    def aggregate(
+        self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
+    ) -> Optional[dict[str, Tensor]]:
+        everyone = gather_updates(updates)
+        if not everyone:
+            return None
+        names = module.update_spec()
+        points, counts = stack_updates(everyone, names, module.device)
+        result = self.combine(points, counts)
+        return split_aggregate(result, names)
+
+    def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
+        """The aggregate ``[p]`` of the uploads ``points`` ``[n, p]`` (float64) with sample counts ``[n]``."""
+        raise NotImplementedError
+
+
+class GeometricMedian(RobustAggregator):
+    """The (sample-weighted) geometric median by Weiszfeld's algorithm (RAGA, RFA, Byrd-SAGA).
+
+    Logs ``robust/weiszfeld_iterations`` and ``robust/weiszfeld_converged`` each round.
+
+    Args:
+        weighting: ``"num_samples"`` (RAGA's alpha_m = S_m / sum S) or ``"uniform"`` (Byrd-SAGA).
+        eps: stopping tolerance (RAGA: 1e-5).
+        max_iter: iteration cap.
+        nu: distance floor (RFA's smoothing: 1e-5).
+        stop: ``"objective_abs"``, ``"objective_rel"`` or ``"movement"`` (see ``robust.geometric_median``).
+    """
+
+    def __init__(
+        self,
+        weighting: Weighting = "num_samples",
+        eps: float = 1e-5,
+        max_iter: int = 100,
+        nu: float = 1e-8,
+        stop: StopRule = "objective_abs",
+    ) -> None:
+        if weighting not in ("num_samples", "uniform"):
+            raise ValueError(f"weighting must be 'num_samples' or 'uniform', got {weighting!r}")
+        if stop not in STOP_RULES:
+            raise ValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
+        if not eps > 0 or not nu > 0 or max_iter < 1:
+            raise ValueError(f"need eps > 0, nu > 0 and max_iter >= 1, got eps={eps}, nu={nu}, max_iter={max_iter}")
+        self.weighting = weighting
+        self.eps = eps
+        self.max_iter = max_iter
+        self.nu = nu
+        self.stop = stop
+        self.last_iterations = 0
+        self.last_converged = True
+
+    def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
+        weights = num_samples if self.weighting == "num_samples" else None
+        result = geometric_median(points, weights, eps=self.eps, max_iter=self.max_iter, nu=self.nu, stop=self.stop)
+        self.last_iterations, self.last_converged = result.iterations, result.converged
+        return result.median
+
+    def on_round_end(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Any) -> None:
+        if aggregate is not None:
+            module.log("robust/weiszfeld_iterations", float(self.last_iterations), on_step=False, on_epoch=True, batch_size=1)
+            module.log("robust/weiszfeld_converged", float(self.last_converged), on_step=False, on_epoch=True, batch_size=1)
+
+
+class CoordinateMedian(RobustAggregator):
+    """Per coordinate, the median of the clients' values (Yin et al., 2018)."""
+
+    def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
+        return coordinate_median(points)
+
+
+class TrimmedMean(RobustAggregator):
+    """Per coordinate, the mean after dropping the largest and smallest values (Yin et al., 2018).
+
+    Args:
+        trim_fraction: fraction ``beta`` of the round's updates dropped at each end
+            (``floor(beta * n)`` values), in [0, 0.5).
+        num_trimmed: a fixed count dropped at each end instead (overrides ``trim_fraction``).
+    """
+
+    def __init__(self, trim_fraction: float = 0.1, num_trimmed: Optional[int] = None) -> None:
+        if not 0 <= trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction must be in [0, 0.5), got {trim_fraction}")
+        if num_trimmed is not None and num_trimmed < 0:
+            raise ValueError(f"num_trimmed must be >= 0, got {num_trimmed}")
+        self.trim_fraction = trim_fraction
+        self.num_trimmed = num_trimmed
+
+    def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
+        b = self.num_trimmed if self.num_trimmed is not None else int(self.trim_fraction * points.shape[0])
+        return trimmed_mean(points, b)
+
+
+class Krum(RobustAggregator):
+    """Krum / multi-Krum (Blanchard et al., 2017).
+
+    Args:
+        num_byzantine: ``f``, the number of Byzantine uploads assumed per round (``n > 2f + 2``).
+        num_selected: uploads averaged (1 = Krum; ``n - f`` is the usual multi-Krum).
+    """
+
+    def __init__(self, num_byzantine: int, num_selected: int = 1) -> None:
+        if num_byzantine < 0:
+            raise ValueError(f"num_byzantine must be >= 0, got {num_byzantine}")
+        if num_selected < 1:
+            raise ValueError(f"num_selected must be >= 1, got {num_selected}")
+        self.num_byzantine = num_byzantine
+        self.num_selected = num_selected
+
+    def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
+        return krum(points, self.num_byzantine, self.num_selected)
+
+
+class CenteredClipping(RobustAggregator):
+    """Centered clipping (Karimireddy, He and Jaggi, 2021), centred at the previous round's aggregate.
+
+    The centre starts at zero and is kept in the callback's ``state_dict`` (so in checkpoints).
+
+    Args:
+        tau: clipping radius.
+        iterations: clipping iterations per round.
+    """
+
+    def __init__(self, tau: float = 10.0, iterations: int = 1) -> None:
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0, got {tau}")
+        if iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        self.tau = tau
+        self.iterations = iterations
+        self.center: Optional[Tensor] = None
+
+    def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
+        center = self.center if self.center is not None else torch.zeros(points.shape[1], dtype=torch.float64)
+        result = centered_clipping(points, center, self.tau, self.iterations)
+        self.center = result.detach().cpu()
+        return result
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"center": self.center}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.center = state_dict.get("center")

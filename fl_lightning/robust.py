@@ -1,0 +1,195 @@
+"""Byzantine-robust statistics of a stack of client updates, as pure functions.
+
+Every function takes the round's uploads as one ``[n, p]`` matrix (one row per client) and
+returns a ``[p]`` vector. They know nothing of Lightning; the aggregator callbacks in
+``fl_lightning.callbacks.robust_aggregation`` call them on the gathered updates.
+
+* :func:`geometric_median` — ``argmin_y sum_i a_i ||y - z_i||`` by Weiszfeld's algorithm
+  (RAGA, RFA, Byrd-SAGA), in float64, vectorized over clients; breakdown point 1/2 of the weight.
+* :func:`coordinate_median` — per coordinate, the median (Yin et al., 2018).
+* :func:`trimmed_mean` — per coordinate, drop the ``b`` largest and ``b`` smallest values and average.
+* :func:`krum` — the upload(s) with the smallest sum of squared distances to their
+  ``n - f - 2`` nearest neighbours (Blanchard et al., 2017); ``num_selected > 1`` is multi-Krum.
+* :func:`centered_clipping` — ``v <- v + mean_i clip_tau(z_i - v)`` iterated from a centre
+  (Karimireddy, He and Jaggi, 2021).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+from torch import Tensor
+
+StopRule = Literal["objective_abs", "objective_rel", "movement"]
+STOP_RULES: tuple[str, ...] = ("objective_abs", "objective_rel", "movement")
+
+
+@dataclass
+class GeometricMedianResult:
+    """The output of :func:`geometric_median`.
+
+    Attributes:
+        median: the approximate geometric median, ``[p]``, float64.
+        objective: ``sum_i a_i ||median - z_i||`` with normalized weights.
+        iterations: Weiszfeld iterations run.
+        converged: whether the stopping rule fired before ``max_iter``.
+    """
+
+    median: Tensor
+    objective: float
+    iterations: int
+    converged: bool
+
+
+def _check_points(points: Tensor, weights: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """``points`` as float64 ``[n, p]`` and ``weights`` normalized to sum 1 (uniform if None)."""
+    if points.dim() != 2 or points.shape[0] == 0:
+        raise ValueError(f"points must be a non-empty [n, p] matrix, got shape {tuple(points.shape)}")
+    z = points.double()
+    if weights is None:
+        a = torch.full((z.shape[0],), 1.0 / z.shape[0], dtype=torch.float64, device=z.device)
+    else:
+        a = torch.as_tensor(weights, dtype=torch.float64, device=z.device).reshape(-1)
+        if a.numel() != z.shape[0] or bool((a < 0).any()) or not float(a.sum()) > 0:
+            raise ValueError(f"weights must be {z.shape[0]} non-negative numbers with a positive sum, got {a.tolist()}")
+        a = a / a.sum()
+    return z, a
+
+
+def weiszfeld_objective(points: Tensor, weights: Tensor, y: Tensor) -> float:
+    """``sum_i a_i ||y - z_i||`` (the geometric median's objective) in float64."""
+    return float((weights.double() * torch.linalg.vector_norm(points.double() - y.double(), dim=1)).sum())
+
+
+def geometric_median(
+    points: Tensor,
+    weights: Optional[Tensor] = None,
+    eps: float = 1e-5,
+    max_iter: int = 100,
+    nu: float = 1e-8,
+    stop: StopRule = "objective_abs",
+) -> GeometricMedianResult:
+    """The weighted geometric median of the rows of ``points`` by Weiszfeld's algorithm.
+
+    Starts from the weighted mean and iterates ``y <- sum_i b_i z_i / sum_i b_i`` with
+    ``b_i = a_i / max(nu, ||y - z_i||)``, in float64 on ``points``' device. With ``nu``
+    tiny this is Weiszfeld's algorithm with a guard at the data points; ``nu = 1e-5`` and
+    ``max_iter = 4`` is RFA's smoothed Weiszfeld.
+
+    Args:
+        points: ``[n, p]`` uploads.
+        weights: ``[n]`` non-negative weights (normalized here); uniform if None.
+        eps: tolerance of the stopping rule.
+        max_iter: iteration cap (>= 1).
+        nu: distance floor (> 0).
+        stop: ``"objective_abs"`` (objective decrease <= eps, the RAGA spec's default),
+            ``"objective_rel"`` (decrease <= eps * objective, RFA) or ``"movement"``
+            (``||y_new - y|| <= eps``, Byrd-SAGA).
+    """
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    if not nu > 0:
+        raise ValueError(f"nu must be > 0, got {nu}")
+    if stop not in STOP_RULES:
+        raise ValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
+    z, a = _check_points(points, weights)
+    y = a @ z
+    f = weiszfeld_objective(z, a, y)
+    for it in range(1, max_iter + 1):
+        dist = torch.linalg.vector_norm(z - y, dim=1).clamp_min(nu)
+        beta = a / dist
+        y_new = (beta @ z) / beta.sum()
+        f_new = weiszfeld_objective(z, a, y_new)
+        if stop == "objective_abs":
+            done = f - f_new <= eps
+        elif stop == "objective_rel":
+            done = abs(f - f_new) <= eps * f_new
+        else:
+            done = float(torch.linalg.vector_norm(y_new - y)) <= eps
+        if f_new <= f:  # never accept a step that increases the objective (floor effects)
+            y, f = y_new, f_new
+        else:
+            done = True
+        if done:
+            return GeometricMedianResult(y, f, it, True)
+    return GeometricMedianResult(y, f, max_iter, False)
+
+
+def coordinate_median(points: Tensor) -> Tensor:
+    """Per coordinate, the median of the ``n`` values (the mean of the two middle ones if ``n`` is even)."""
+    z, _ = _check_points(points, None)
+    s = z.sort(dim=0).values
+    n = s.shape[0]
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def trimmed_mean(points: Tensor, num_trimmed: int) -> Tensor:
+    """Per coordinate, the mean after dropping the ``num_trimmed`` largest and smallest values.
+
+    Args:
+        points: ``[n, p]`` uploads.
+        num_trimmed: values dropped at each end, ``0 <= 2 * num_trimmed < n``.
+    """
+    z, _ = _check_points(points, None)
+    n = z.shape[0]
+    if num_trimmed < 0 or 2 * num_trimmed >= n:
+        raise ValueError(f"num_trimmed must be in [0, {(n - 1) // 2}] for {n} updates, got {num_trimmed}")
+    s = z.sort(dim=0).values
+    return s[num_trimmed : n - num_trimmed].mean(dim=0)
+
+
+def krum_scores(points: Tensor, num_byzantine: int) -> Tensor:
+    """Krum's score of each upload: the sum of squared distances to its ``n - f - 2`` nearest others.
+
+    Requires ``n > 2 f + 2``.
+    """
+    z, _ = _check_points(points, None)
+    n = z.shape[0]
+    if num_byzantine < 0 or n <= 2 * num_byzantine + 2:
+        raise ValueError(f"krum needs n > 2 * num_byzantine + 2; got n={n}, num_byzantine={num_byzantine}")
+    d2 = torch.cdist(z, z).pow(2)
+    d2.fill_diagonal_(float("inf"))
+    k = n - num_byzantine - 2
+    return d2.topk(k, dim=1, largest=False).values.sum(dim=1)
+
+
+def krum(points: Tensor, num_byzantine: int, num_selected: int = 1) -> Tensor:
+    """The mean of the ``num_selected`` uploads with the lowest Krum scores (1: Krum, more: multi-Krum).
+
+    Ties are broken by the lower row index, so the result is deterministic.
+    """
+    n = points.shape[0]
+    if not 1 <= num_selected <= n:
+        raise ValueError(f"num_selected must be in [1, {n}], got {num_selected}")
+    scores = krum_scores(points, num_byzantine)
+    order = torch.sort(scores, stable=True).indices[:num_selected]
+    return points.double()[order].mean(dim=0)
+
+
+def centered_clipping(points: Tensor, center: Tensor, tau: float, iterations: int = 1) -> Tensor:
+    """``v <- v + (1/n) sum_i (z_i - v) min(1, tau / ||z_i - v||)``, ``iterations`` times from ``center``.
+
+    Args:
+        points: ``[n, p]`` uploads.
+        center: ``[p]`` starting point (usually the previous round's aggregate).
+        tau: clipping radius (> 0).
+        iterations: number of clipping iterations (>= 1).
+    """
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    z, _ = _check_points(points, None)
+    v = center.to(z.device, torch.float64).reshape(-1)
+    if v.numel() != z.shape[1]:
+        raise ValueError(f"center has {v.numel()} entries, the updates have {z.shape[1]}")
+    for _ in range(iterations):
+        diff = z - v
+        norms = torch.linalg.vector_norm(diff, dim=1, keepdim=True)
+        scale = torch.clamp(tau / norms.clamp_min(torch.finfo(torch.float64).tiny), max=1.0)
+        v = v + (diff * scale).mean(dim=0)
+    return v

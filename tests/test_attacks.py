@@ -1,0 +1,177 @@
+"""Attacks (fl_lightning.attacks) and attack callbacks: outputs, Byzantine choice, data-mass check."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.attacks import (
+    alie_attack,
+    alie_z,
+    data_fraction,
+    flip_labels,
+    gaussian_attack,
+    ipm_attack,
+    scaling_attack,
+    select_byzantine,
+    sign_flip_attack,
+)
+from fl_lightning.callbacks.attacks import (
+    ALIEAttack,
+    GaussianAttack,
+    IPMAttack,
+    LabelFlipAttack,
+    ScalingAttack,
+    SignFlipAttack,
+)
+from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.seeding import generator
+from fl_lightning.update import ClientUpdate
+from tests.helpers import synthetic, tiny_client, trainer
+
+
+def test_gaussian_attack_is_seeded_standard_normal():
+    a = gaussian_attack(torch.Size([20000]), generator(0, "attack", 3, 1))
+    b = gaussian_attack(torch.Size([20000]), generator(0, "attack", 3, 1))
+    c = gaussian_attack(torch.Size([20000]), generator(0, "attack", 3, 2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert abs(float(a.mean())) < 0.03 and abs(float(a.std()) - 1) < 0.03
+    assert abs(float(gaussian_attack(torch.Size([20000]), generator(1), std=30).std()) - 30) < 1
+    with pytest.raises(ValueError, match="std"):
+        gaussian_attack(torch.Size([3]), generator(0), std=0)
+
+
+def test_update_attacks_by_hand():
+    u = torch.tensor([1.0, -2.0])
+    assert sign_flip_attack(u).tolist() == [-3.0, 6.0]
+    assert scaling_attack(u, 10).tolist() == [10.0, -20.0]
+    assert ipm_attack(u, 0.5).tolist() == [-0.5, 1.0]
+    assert alie_attack(u, torch.tensor([1.0, 2.0]), 1.5).tolist() == [-0.5, -5.0]
+    assert flip_labels(torch.tensor([0, 3, 9]), 10).tolist() == [9, 6, 0]
+    with pytest.raises(ValueError, match="epsilon"):
+        ipm_attack(u, 0)
+    with pytest.raises(ValueError, match="num_classes"):
+        flip_labels(torch.tensor([0]), 1)
+
+
+def test_alie_z_follows_baruch_et_al():
+    assert alie_z(50, 10) == pytest.approx(0.4677, abs=1e-3)  # s = 16, Phi^-1(34/50)
+    assert alie_z(50, 20) == pytest.approx(1.1750, abs=1e-3)  # s = 6, Phi^-1(44/50)
+    assert alie_z(4, 3) == 0.0  # s <= 0
+    with pytest.raises(ValueError, match="num_byzantine"):
+        alie_z(5, 6)
+
+
+def test_byzantine_choice_by_fraction_is_deterministic_and_below_the_target():
+    sizes = [10, 200, 35, 80, 5, 120, 60, 90, 15, 40]
+    chosen = select_byzantine(sizes, generator(3, "byzantine"), fraction=0.3)
+    assert chosen == select_byzantine(sizes, generator(3, "byzantine"), fraction=0.3)
+    assert chosen != select_byzantine(sizes, generator(4, "byzantine"), fraction=0.3)
+    assert 0.25 <= data_fraction(sizes, chosen) <= 0.3
+    assert select_byzantine(sizes, generator(3, "byzantine"), fraction=0.0) == []
+    by_count = select_byzantine(sizes, generator(3, "byzantine"), count=4)
+    assert len(by_count) == 4 and by_count == sorted(by_count)
+    with pytest.raises(ValueError, match="exactly one"):
+        select_byzantine(sizes, generator(0), fraction=0.1, count=1)
+
+
+def test_attack_refuses_a_byzantine_majority_of_the_data():
+    with pytest.raises(ValueError, match="allow_majority"):
+        GaussianAttack(fraction=0.5)
+    GaussianAttack(fraction=0.6, allow_majority=True)
+    attack = GaussianAttack(count=6)
+    module = SimpleNamespace(seed=0, datamodule=SimpleNamespace(train_clients=list(range(8)), num_samples=lambda c: 10))
+    with pytest.raises(ValueError, match="allow_majority"):
+        attack.choose(module)
+    assert len(GaussianAttack(count=3).choose(module)) == 3
+
+
+def _fake_module(round_idx=2):
+    return SimpleNamespace(seed=5, current_epoch=round_idx, device=torch.device("cpu"), update_spec=lambda: {"d": 3})
+
+
+def _round(attack, byzantine, updates):
+    """Feed one round's updates (one process) through ``attack``; return what is aggregated."""
+    attack.byzantine = byzantine
+    module = _fake_module()
+    attack.on_round_start(None, module, 2, [u.client_id for u in updates])
+    kept = [attack.on_client_update(None, module, u) for u in updates]
+    return attack.on_round_updates(None, module, kept)
+
+
+UPDATES = [ClientUpdate(i, 10, {"d": torch.tensor([float(i), 1.0, -1.0])}) for i in range(5)]
+
+
+def test_gaussian_callback_replaces_only_byzantine_uploads():
+    out = _round(GaussianAttack(count=2), [1, 3], UPDATES)
+    assert out[0] is UPDATES[0] and out[2] is UPDATES[2]
+    expected = gaussian_attack(torch.Size([3]), generator(5, "attack", 2, 1))
+    assert torch.equal(out[1].tensors["d"], expected)
+    assert out[1].num_samples == 10 and out[1].client_id == 1
+
+
+def test_scaling_and_own_sign_flip_callbacks():
+    out = _round(ScalingAttack(factor=-2, count=1), [4], UPDATES)
+    assert out[4].tensors["d"].tolist() == [-8.0, -2.0, 2.0]
+    out = _round(SignFlipAttack(reference="own", scale=1, count=1), [4], UPDATES)
+    assert out[4].tensors["d"].tolist() == [-4.0, -1.0, 1.0]
+
+
+def test_omniscient_attacks_use_the_honest_statistics_once_the_round_is_in():
+    honest = torch.stack([u.tensors["d"] for u in UPDATES if u.client_id not in (0, 3)])  # clients 1, 2, 4
+    out = _round(SignFlipAttack(count=2), [0, 3], UPDATES)
+    assert torch.allclose(out[0].tensors["d"], -3 * honest.mean(0))
+    assert torch.equal(out[0].tensors["d"], out[3].tensors["d"])  # colluding: the same vector
+    out = _round(IPMAttack(epsilon=0.5, count=2), [0, 3], UPDATES)
+    assert torch.allclose(out[3].tensors["d"], -0.5 * honest.mean(0))
+    out = _round(ALIEAttack(z=1.0, count=2), [0, 3], UPDATES)
+    std = honest.std(0, unbiased=False)
+    assert torch.allclose(out[0].tensors["d"], honest.mean(0) - std)
+    out = _round(ALIEAttack(count=2), [0, 3], UPDATES)  # z from (n=5, f=2): s = 1, Phi^-1(4/5)
+    assert torch.allclose(out[0].tensors["d"], honest.mean(0) - alie_z(5, 2) * std)
+
+
+def test_label_flip_poisons_only_byzantine_batches():
+    attack = LabelFlipAttack(count=1)
+    attack.byzantine = [2]
+    batch = (torch.zeros(3, 2), torch.tensor([0, 1, 9]))
+    assert attack.on_local_batch(None, None, 2, batch)[1].tolist() == [9, 8, 0]
+    assert attack.on_local_batch(None, None, 1, batch)[1].tolist() == [0, 1, 9]
+
+
+class SeenLabels(FederatedCallback):
+    """Records the labels each client trains on (registered after the attack)."""
+
+    def __init__(self):
+        self.labels = {}
+
+    def on_local_batch(self, trainer, module, client_id, batch):
+        self.labels.setdefault(client_id, []).append(batch[1].clone())
+        return batch
+
+
+def test_label_flip_reaches_any_algorithm():
+    attack, seen = LabelFlipAttack(count=1), SeenLabels()
+    dm = synthetic(4)
+    module = FedAvg(tiny_client(), clients_per_round=4, local_steps=2)
+    trainer(1, callbacks=[attack, seen]).fit(module, dm)
+    (bad,) = attack.byzantine
+    for cid, labels in seen.labels.items():
+        x, y = dm.client_data(cid).full()
+        original = set(y.tolist())
+        got = set(torch.cat(labels).tolist())
+        assert got <= ({9 - v for v in original} if cid == bad else original)
+
+
+def test_gaussian_attack_breaks_fedavg_in_a_run():
+    def final(callbacks):
+        module = FedAvg(tiny_client(), clients_per_round=8, local_steps=2, seed=1)
+        t = trainer(2, callbacks=callbacks)
+        t.fit(module, synthetic(8))
+        return module.state.flatten()
+
+    clean, attacked = final([]), final([GaussianAttack(fraction=0.3, std=10.0)])
+    assert float((attacked - clean).norm()) > 10 * float(clean.norm())

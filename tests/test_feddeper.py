@@ -1,0 +1,214 @@
+"""FedDeper: the spec's degenerate cases, a hand-computed round, DDP, resume, validation,
+the paper's CNNs and the personalized evaluation on local test sets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.feddeper import (
+    FedDeper,
+    check_plain_sgd,
+    depersonalization_anchor,
+    depersonalization_strength,
+    mix_personal,
+)
+from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.callbacks.personalized import PersonalizedAccuracy, add_extra_classes, local_test_indices
+from fl_lightning.models.cnn import CNN
+from fl_lightning.seeding import generator
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+
+def make(cls=FedDeper, hidden=(8,), **kwargs):
+    kwargs.setdefault("clients_per_round", 3)
+    kwargs.setdefault("local_steps", 3)
+    kwargs.setdefault("seed", 1)
+    return cls(tiny_client(hidden=hidden), **kwargs)
+
+
+class Recorder(FederatedCallback):
+    """Keeps, per round, the start model, the uploads and the personal models before the round."""
+
+    def __init__(self):
+        self.rounds = []
+
+    def on_round_start(self, trainer, module, round_idx, clients):
+        before = {c: module.personal_model(c).cpu().clone() for c in module.datamodule.train_clients}
+        self.rounds.append({"start": module.round_start.cpu().clone(), "uploads": {}, "before": before})
+
+    def on_client_update(self, trainer, module, update):
+        self.rounds[-1]["uploads"][update.client_id] = update.tensors["delta"].cpu().clone()
+        return update
+
+
+# ------------------------------------------------------------------ pure functions
+def test_anchor_strength_and_mixing():
+    x, v, y = torch.tensor([1.0, 2.0]), torch.tensor([3.0, -1.0]), torch.tensor([0.0, 4.0])
+    assert torch.equal(depersonalization_anchor(x, v), torch.tensor([-1.0, 5.0]))
+    assert depersonalization_strength(0.03, 0.01) == pytest.approx(3.0)
+    assert torch.allclose(mix_personal(v, y, 0.25), 0.75 * v + 0.25 * y)
+    assert torch.equal(mix_personal(v, y, 1.0), y)
+
+
+def test_plain_sgd_is_required():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    assert check_plain_sgd(torch.optim.SGD(p, lr=0.05)) == 0.05
+    with pytest.raises(ValueError, match="momentum=0.9"):
+        check_plain_sgd(torch.optim.SGD(p, lr=0.05, momentum=0.9))
+    with pytest.raises(ValueError, match="plain torch.optim.SGD, got Adam"):
+        check_plain_sgd(torch.optim.Adam(p))
+    module = FedDeper(tiny_client(hidden=(8,)), clients_per_round=2, local_steps=1)
+    module.client.momentum = 0.9
+    with pytest.raises(ValueError, match="momentum"):
+        trainer(1).fit(module, synthetic(4))
+
+
+@pytest.mark.parametrize("kwargs,match", [({"rho": 1.0}, "rho must be in \\[0, 1\\), got 1.0"),
+                                          ({"rho": -0.1}, "rho must be in"),
+                                          ({"lam": 1.5}, "lam must be in \\[0, 1\\], got 1.5"),
+                                          ({"lam": -0.1}, "lam must be in")])
+def test_invalid_rho_and_lam(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FedDeper(tiny_client(), **kwargs)
+
+
+def test_small_lam_warns():
+    with pytest.warns(UserWarning, match="lam=0.45 is below 0.5"):
+        FedDeper(tiny_client(), lam=0.45)
+
+
+# ------------------------------------------------------------------ the update rules
+def test_rho_zero_gives_fedavg_trajectory():
+    deper, avg = make(rho=0.0, lam=0.7), make(FedAvg)
+    trainer(3).fit(deper, synthetic(6))
+    trainer(3).fit(avg, synthetic(6))
+    assert torch.equal(global_vector(deper), global_vector(avg))
+    assert (global_vector(deper) - global_vector(make())).abs().max() > 1e-3  # it trained
+
+
+def test_one_round_matches_the_equations():
+    """Two local steps of one client on a linear model, computed by hand (Jacobi order: y uses v_j)."""
+    lr, rho, lam, seed = 0.1, 0.2, 0.7, 5
+    module = FedDeper(tiny_client(lr=lr), rho=rho, lam=lam, clients_per_round=1, local_steps=2, seed=seed)
+    x0 = global_vector(module)
+    dm = synthetic(4)
+    trainer(1).fit(module, dm)
+    (cid,) = module.round_clients
+
+    def grad(w, batch):
+        w = w.clone().requires_grad_(True)
+        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
+        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
+
+    y, v = x0.clone(), x0.clone()
+    for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 0, cid)):
+        y, v = y - lr * grad(y, batch) - rho * (v + y - 2 * x0), v - lr * grad(v, batch)
+    assert torch.allclose(global_vector(module), y, atol=1e-6)
+    assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+
+
+def test_lam_one_restarts_personal_from_upload_and_others_keep_theirs():
+    recorder = Recorder()
+    module = make(lam=1.0)
+    x0 = global_vector(module)
+    trainer(3, callbacks=[recorder]).fit(module, synthetic(6))
+    last = recorder.rounds[-1]
+    for cid in module.datamodule.train_clients:
+        stored = module.personal_model(cid).cpu()
+        if cid in last["uploads"]:
+            assert torch.allclose(stored, last["start"] + last["uploads"][cid], atol=1e-6)
+        else:
+            assert torch.equal(stored, last["before"][cid])
+    never = [c for c in module.datamodule.train_clients if all(c not in r["uploads"] for r in recorder.rounds)]
+    for cid in never:
+        assert cid not in module.store and torch.equal(module.personal_model(cid).cpu(), x0)
+
+
+def test_personal_models_live_in_the_store_on_cpu():
+    module = make()
+    trainer(1).fit(module, synthetic(6))
+    assert sorted(module.store.clients()) == module.round_clients  # lazily created
+    assert all(module.store.get(c, "personal").device.type == "cpu" for c in module.store.clients())
+    assert module.store.nbytes() == 3 * module.state.dim * 4
+
+
+# ------------------------------------------------------------------ resume and DDP
+def test_resume_is_exact_with_personal_models(tmp_path):
+    straight = make()
+    trainer(4).fit(straight, synthetic(6))
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    trainer(2, callbacks=[ckpt], enable_checkpointing=True).fit(make(), synthetic(6))
+    resumed = make()
+    trainer(4).fit(resumed, synthetic(6), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert torch.equal(global_vector(straight), global_vector(resumed))
+    assert torch.equal(straight.initial_state, resumed.initial_state)
+    assert sorted(straight.store.clients()) == sorted(resumed.store.clients())
+    for cid in straight.store.clients():
+        assert torch.equal(straight.store.get(cid, "personal"), resumed.store.get(cid, "personal"))
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(tmp_path):
+    stores = []
+    for devices in (1, 2):
+        ckpt = ModelCheckpoint(dirpath=tmp_path / str(devices), save_last=True, save_top_k=0)
+        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        module = make(clients_per_round=5, local_steps=4)
+        trainer(3, callbacks=[ckpt], enable_checkpointing=True, devices=devices, strategy=strategy).fit(module, synthetic(8))
+        stores.append((global_vector(module), torch.load(tmp_path / str(devices) / "last.ckpt", weights_only=False)))
+    (g1, c1), (g2, c2) = stores
+    assert (g1 - g2).abs().max() <= 1e-5
+    s1, s2 = c1["federated"]["store"], c2["federated"]["store"]
+    assert sorted(s1) == sorted(s2) and len(s1) > 5  # rank 0 holds the personal models of both ranks' clients
+    for cid in s1:
+        assert (s1[cid]["personal"] - s2[cid]["personal"]).abs().max() <= 1e-5
+
+
+# ------------------------------------------------------------------ models
+def test_paper_cnns():
+    mnist, cifar = CNN(), CNN.cifar10()
+    assert sum(p.numel() for p in mnist.parameters()) == 3_761_034
+    assert sum(p.numel() for p in cifar.parameters()) == 4_146_314
+    assert mnist(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert cifar(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="image_size=8 is too small"):
+        CNN(image_size=8, kernel_size=5, padding=0)
+
+
+# ------------------------------------------------------------------ personalized evaluation
+def test_local_test_sets_follow_training_labels():
+    train = [np.array([0] * 90 + [1] * 10), np.array([1] * 90), np.array([2] * 50)]
+    test = np.array([0] * 10 + [1] * 20 + [2] * 5 + [3] * 4)
+    local = local_test_indices(train, test)
+    assert local[0].tolist() == list(range(10)) + [10, 11]  # all the 0s, its 10% share of the 1s
+    assert local[1].tolist() == list(range(12, 30))
+    assert local[2].tolist() == list(range(30, 35))  # class 3 is held by no client
+
+
+def test_extra_classes_are_absent_classes_of_equal_size():
+    test = np.repeat(np.arange(5), 20)
+    local = np.arange(20, 30)  # ten samples of class 1
+    out = add_extra_classes(local, test, 2, np.random.default_rng(0))
+    classes, counts = np.unique(test[out], return_counts=True)
+    assert 1 in classes and len(classes) == 3 and counts.tolist() == [10, 10, 10]
+    assert np.array_equal(out, add_extra_classes(local, test, 2, np.random.default_rng(0)))
+    with pytest.raises(ValueError, match="extra_classes=5 but only 4 classes"):
+        add_extra_classes(local, test, 5, np.random.default_rng(0))
+
+
+def test_personalized_accuracy_is_logged():
+    cbs = [PersonalizedAccuracy(), PersonalizedAccuracy(extra_classes=2)]
+    t = trainer(2, callbacks=cbs, check_val_every_n_epoch=1)
+    t.fit(make(), synthetic(6))
+    for prefix in ("local", "local+2"):
+        for name in ("personal_acc_mean", "personal_acc_worst", "global_acc_mean", "global_acc_worst"):
+            assert 0.0 <= float(t.callback_metrics[f"{prefix}/{name}"]) <= 1.0
+    assert t.callback_metrics["local/personal_acc_worst"] <= t.callback_metrics["local/personal_acc_mean"]
+    t = trainer(1, callbacks=[PersonalizedAccuracy()], check_val_every_n_epoch=1)
+    t.fit(make(FedAvg), synthetic(6))
+    assert "local/global_acc_mean" in t.callback_metrics and "local/personal_acc_mean" not in t.callback_metrics

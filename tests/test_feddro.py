@@ -1,0 +1,288 @@
+"""FedDRO and vanilla compositional FedAvg: the paper's counter-example, y-bar tracking, DRO
+objectives, the -ST construction, class metrics, ResNet20, argument checks, 2 processes == 1."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+from torch.utils.data import TensorDataset
+
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.feddro import CompositionalFedAvg, FedDRO, frozen_running_stats
+from fl_lightning.callbacks.class_metrics import ClassAccuracy, class_accuracy_summary
+from fl_lightning.datamodules.base import FederatedDataModule
+from fl_lightning.datamodules.imbalanced import st_indices
+from fl_lightning.dro import (
+    ChiSquareDRO,
+    CompositionalObjective,
+    KLDRO,
+    NonFiniteEstimateError,
+    objective_value,
+    storm_estimate,
+    surrogate,
+)
+from fl_lightning.models.resnet import ResNet20
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+
+# ---------------------------------------------------------------- the paper's counter-example
+class ToyObjective(CompositionalObjective):
+    """Appendix D: ``f(y) = sqrt(y^2 + 4)``, ``g_k(x) = a_k x + b_k``, ``h = 0``."""
+
+    def terms(self, losses: Tensor) -> tuple[Tensor, Tensor]:
+        losses = losses.double()
+        return torch.zeros_like(losses), losses.unsqueeze(-1)
+
+    def outer(self, y: Tensor) -> Tensor:
+        return torch.sqrt(y**2 + 4).sum()
+
+    def outer_grad(self, y: Tensor) -> Tensor:
+        return y / torch.sqrt(y**2 + 4)
+
+
+class Scalar(pl.LightningModule):
+    """One parameter ``x`` (0.5 at start), plain SGD."""
+
+    def __init__(self, lr: float) -> None:
+        super().__init__()
+        self.x = nn.Parameter(torch.tensor([0.5], dtype=torch.float64))
+        self.lr = lr
+
+    def forward(self, coeffs: Tensor) -> Tensor:
+        return coeffs[:, 0] * self.x + coeffs[:, 1]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class TwoClients(FederatedDataModule):
+    """Client 0 holds ``g_1 = 4x - 4``, client 1 holds ``g_2 = -2x + 4`` (one sample each)."""
+
+    def __init__(self) -> None:
+        super().__init__(num_clients=2, partition="natural", batch_size=1)
+
+    def build_datasets(self):
+        coeffs = torch.tensor([[4.0, -4.0], [-2.0, 4.0]], dtype=torch.float64)
+        return TensorDataset(coeffs, torch.tensor([0, 1])), None
+
+    def partition_keys(self):
+        return [0, 1]
+
+
+class ToyLosses:
+    """Per-sample "losses" of the toy are the values ``a_k x + b_k`` of the client's ``g_k``."""
+
+    def sample_losses(self, batch: Any) -> Tensor:
+        return self.client(batch[0])
+
+
+class ToyFedDRO(ToyLosses, FedDRO):
+    pass
+
+
+class ToyFedAvg(ToyLosses, CompositionalFedAvg):
+    pass
+
+
+def fit_toy(module_cls: type, rounds: int, **kwargs: Any) -> float:
+    module = module_cls(Scalar(kwargs.pop("lr")), ToyObjective(), clients_per_round=2, **kwargs)
+    trainer(rounds, limit_val_batches=0).fit(module, TwoClients())
+    return float(module.client.x.detach())
+
+
+@pytest.mark.parametrize("case, expected", [("I", 1.191332), ("II", 1.117421)])
+def test_vanilla_fedavg_stalls_away_from_the_optimum(case, expected):
+    """Thm 4.1 / Fig. 6 with eta = 0.04, I = 2: x_bar stays >= 0.5 and settles at the spec's value, not at 0."""
+    x = fit_toy(ToyFedAvg, 100, lr=0.04, case=case, local_steps=2)
+    assert x == pytest.approx(expected, abs=1e-3)
+
+
+@pytest.mark.parametrize("beta", [0.1, 1.0])
+def test_feddro_converges_to_the_optimum(beta):
+    """Sharing y every step fixes it: x_bar -> x* = 0 (beta = 1 is the "modified FedAvg"); I = 2."""
+    x = fit_toy(ToyFedDRO, 100, lr=0.1, beta=beta, local_steps=2)
+    assert abs(x) < 1e-3
+
+
+# ------------------------------------------------------------------------ y-bar tracking
+class RecordingFedDRO(FedDRO):
+    """Records ``(y_bar, sum_k w_k g_k(x_k; full data))`` at every step."""
+
+    def estimate_inner(self, step, batches):
+        out = super().estimate_inner(step, batches)
+        truth = self.server_mean({c: self.inner_mean(c, self._models[c], self.datamodule.client_data(c).full())
+                                  for c in self._rank_clients})
+        self.trace.append((float(self.y_bar[0]), float(truth[0])))
+        return out
+
+
+@pytest.mark.parametrize("beta", [0.2, 1.0])
+def test_y_bar_tracks_the_true_average_of_g(beta):
+    """Full-batch clients: y_bar^t equals sum_k w_k g_k(x_k^t) at every step, across model averagings (A4)."""
+    torch.manual_seed(0)
+    module = RecordingFedDRO(tiny_client(lr=0.05), KLDRO(lam=2.0), beta=beta, local_steps=3, clients_per_round=4, seed=1)
+    module.trace = []
+    trainer(4, limit_val_batches=0).fit(module, synthetic(4, batch_size=1000))
+    y, truth = np.array(module.trace).T
+    assert len(y) == 12
+    assert np.abs(y - truth).max() < 1e-9 * np.abs(truth).max()
+    assert np.ptp(truth) > 1e-2  # the models moved, so the identity is not trivial
+
+
+def test_y_bar_error_decays_geometrically():
+    """storm_estimate: with exact g values an error delta in y_bar shrinks by (1 - beta) per step."""
+    g = [torch.tensor([1.0 + 0.1 * t], dtype=torch.float64) for t in range(6)]
+    y = g[0] + 0.5
+    for t in range(1, 6):
+        y = storm_estimate(y, g[t], g[t - 1], beta=0.3)
+        assert float(y - g[t]) == pytest.approx(0.5 * 0.7**t)
+
+
+# --------------------------------------------------------------------------- objectives
+def test_kl_objective_is_log_mean_exp_and_shift_invariant():
+    losses = torch.tensor([0.1, 2.0, 5.0])
+    exact = 2.0 * math.log(float(torch.exp(losses / 2.0).mean()))
+    assert float(objective_value(KLDRO(2.0, scale_by_lambda=True), losses)) == pytest.approx(exact)
+    assert float(objective_value(KLDRO(2.0, scale_by_lambda=False), losses)) == pytest.approx(exact / 2.0)
+    for shift in (0.0, 3.0):  # the surrogate's gradient does not depend on the shift
+        objective = KLDRO(2.0, shift=shift)
+        x = torch.tensor([0.1, 2.0, 5.0], requires_grad=True)
+        y = objective.terms(x.detach())[1].mean(0)
+        surrogate(objective, x, y).backward()
+        weights = torch.softmax(x.detach() / 2.0, 0) / 2.0
+        assert torch.allclose(x.grad, weights.float(), atol=1e-6)
+
+
+def test_chi_square_objective_is_mean_plus_variance():
+    """The corrected eq. 5: mean(l) + Var(l) / (2 lam), and the surrogate weights (1 + (l - y) / lam) / b."""
+    losses = torch.tensor([0.5, 1.0, 3.0], dtype=torch.float64)
+    objective = ChiSquareDRO(lam=2.0)
+    expected = losses.mean() + losses.var(unbiased=False) / 4.0
+    assert float(objective_value(objective, losses)) == pytest.approx(float(expected))
+    x = losses.clone().requires_grad_(True)
+    surrogate(objective, x, losses.mean().reshape(1)).backward()
+    assert torch.allclose(x.grad, (1 + (losses - losses.mean()) / 2.0) / 3)
+
+
+def test_kl_guard_keeps_y_bar_positive_and_non_finite_values_fail():
+    assert float(KLDRO(1.0, shift=2.0).guard(torch.tensor([-5.0], dtype=torch.float64))) == pytest.approx(math.exp(-2.0))
+    torch.manual_seed(0)
+    module = FedDRO(tiny_client(lr=0.1), KLDRO(lam=1e-3), clients_per_round=4)  # exp(l / 1e-3) overflows
+    with pytest.raises(NonFiniteEstimateError, match="not finite"):
+        trainer(1, limit_val_batches=0).fit(module, synthetic(4))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: KLDRO(lam=0.0), "lam must be > 0, got 0.0"),
+        (lambda: ChiSquareDRO(lam=-1.0), "lam must be > 0, got -1.0"),
+        (lambda: FedDRO(tiny_client(), KLDRO(), beta=0.0), r"beta must be in \(0, 1\], got 0.0"),
+        (lambda: CompositionalFedAvg(tiny_client(), KLDRO(), case="III"), "case must be 'I' or 'II', got 'III'"),
+    ],
+)
+def test_bad_arguments_fail_clearly(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_partial_participation_is_refused():
+    module = FedDRO(tiny_client(), KLDRO(), clients_per_round=3)
+    with pytest.raises(ValueError, match=r"clients_per_round must equal the number of training clients \(4\), got 3"):
+        trainer(1).fit(module, synthetic(4))
+
+
+def test_momentum_optimizer_is_refused():
+    client = tiny_client()
+    client.momentum = 0.9
+    with pytest.raises(ValueError, match="plain SGD"):
+        trainer(1).fit(FedDRO(client, KLDRO(), clients_per_round=4), synthetic(4))
+
+
+# ------------------------------------------------------------------------ learning
+def test_feddro_trains_and_mixed_precision_keeps_estimates_in_fp64():
+    torch.manual_seed(0)
+    start = global_vector(FedAvg(tiny_client(hidden=(8,))))
+    module = FedDRO(tiny_client(hidden=(8,)), KLDRO(lam=2.0), beta=0.5, local_steps=2, clients_per_round=4)
+    trainer(2, limit_val_batches=0, precision="bf16-mixed").fit(module, synthetic(4))
+    assert module.y_bar.dtype == torch.float64 and float(module.y_bar[0]) >= 1.0
+    assert (global_vector(module) - start).abs().max() > 1e-3
+
+
+def test_frozen_running_stats_leaves_batch_norm_buffers_alone():
+    bn = nn.BatchNorm1d(3)
+    with frozen_running_stats(bn):
+        out = bn(torch.randn(8, 3) * 5 + 2)
+    assert torch.equal(bn.running_mean, torch.zeros(3)) and int(bn.num_batches_tracked) == 0
+    assert out.mean(0).abs().max() < 1e-5 and bn.track_running_stats
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one():
+    def run(devices: int) -> Tensor:
+        torch.manual_seed(0)
+        module = FedDRO(tiny_client(hidden=(8,)), KLDRO(lam=2.0), beta=0.5, local_steps=3, clients_per_round=5, seed=2)
+        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        trainer(2, devices=devices, strategy=strategy, limit_val_batches=0).fit(module, synthetic(5))
+        return global_vector(module)
+
+    assert (run(1) - run(2)).abs().max() <= 1e-5
+
+
+def test_checkpoint_resume_is_exact(tmp_path):
+    def module() -> FedDRO:
+        torch.manual_seed(0)
+        return FedDRO(tiny_client(hidden=(8,)), KLDRO(lam=2.0), beta=0.5, local_steps=2, clients_per_round=4)
+
+    straight = module()
+    trainer(4, limit_val_batches=0).fit(straight, synthetic(4))
+    first = module()
+    t = trainer(2, limit_val_batches=0)
+    t.fit(first, synthetic(4))
+    t.save_checkpoint(tmp_path / "r2.ckpt")
+    resumed = module()
+    trainer(4, limit_val_batches=0).fit(resumed, synthetic(4), ckpt_path=tmp_path / "r2.ckpt")
+    assert torch.allclose(global_vector(straight), global_vector(resumed), atol=1e-6)
+    assert torch.allclose(straight.y_bar, resumed.y_bar)
+
+
+# ------------------------------------------------------------------ data, metrics, model
+def test_st_indices_cut_the_first_half_to_their_last_images():
+    labels = np.repeat(np.arange(4), 5)[np.random.default_rng(0).permutation(20)]
+    idx = st_indices(labels, keep=2)
+    kept = labels[idx]
+    assert np.bincount(kept, minlength=4).tolist() == [2, 2, 5, 5]
+    for c in (0, 1):
+        assert idx[kept == c].tolist() == np.flatnonzero(labels == c)[-2:].tolist()
+    assert np.bincount(labels[st_indices(labels, keep=2, minority_half="second")], minlength=4).tolist() == [5, 5, 2, 2]
+    with pytest.raises(ValueError, match="minority_half must be 'first' or 'second', got 'middle'"):
+        st_indices(labels, keep=2, minority_half="middle")
+
+
+def test_class_accuracy_summary():
+    correct = torch.tensor([1, 2, 9, 10])
+    total = torch.tensor([10, 10, 10, 10])
+    summary = class_accuracy_summary(correct, total, minority=[0, 1])
+    assert summary == pytest.approx({"acc": 0.55, "acc_worst_class": 0.1, "acc_minority": 0.15, "acc_majority": 0.95})
+
+
+def test_class_accuracy_callback_logs_worst_class():
+    torch.manual_seed(0)
+    module = FedAvg(tiny_client(), clients_per_round=4, local_steps=2)
+    t = trainer(1, callbacks=[ClassAccuracy(num_classes=10)])
+    t.fit(module, synthetic(4, test_fraction=0.3))
+    logged = t.callback_metrics
+    assert 0.0 <= float(logged["class/acc_worst_class"]) <= float(logged["class/acc"]) <= 1.0
+
+
+def test_resnet20_shape_and_size():
+    torch.manual_seed(0)
+    model = ResNet20(num_classes=10)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert 0.26e6 < sum(p.numel() for p in model.parameters()) < 0.28e6

@@ -1,0 +1,323 @@
+"""FedProxVR: the pure functions (prox, SVRG, SARAH, full gradient), the algorithm, the data split."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.fedproxvr import FedProxVR
+from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.datamodules.base import FederatedDataModule
+from fl_lightning.datamodules.powerlaw import TwoLabelPowerLaw, two_label_power_law
+from fl_lightning.datamodules.vision import TorchvisionFederated
+from fl_lightning.models.fedproxvr_cnn import FedProxVRCNN
+from fl_lightning.optim.variance_reduction import (
+    ProxSGD,
+    full_gradient,
+    loss_gradient,
+    prox_step,
+    sarah_direction,
+    svrg_direction,
+)
+from fl_lightning.seeding import generator
+from fl_lightning.vectors import StateVector
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+# ---------------------------------------------------------------- pure functions
+
+
+def test_prox_step_is_the_argmin_of_its_objective():
+    g = torch.Generator().manual_seed(0)
+    x, anchor = torch.randn(5, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+    lr, mu = 0.3, 2.0
+    w = x.clone()
+    for _ in range(500):  # gradient descent on mu/2 |w - anchor|^2 + 1/(2 lr) |w - x|^2
+        w -= 0.1 * (mu * (w - anchor) + (w - x) / lr)
+    closed = prox_step(x, anchor, lr, mu)
+    assert (closed - w).abs().max() < 1e-8
+    assert torch.allclose((closed - anchor).norm(), (x - anchor).norm() / (1 + lr * mu))
+    assert torch.equal(prox_step(x, anchor, lr, 0.0), x)
+    assert torch.allclose(prox_step(anchor, anchor, lr, mu), anchor)
+
+
+def test_prox_sgd_applies_the_closed_form_after_the_gradient_step():
+    p = nn.Parameter(torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64))
+    anchor = p.detach().clone()
+    opt = ProxSGD([p], lr=0.5, mu=4.0)
+    p.grad = torch.tensor([2.0, 0.0, -1.0], dtype=torch.float64)
+    opt.step()
+    expected = prox_step(anchor - 0.5 * torch.tensor([2.0, 0.0, -1.0], dtype=torch.float64), anchor, 0.5, 4.0)
+    assert torch.allclose(p.detach(), expected)
+    with pytest.raises(ValueError, match="lr must be > 0, got 0"):
+        ProxSGD([p], lr=0.0)
+    with pytest.raises(ValueError, match="mu must be >= 0, got -1"):
+        ProxSGD([p], lr=0.1, mu=-1)
+
+
+def test_directions():
+    g, g_ref, v = torch.tensor([1.0, 2.0]), torch.tensor([0.5, -1.0]), torch.tensor([3.0, 0.0])
+    assert torch.equal(svrg_direction(g, g_ref, v), torch.tensor([3.5, 3.0]))
+    assert torch.equal(sarah_direction(g, g_ref, v), torch.tensor([3.5, 3.0]))
+    assert torch.equal(svrg_direction(g_ref, g_ref, v), v)  # at the snapshot SVRG is the full gradient
+
+
+def test_full_gradient_from_unequal_chunks_equals_the_one_batch_gradient():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2).double()
+    x, y = torch.randn(10, 3, dtype=torch.float64), torch.randint(0, 2, (10,))
+    loss = lambda b: nn.functional.cross_entropy(model(b[0]), b[1])  # noqa: E731
+    params = list(model.parameters())
+    whole = loss_gradient(loss((x, y)), params).double()
+    chunks = [((x[a:b], y[a:b]), b - a) for a, b in ((0, 3), (3, 4), (4, 10))]
+    assert (full_gradient(loss, params, chunks).double() - whole).abs().max() < 1e-6
+    with pytest.raises(ValueError, match="at least one"):
+        full_gradient(loss, params, [])
+
+
+# ------------------------------------------------ a quadratic client (hand computations)
+
+
+class Quadratic(pl.LightningModule):
+    """f_i(w) = a_i / 2 |w - x_i|^2 for samples (x_i, a_i); a plain SGD optimizer."""
+
+    def __init__(self, dim: int = 3, lr: float = 0.1) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(dim))
+        self.lr = lr
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, a = batch
+        return (0.5 * a * ((self.w - x) ** 2).sum(-1)).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class QuadraticData(FederatedDataModule):
+    """One client holding ``n`` samples (x_i, a_i)."""
+
+    def __init__(self, n: int = 12, dim: int = 3, **kwargs: Any) -> None:
+        super().__init__(num_clients=1, **kwargs)
+        g = torch.Generator().manual_seed(1)
+        self.data = (torch.randn(n, dim, generator=g), torch.rand(n, generator=g) * 2 + 0.5)
+
+    def build_datasets(self) -> tuple[Dataset, Optional[Dataset]]:
+        return TensorDataset(*self.data), TensorDataset(*self.data)
+
+
+def hand_trajectory(estimator: str, data: tuple, batches: list, lr: float, mu: float) -> torch.Tensor:
+    """Algorithm 1 with output "last", written out for f_i = a_i/2 |w - x_i|^2, from w_0 = 0."""
+    x, a = (t.double() for t in data)
+    grad = lambda w, xs, as_: (as_[:, None] * (w - xs)).mean(0)  # noqa: E731
+    prox = lambda z: (z + lr * mu * w0) / (1 + lr * mu)  # noqa: E731
+    w0 = torch.zeros(x.shape[1], dtype=torch.float64)
+    v0 = grad(w0, x, a)
+    w_prev, v_prev, w = w0, v0, prox(w0 - lr * v0)
+    for xb, ab in batches:
+        xb, ab = xb.double(), ab.double()
+        if estimator == "svrg":
+            v = grad(w, xb, ab) - grad(w0, xb, ab) + v0
+        else:
+            v = grad(w, xb, ab) - grad(w_prev, xb, ab) + v_prev
+        w_prev, v_prev, w = w, v, prox(w - lr * v)
+    return w
+
+
+@pytest.mark.parametrize("estimator", ["svrg", "sarah"])
+@pytest.mark.parametrize("batch_size", [2, 100])
+def test_tau_steps_on_a_quadratic_match_the_hand_computation(estimator, batch_size):
+    tau, lr, mu, seed = 6, 0.4, 0.5, 5
+    dm = QuadraticData(batch_size=batch_size)
+    module = FedProxVR(Quadratic(lr=lr), estimator=estimator, mu=mu, local_steps=tau, output_iterate="last", seed=seed)
+    trainer(1).fit(module, dm)
+    batches = list(dm.client_data(0, "train").step_batches(tau, generator(seed, "batches", 0, 0)))
+    expected = hand_trajectory(estimator, dm.data, batches, lr, mu)
+    assert (global_vector(module).double() - expected).abs().max() < 1e-5
+    if batch_size >= 12:  # full batches: SVRG and SARAH are proximal gradient descent (tau + 1 steps)
+        x, a = (t.double() for t in dm.data)
+        w0 = w = torch.zeros(3, dtype=torch.float64)
+        for _ in range(tau + 1):
+            w = prox_step(w - lr * (a[:, None] * (w - x)).mean(0), w0, lr, mu)
+        assert (global_vector(module).double() - w).abs().max() < 1e-5
+
+
+# ------------------------------------------------------------------ the algorithm
+
+
+def test_sgd_with_mu_zero_is_exactly_fedavg():
+    fedavg = FedAvg(tiny_client(seed=2), clients_per_round=4, local_steps=5, seed=3)
+    trainer(3).fit(fedavg, synthetic(8))
+    vr = FedProxVR(tiny_client(seed=2), estimator="sgd", mu=0.0, local_steps=5, output_iterate="last",
+                   clients_per_round=4, seed=3)
+    trainer(3).fit(vr, synthetic(8))
+    assert torch.equal(global_vector(fedavg), global_vector(vr))
+    assert (global_vector(vr) - StateVector(tiny_client(seed=2)).flatten()).abs().max() > 1e-3
+
+
+def test_the_server_takes_the_sample_weighted_mean_of_the_client_models():
+    dm = synthetic(4)
+    module = FedProxVR(tiny_client(), estimator="svrg", mu=0.1, local_steps=3, output_iterate="last", seed=1)
+    models, sizes = [], []
+
+    class Collect(FederatedCallback):
+        def on_round_start(self, trainer, module, round_idx, clients):
+            self.start = module.round_start.clone()
+
+        def on_client_update(self, trainer, module, update):
+            models.append(self.start + update.tensors["delta"])
+            sizes.append(update.num_samples)
+            return update
+
+    trainer(1, callbacks=[Collect()]).fit(module, dm)
+    assert len(models) == 4 and len(set(sizes)) > 1  # all clients, unequal sizes
+    w = torch.tensor(sizes, dtype=torch.float64)
+    expected = (torch.stack(models).double() * w[:, None]).sum(0) / w.sum()
+    assert (global_vector(module).double() - expected).abs().max() < 1e-5
+
+
+def test_a_huge_mu_keeps_the_global_model():
+    init = StateVector(tiny_client()).flatten()
+    module = FedProxVR(tiny_client(), estimator="sarah", mu=1e9, local_steps=3, output_iterate="last")
+    trainer(2).fit(module, synthetic(4))
+    assert (global_vector(module) - init).abs().max() < 1e-6
+
+
+def test_output_iterate_rule():
+    module = FedProxVR(tiny_client(), estimator="svrg", local_steps=4, lr=0.1)
+    draws = [FedProxVR.output_index(_Round(module, r), client_id=r % 7) for r in range(200)]
+    counts = np.bincount(draws, minlength=5)
+    assert set(draws) <= set(range(5)) and counts.min() > 20  # uniform on {0..tau}
+    last = FedProxVR(tiny_client(), estimator="svrg", local_steps=4, output_iterate="last", lr=0.1)
+    assert last.output_index(0) == 5
+    sgd = FedProxVR(tiny_client(), estimator="sgd", local_steps=4, output_iterate="last", lr=0.1)
+    assert sgd.output_index(0) == 4
+
+
+class _Round:
+    """A stand-in exposing what ``output_index`` reads, at round ``r``."""
+
+    def __init__(self, module: FedProxVR, r: int) -> None:
+        self.local_steps, self.output_iterate, self.estimator, self.seed = (
+            module.local_steps, module.output_iterate, module.estimator, module.seed)
+        self.current_epoch = r
+
+
+def test_random_output_with_one_candidate_returns_the_global_model():
+    init = StateVector(tiny_client()).flatten()
+    module = FedProxVR(tiny_client(), estimator="svrg", mu=0.1, local_steps=1, output_iterate="random", seed=0)
+    # with tau = 1, t' is 0 or 1: every update drawn with t' = 0 must be exactly the global model
+    zero_deltas = []
+
+    class Check(FederatedCallback):
+        def on_client_update(self, trainer, module, update):
+            if update.metrics["output_iterate"] == 0:
+                zero_deltas.append(float(update.tensors["delta"].abs().max()))
+            return update
+
+    trainer(2, callbacks=[Check()]).fit(module, synthetic(6))
+    assert zero_deltas and max(zero_deltas) == 0.0
+    assert (global_vector(module) - init).abs().max() > 1e-4
+
+
+def test_step_size_and_bad_arguments():
+    assert FedProxVR(tiny_client(), beta=5.0, smoothness=2.0).eta == pytest.approx(0.1)
+    module = FedProxVR(tiny_client(lr=0.07), estimator="sarah", local_steps=2)
+    trainer(1).fit(module, synthetic(4))
+    assert module.eta == pytest.approx(0.07) and module.clients_per_round == 4
+    for kwargs, message in [
+        (dict(estimator="adam"), "estimator must be 'svrg', 'sarah' or 'sgd', got 'adam'"),
+        (dict(mu=-0.1), "mu must be >= 0, got -0.1"),
+        (dict(output_iterate="first"), "output_iterate must be 'random' or 'last', got 'first'"),
+        (dict(lr=0.1, beta=5.0, smoothness=1.0), "give lr or"),
+        (dict(beta=5.0), "beta and smoothness go together"),
+        (dict(lr=-1.0), "lr must be > 0, got -1.0"),
+        (dict(beta=-1.0, smoothness=1.0), "beta and smoothness must be > 0"),
+        (dict(full_gradient_batch_size=0), "full_gradient_batch_size must be >= 1, got 0"),
+    ]:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            FedProxVR(tiny_client(), **kwargs)
+
+
+# -------------------------------------------------------------------- data, model
+
+
+def test_two_label_power_law_partition():
+    labels = np.repeat(np.arange(10), 300)
+    parts = two_label_power_law(labels, 20, seed=0)
+    assert len(parts) == 20
+    flat = np.concatenate(parts)
+    assert len(flat) == len(set(flat.tolist())) == 3000  # disjoint, everything used
+    for k, p in enumerate(parts):
+        assert sorted(set(labels[p].tolist())) == sorted({k % 10, (k + 1) % 10})
+        assert min(np.bincount(labels[p])[[k % 10, (k + 1) % 10]]) >= 10
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.max() > 3 * sizes.min()  # power law: very unequal sizes
+    assert all(np.array_equal(a, b) for a, b in zip(parts, two_label_power_law(labels, 20, seed=0)))
+    half = two_label_power_law(labels, 20, used_fraction=0.5, seed=0)
+    assert sum(len(p) for p in half) == 1500
+    with pytest.raises(ValueError, match="labels_per_client must be in \\[1, 10\\], got 11"):
+        two_label_power_law(labels, 5, labels_per_client=11)
+    with pytest.raises(ValueError, match="used_fraction must be in \\(0, 1\\], got 0"):
+        two_label_power_law(labels, 5, used_fraction=0)
+    with pytest.raises(ValueError, match="min_per_label=200"):
+        two_label_power_law(labels, 20, min_per_label=200)
+
+
+class _FakeImages:
+    """A torchvision-like data set of random 8x8 images (train: 400, test: 100)."""
+
+    def __init__(self, root: str, train: bool, download: bool = False) -> None:
+        g = torch.Generator().manual_seed(0 if train else 1)
+        n = 400 if train else 100
+        self.data = (torch.rand(n, 8, 8, generator=g) * 255).to(torch.uint8)
+        self.targets = torch.arange(n) % 10
+
+
+class _FakePowerLaw(TwoLabelPowerLaw, TorchvisionFederated):
+    dataset_cls = _FakeImages
+    mean, std = (0.5,), (0.25,)
+
+
+def test_power_law_datamodule_pools_train_and_test_and_splits_each_client_75_25():
+    dm = _FakePowerLaw(num_clients=10, test_fraction=0.25, min_per_label=5, seed=0)
+    dm.setup("fit")
+    assert len(dm.pool) == 500 and dm.test_set is None
+    train = sum(len(s) for s in dm.splits["train"])
+    test = sum(len(s) for s in dm.splits["test"])
+    assert train + test == 500 and abs(test / 500 - 0.25) < 0.03
+    assert len(dm.global_test_set()) == test
+    assert np.count_nonzero(dm.label_histogram(3)) == 2
+    assert "two_label_power_law" in dm.summary()
+
+
+def test_the_paper_cnn_has_1663370_parameters():
+    model = FedProxVRCNN()
+    assert sum(p.numel() for p in model.parameters()) == 1_663_370
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(ValueError, match="image_size=2 is too small"):
+        FedProxVRCNN(image_size=2)
+
+
+# ------------------------------------------------------------------------- DDP
+
+
+def _ddp_run(devices: int) -> torch.Tensor:
+    pl.seed_everything(0)
+    module = FedProxVR(tiny_client(hidden=(8,)), estimator="sarah", mu=0.1, local_steps=3, clients_per_round=5,
+                       seed=3)
+    strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+    trainer(2, devices=devices, strategy=strategy).fit(module, synthetic(8))
+    return global_vector(module)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one():
+    one, two = _ddp_run(1), _ddp_run(2)
+    assert (one - two).abs().max() <= 1e-5

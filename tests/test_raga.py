@@ -1,0 +1,164 @@
+"""RAGA, RFA and Byrd-SAGA: uploads, schedule, server steps, robustness in a run, DDP equality."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fl_lightning.algorithms.byrd_saga import ByrdSAGA, fixed_minibatches, saga_direction
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.raga import RAGA, paper_learning_rate
+from fl_lightning.algorithms.rfa import RFA
+from fl_lightning.callbacks.aggregation import WeightedMean
+from fl_lightning.callbacks.attacks import ALIEAttack, GaussianAttack, LabelFlipAttack
+from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.callbacks.robust_aggregation import CoordinateMedian, GeometricMedian
+from fl_lightning.models import LogisticRegression
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+
+class Record(FederatedCallback):
+    """Keeps every update the module receives."""
+
+    def __init__(self) -> None:
+        self.updates = []
+
+    def on_client_update(self, trainer, module, update):
+        self.updates.append(update)
+        return update
+
+
+def fit(module, rounds=2, callbacks=(), clients=8, **data):
+    trainer(rounds, callbacks=list(callbacks)).fit(module, synthetic(clients, **data))
+    return module
+
+
+def test_paper_schedule():
+    assert paper_learning_rate(1, 1000) == pytest.approx(0.0990099, abs=1e-7)
+    assert paper_learning_rate(500, 1000) == pytest.approx(1 / 60)
+    assert paper_learning_rate(1000, 1000) == pytest.approx(1 / 110)
+    with pytest.raises(ValueError, match="round_number"):
+        paper_learning_rate(0, 10)
+
+
+def test_raga_uploads_the_mean_local_gradient():
+    """With a constant local rate: z = (w - w_K) / (lr K), where w_K is FedAvg's end point on the same batches."""
+    lr, k = 0.1, 4
+    raga_rec, fedavg_rec = Record(), Record()
+    fit(RAGA(tiny_client(lr=lr), schedule="constant", clients_per_round=3, local_steps=k, seed=2), 1, [raga_rec])
+    fit(FedAvg(tiny_client(lr=lr), clients_per_round=3, local_steps=k, seed=2), 1, [fedavg_rec])
+    assert [u.client_id for u in raga_rec.updates] == [u.client_id for u in fedavg_rec.updates]
+    for z, d in zip(raga_rec.updates, fedavg_rec.updates):
+        assert torch.allclose(z.tensors["grad"], -d.tensors["delta"] / (lr * k), atol=1e-5)
+
+
+def test_one_local_step_with_the_mean_is_sgd():
+    """K = 1, one client, mean aggregation: RAGA's server step is FedAvg's (plain SGD) step."""
+    raga = fit(RAGA(tiny_client(lr=0.2), schedule="constant", server_lr=0.2, clients_per_round=1, local_steps=1, seed=4),
+               3, [WeightedMean()], clients=1)
+    fedavg = fit(FedAvg(tiny_client(lr=0.2), clients_per_round=1, local_steps=1, seed=4), 3, clients=1)
+    assert torch.allclose(global_vector(raga), global_vector(fedavg), atol=1e-6)
+
+
+def test_raga_steps_with_the_paper_schedule():
+    module = RAGA(tiny_client(), clients_per_round=4, seed=0, total_rounds=100)
+    t = trainer(3)
+    t.fit(module, synthetic(8))
+    assert float(t.callback_metrics["raga/lr"]) == pytest.approx(paper_learning_rate(3, 100))
+    assert isinstance(module.aggregator, GeometricMedian) and module.aggregator.weighting == "num_samples"
+    assert module.local_steps == 3
+
+
+def test_default_aggregators_of_the_baselines():
+    rfa, saga = RFA(tiny_client()), ByrdSAGA(tiny_client())
+    assert (rfa.default_aggregator.max_iter, rfa.default_aggregator.nu) == (4, 1e-5)
+    assert rfa.default_aggregator.stop == "objective_rel"
+    assert saga.default_aggregator.weighting == "uniform" and saga.default_aggregator.stop == "movement"
+
+
+def test_raga_resists_a_gaussian_attack_where_the_mean_breaks():
+    def final(callbacks):
+        module = RAGA(tiny_client(), clients_per_round=10, seed=1, total_rounds=50)
+        return global_vector(fit(module, 3, callbacks, clients=10))
+
+    clean = final([])
+    robust = final([GaussianAttack(fraction=0.3, std=10.0)])
+    broken = final([GaussianAttack(fraction=0.3, std=10.0), WeightedMean()])
+    assert float((robust - clean).norm()) * 10 < float((broken - clean).norm())
+
+
+def test_label_flip_reaches_raga_clients():
+    clean = global_vector(fit(RAGA(tiny_client(), clients_per_round=8, seed=1), 2))
+    flipped = global_vector(fit(RAGA(tiny_client(), clients_per_round=8, seed=1), 2, [LabelFlipAttack(fraction=0.4)]))
+    assert float((flipped - clean).norm()) > 1e-4
+
+
+def test_saga_direction_and_fixed_minibatches():
+    assert saga_direction(torch.tensor([3.0]), torch.tensor([1.0]), torch.tensor([0.5])).tolist() == [2.5]
+    chunks = fixed_minibatches(10, 4, torch.Generator().manual_seed(0))
+    assert [len(c) for c in chunks] == [4, 4, 2]
+    assert sorted(torch.cat(chunks).tolist()) == list(range(10))
+
+
+def test_byrd_saga_with_one_minibatch_is_gradient_descent():
+    """One client whose split is one minibatch: v = g - g + g = g, so the step is full-batch GD."""
+    saga = fit(ByrdSAGA(tiny_client(lr=0.3), step_size=0.3, clients_per_round=1, seed=0), 3, [WeightedMean()],
+               clients=1, batch_size=1000)
+    fedavg = fit(FedAvg(tiny_client(lr=0.3), clients_per_round=1, local_steps=1, seed=0), 3, clients=1, batch_size=1000)
+    assert torch.allclose(global_vector(saga), global_vector(fedavg), atol=1e-6)
+
+
+def test_byrd_saga_keeps_a_table_per_client():
+    saga = fit(ByrdSAGA(tiny_client(), clients_per_round=4, seed=0), 2, batch_size=8)
+    client = next(saga.store.clients())
+    table = saga.store.get(client, "saga_table")
+    n = saga.trainer.datamodule.num_samples(client)
+    assert table.shape == (-(-n // 8), saga.state.num_params)
+
+
+class WithBatchNorm(LogisticRegression):
+    def __init__(self) -> None:
+        super().__init__(in_features=20)
+        self.net = nn.Sequential(nn.BatchNorm1d(20), nn.Linear(20, 10))
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: RAGA(tiny_client(), schedule="cosine"), "schedule"),
+        (lambda: RAGA(tiny_client(), total_rounds=0), "total_rounds"),
+        (lambda: RAGA(WithBatchNorm()), "buffer"),
+        (lambda: ByrdSAGA(tiny_client(), local_steps=3), "one step"),
+        (lambda: ByrdSAGA(tiny_client(), step_size=0), "step_size"),
+    ],
+)
+def test_bad_arguments_are_refused(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def _ddp_run(devices, build, callbacks):
+    import pytorch_lightning as pl
+
+    pl.seed_everything(0)
+    module = build()
+    strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+    trainer(2, callbacks=callbacks(), devices=devices, strategy=strategy).fit(module, synthetic(8))
+    return global_vector(module)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "build, callbacks",
+    [
+        (lambda: RAGA(tiny_client(hidden=(8,)), clients_per_round=5, seed=3, total_rounds=20), lambda: [ALIEAttack(count=2)]),
+        (lambda: FedAvg(tiny_client(hidden=(8,)), clients_per_round=5, local_steps=2, seed=3),
+         lambda: [GaussianAttack(count=2), CoordinateMedian()]),
+    ],
+    ids=["raga-alie-geometric_median", "fedavg-gaussian-coordinate_median"],
+)
+def test_two_processes_equal_one(build, callbacks):
+    one = _ddp_run(1, build, callbacks)
+    two = _ddp_run(2, build, callbacks)
+    assert (one - two).abs().max() <= 1e-5
