@@ -215,7 +215,8 @@ class FederatedModule(pl.LightningModule):
         self._updates.append(update)
 
     def finish_round(self) -> None:
-        """Aggregate, update the server, synchronize client state, call ``on_round_end``."""
+        """Aggregate, update the server, synchronize client state, log ``round/excluded`` (updates
+        left out for NaN/Inf) and ``round/client_loss`` (mean local loss), call ``on_round_end``."""
         updates = sorted(self._updates, key=lambda u: u.client_id)
         for cb in self._callbacks:
             updates = cb.on_round_updates(self.trainer, self, updates)
@@ -227,8 +228,12 @@ class FederatedModule(pl.LightningModule):
         else:
             warnings.warn(f"round {self.current_epoch}: no valid client update; the global model is unchanged")
         self.store.sync()
-        excluded = sum(len(e) for e in all_gather_object(self._excluded))
-        self.log("round/excluded", float(excluded), on_step=False, on_epoch=True, batch_size=1)
+        losses = [u.metrics["loss"] for u in self._updates if "loss" in u.metrics]
+        parts = all_gather_object((len(self._excluded), losses))
+        self.log("round/excluded", float(sum(n for n, _ in parts)), on_step=False, on_epoch=True, batch_size=1)
+        losses = [loss for _, part in parts for loss in part]
+        if losses:
+            self.log("round/client_loss", sum(losses) / len(losses), on_step=False, on_epoch=True, batch_size=1)
         for cb in self._callbacks:
             cb.on_round_end(self.trainer, self, self.current_epoch, aggregate)
         self._updates = []
