@@ -7,7 +7,7 @@ CPU, NCCL on GPU).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,20 @@ def all_gather_object(obj: Any) -> list[Any]:
     out: list = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def map_clients(fn: Callable[[int], Any], client_ids: Sequence[int]) -> dict[int, Any]:
+    """``{client: fn(client)}`` for ``client_ids``, leaving out clients where ``fn`` gives None.
+
+    Each process computes its share (``client_ids[rank::world]``) and every process receives
+    the whole mapping (one ``all_gather_object``): per-client evaluations cost 1/world each.
+    """
+    rank, world = rank_and_world()
+    mine = {cid: value for cid in client_ids[rank::world] if (value := fn(cid)) is not None}
+    merged: dict[int, Any] = {}
+    for part in all_gather_object(mine):
+        merged.update(part)
+    return merged
 
 
 def gather_updates(updates: list[ClientUpdate]) -> list[ClientUpdate]:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.callbacks.base import FederatedCallback
-from fl_lightning.distributed import all_gather_object, rank_and_world
+from fl_lightning.distributed import map_clients
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
@@ -74,15 +74,10 @@ class ClientMetrics(FederatedCallback):
 
     def evaluate(self, module: "FederatedModule") -> dict[int, float]:
         """Accuracy of each client's model on its own split, gathered from all processes."""
-        rank, world = rank_and_world()
         dm = module.datamodule
-        mine = {}
-        for cid in self._client_ids(module)[rank::world]:
+
+        def accuracy(cid: int) -> Optional[float]:
             data = dm.client_data(cid, self.split)
-            if len(data) == 0:
-                continue
-            mine[cid] = module.client_accuracy(cid, data)
-        merged: dict[int, float] = {}
-        for part in all_gather_object(mine):
-            merged.update(part)
-        return merged
+            return module.client_accuracy(cid, data) if len(data) > 0 else None
+
+        return map_clients(accuracy, self._client_ids(module))

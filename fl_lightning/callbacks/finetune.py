@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal, Optional
 
 
 from fl_lightning.callbacks.client_metrics import ClientMetrics
-from fl_lightning.distributed import all_gather_object, rank_and_world
+from fl_lightning.distributed import map_clients
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
@@ -52,14 +52,9 @@ class LocalFinetuning(ClientMetrics):
         return accuracy
 
     def evaluate(self, module: "FederatedModule") -> dict[int, float]:
-        rank, world = rank_and_world()
         dm = module.datamodule
-        mine = {
-            cid: self.finetuned_accuracy(module, cid)
-            for cid in self._client_ids(module)[rank::world]
-            if len(dm.client_data(cid, self.split)) > 0
-        }
-        merged: dict[int, float] = {}
-        for part in all_gather_object(mine):
-            merged.update(part)
-        return merged
+
+        def accuracy(cid: int) -> Optional[float]:
+            return self.finetuned_accuracy(module, cid) if len(dm.client_data(cid, self.split)) > 0 else None
+
+        return map_clients(accuracy, self._client_ids(module))

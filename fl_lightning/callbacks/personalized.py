@@ -23,7 +23,7 @@ import torch
 from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.datamodules.base import labels_of
 from fl_lightning.datamodules.client_data import ClientData
-from fl_lightning.distributed import all_gather_object, rank_and_world
+from fl_lightning.distributed import map_clients
 from fl_lightning.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -113,22 +113,19 @@ class PersonalizedAccuracy(FederatedCallback):
 
     def evaluate(self, module: "FederatedModule") -> dict[int, tuple[float, Optional[float]]]:
         """``{client: (global accuracy, personal accuracy or None)}`` over the training clients."""
-        rank, world = rank_and_world()
         dm = module.datamodule
         test_set = dm.global_test_set()
         local = self.local_sets(module)
-        mine = {}
-        for cid in list(dm.train_clients)[rank::world]:
+
+        def accuracies(cid: int) -> Optional[tuple[float, Optional[float]]]:
             if len(local[cid]) == 0:
-                continue
+                return None
             data = ClientData(test_set, local[cid], dm.eval_batch_size)
             glob = module.client_accuracy(cid, data, personalized=False)
             personal = module.client_accuracy(cid, data) if module.client_eval_state(cid) is not None else None
-            mine[cid] = (glob, personal)
-        merged: dict[int, tuple[float, Optional[float]]] = {}
-        for part in all_gather_object(mine):
-            merged.update(part)
-        return merged
+            return glob, personal
+
+        return map_clients(accuracies, list(dm.train_clients))
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
         if trainer.sanity_checking:
