@@ -44,6 +44,7 @@ from torch import Tensor
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.base import Aggregator, FederatedCallback
 from fl_lightning.distributed import all_gather_object, rank_and_world
+from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.seeding import generator, sample_clients
 from fl_lightning.state import ClientStateStore
 from fl_lightning.update import ClientUpdate
@@ -126,7 +127,8 @@ class FederatedModule(pl.LightningModule):
         self._excluded: list[int] = []
         self._callbacks: list[FederatedCallback] = []
         self._local_client: Optional[int] = None
-        self._results: Any = None
+        self._local_logs = LocalLogBuffer()
+        self._local_logs.bind(client)
         #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's
         self.default_aggregator: Aggregator = WeightedMean()
 
@@ -216,7 +218,8 @@ class FederatedModule(pl.LightningModule):
 
     def finish_round(self) -> None:
         """Aggregate, update the server, synchronize client state, log ``round/excluded`` (updates
-        left out for NaN/Inf) and ``round/client_loss`` (mean local loss), call ``on_round_end``."""
+        left out for NaN/Inf), ``round/client_loss`` (mean local loss) and the clients' own
+        buffered logs, call ``on_round_end``."""
         updates = sorted(self._updates, key=lambda u: u.client_id)
         for cb in self._callbacks:
             updates = cb.on_round_updates(self.trainer, self, updates)
@@ -234,6 +237,7 @@ class FederatedModule(pl.LightningModule):
         losses = [loss for _, part in parts for loss in part]
         if losses:
             self.log("round/client_loss", sum(losses) / len(losses), on_step=False, on_epoch=True, batch_size=1)
+        self._local_logs.flush()
         for cb in self._callbacks:
             cb.on_round_end(self.trainer, self, self.current_epoch, aggregate)
         self._updates = []
@@ -306,8 +310,7 @@ class FederatedModule(pl.LightningModule):
 
     def local_loss(self, batch: Any, step: int) -> Tensor:
         """The client module's training loss on ``batch`` (its ``training_step``)."""
-        if self._results is not None:
-            self._results.batch = batch  # lets the client's self.log infer its batch size
+        self._local_logs.batch = batch  # lets the client's self.log infer its batch size
         out = self.client.training_step(batch, step)
         loss = out["loss"] if isinstance(out, dict) else out
         if not isinstance(loss, Tensor):
@@ -345,31 +348,25 @@ class FederatedModule(pl.LightningModule):
     def local_context(self, client_id: int) -> Iterator[None]:
         """The setting of local work for ``client_id``.
 
-        In training, the client module's ``self.log`` works as in its own ``training_step``. In
-        an evaluation hook (finetuning, fitting an unseen client), gradients are enabled,
-        inference mode is left, and the client's ``self.log`` calls are dropped: they would
-        land in the evaluation's results.
+        In training, the client module's ``self.log`` calls are buffered and logged once per
+        round as their batch-size-weighted mean (:mod:`fl_lightning.local_logging`), with the
+        options of the client's call. In an evaluation hook (finetuning, fitting an unseen
+        client), gradients are enabled, inference mode is left, and the client's ``self.log``
+        calls are dropped: they would land in the evaluation's results.
         """
         training = self.trainer.training
-        self._results = self.trainer._results
-        trainer_batch = self._results.batch if self._results is not None else None
-        fx_name = self.client._current_fx_name
         self._local_client = client_id
         with ExitStack() as stack:
-            if training:
-                self.client._current_fx_name = "training_step"
-            else:
-                object.__setattr__(self.client, "log", _drop_log)
-                stack.callback(object.__delattr__, self.client, "log")
+            object.__setattr__(self.client, "log", self._local_logs.log if training else _drop_log)
+            stack.callback(object.__delattr__, self.client, "log")
+            if not training:
                 stack.enter_context(torch.inference_mode(False))
                 stack.enter_context(torch.enable_grad())
             try:
                 yield
             finally:
                 self._local_client = None
-                self.client._current_fx_name = fx_name
-                if self._results is not None:
-                    self._results.batch = trainer_batch
+                self._local_logs.batch = None
 
     # ------------------------------------------------------------ server side
     def update_spec(self) -> dict[str, int]:

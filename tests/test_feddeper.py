@@ -112,6 +112,32 @@ def test_one_round_matches_the_equations():
     assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
 
 
+def test_independent_batches_step_v_on_its_own_stream():
+    """With ``independent_batches`` v takes its batches from the stream "personal_batches"."""
+    lr, rho, lam, seed = 0.1, 0.2, 0.7, 5
+    module = FedDeper(tiny_client(lr=lr), rho=rho, lam=lam, clients_per_round=1, local_steps=2, seed=seed,
+                      independent_batches=True)
+    x0 = global_vector(module)
+    dm = synthetic(4)
+    trainer(1).fit(module, dm)
+    (cid,) = module.round_clients
+
+    def grad(w, batch):
+        w = w.clone().requires_grad_(True)
+        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
+        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
+
+    data = dm.client_data(cid, "train")
+    y_batches = data.step_batches(2, generator(seed, "batches", 0, cid))
+    v_batches = data.step_batches(2, generator(seed, "personal_batches", 0, cid))
+    y, v = x0.clone(), x0.clone()
+    for by, bv in zip(y_batches, v_batches):
+        assert not torch.equal(by[1], bv[1])  # the two streams differ
+        y, v = y - lr * grad(y, by) - rho * (v + y - 2 * x0), v - lr * grad(v, bv)
+    assert torch.allclose(global_vector(module), y, atol=1e-6)
+    assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+
+
 def test_lam_one_restarts_personal_from_upload_and_others_keep_theirs():
     recorder = Recorder()
     module = make(lam=1.0)

@@ -78,10 +78,19 @@ class FedDeper(FederatedModule):
         rho: pull strength per local step toward ``2x - v``, in [0, 1) (0 gives FedAvg's ``x``).
         lam: mixing rate of the personal model with ``y`` at the round end, in [0, 1]; the
             theory covers [0.5, 1] (a smaller value warns).
+        independent_batches: draw ``v``'s mini-batches from a stream of their own instead of
+            stepping ``y`` and ``v`` on the same batch (the paper does not say which; spec A2).
         **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps``...).
     """
 
-    def __init__(self, client: pl.LightningModule, rho: float = 0.03, lam: float = 0.5, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        client: pl.LightningModule,
+        rho: float = 0.03,
+        lam: float = 0.5,
+        independent_batches: bool = False,
+        **kwargs: Any,
+    ) -> None:
         if not 0.0 <= rho < 1.0:
             raise ValueError(f"rho must be in [0, 1), got {rho}")
         if not 0.0 <= lam <= 1.0:
@@ -91,6 +100,7 @@ class FedDeper(FederatedModule):
         super().__init__(client, **kwargs)
         self.rho = rho
         self.lam = lam
+        self.independent_batches = independent_batches
         #: x^0, the global model of round 0: every personal model's value before its first round.
         self.register_buffer("initial_state", self.state.flatten())
         self._anchor: Optional[Tensor] = None
@@ -120,14 +130,16 @@ class FedDeper(FederatedModule):
         loss_y = loss_v = 0.0
         steps = 0
         with self.local_context(client_id):
-            for step, batch in enumerate(self.local_batches(client_id)):
+            y_batches = self.local_batches(client_id)
+            v_batches = self.local_batches(client_id, stream="personal_batches") if self.independent_batches else None
+            for step, batch in enumerate(y_batches):
                 self.state.load(y)
                 self._anchor = depersonalization_anchor(x[:p], v[:p])  # v_j: before v's own step
                 loss_y += float(self.local_step(opt_y, batch, step))
                 y = self.state.flatten()
                 self._anchor = None
                 self.state.load(v)
-                loss_v += float(self.local_step(opt_v, batch, step))
+                loss_v += float(self.local_step(opt_v, next(v_batches) if v_batches else batch, step))
                 v = self.state.flatten()
                 steps += 1
         self.store.set(client_id, PERSONAL, mix_personal(v, y, self.lam))
