@@ -1,6 +1,6 @@
 """Markdown tables of a grid.py result file: final test accuracy per attack, curves, wall times.
 
-    python experiments/raga/report.py experiments/raga/results/mlp_r20.jsonl
+    python experiments/raga/report.py experiments/raga/results/mlp_r20.jsonl [--plot curves.png]
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ def curve_table(records: list[dict], attack: str, fractions: list[float]) -> str
         if r["fraction"] in fractions and (r["attack"] == attack or r["attack"] == "none"):
             pts = " ".join(f"{acc:.3f}" for _, acc, _ in r["curve"])
             rounds = ",".join(str(t) for t, _, _ in r["curve"])
-            lines.append((r["fraction"], ORDER.index(r["method"]), f"| {r['fraction']:g} | {NAMES[r['method']]} | {pts} |", rounds))
+            row = f"| {r['fraction']:g} | {NAMES[r['method']]} | {pts} |"
+            lines.append((r["fraction"], ORDER.index(r["method"]), row, rounds))
     lines.sort()
     rounds = lines[0][3] if lines else ""
-    return "\n".join([f"| fraction | method | test accuracy at rounds {rounds} |", "|---|---|---|"] + [l[2] for l in lines])
+    return "\n".join([f"| fraction | method | test accuracy at rounds {rounds} |", "|---|---|---|"] + [line[2] for line in lines])
 
 
 def wall_table(records: list[dict]) -> str:
@@ -62,9 +63,32 @@ def wall_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot_curves(records: list[dict], attack: str, path: str) -> None:
+    """Test accuracy per round, one panel per Byzantine fraction, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in records if r["attack"] in (attack, "none")]
+    fractions = sorted({r["fraction"] for r in runs})
+    fig, axes = plt.subplots(1, len(fractions), figsize=(3.2 * len(fractions), 3.0), sharey=True, squeeze=False)
+    for ax, f in zip(axes[0], fractions):
+        for r in sorted((r for r in runs if r["fraction"] == f), key=lambda r: ORDER.index(r["method"])):
+            ax.plot([t for t, _, _ in r["curve"]], [a for _, a, _ in r["curve"]], label=NAMES[r["method"]])
+        ax.set_title(f"{attack}, fraction {f:g}")
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("results")
+    parser.add_argument("--plot", help="write the Gaussian-attack curves to this PNG")
     args = parser.parse_args()
     records = load(args.results)
     attacks = [a for a in ("gaussian", "signflip", "alie", "ipm", "labelflip") if any(r["attack"] == a for r in records)]
@@ -72,6 +96,8 @@ def main() -> None:
         print(f"### {attack}\n\n{accuracy_table(records, attack)}\n")
     print(f"### curves (gaussian)\n\n{curve_table(records, 'gaussian', [0.0, 0.2, 0.4])}\n")
     print(f"### wall times\n\n{wall_table(records)}\n")
+    if args.plot:
+        plot_curves(records, "gaussian", args.plot)
 
 
 if __name__ == "__main__":
