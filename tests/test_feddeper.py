@@ -71,7 +71,8 @@ def test_plain_sgd_is_required():
 @pytest.mark.parametrize("kwargs,match", [({"rho": 1.0}, "rho must be in \\[0, 1\\), got 1.0"),
                                           ({"rho": -0.1}, "rho must be in"),
                                           ({"lam": 1.5}, "lam must be in \\[0, 1\\], got 1.5"),
-                                          ({"lam": -0.1}, "lam must be in")])
+                                          ({"lam": -0.1}, "lam must be in"),
+                                          ({"update_order": "random"}, "update_order must be 'jacobi' or 'gauss_seidel'")])
 def test_invalid_rho_and_lam(kwargs, match):
     with pytest.raises(ValueError, match=match):
         FedDeper(tiny_client(), **kwargs)
@@ -108,6 +109,29 @@ def test_one_round_matches_the_equations():
     y, v = x0.clone(), x0.clone()
     for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 0, cid)):
         y, v = y - lr * grad(y, batch) - rho * (v + y - 2 * x0), v - lr * grad(v, batch)
+    assert torch.allclose(global_vector(module), y, atol=1e-6)
+    assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+
+
+def test_gauss_seidel_order_uses_the_stepped_personal_model():
+    """``update_order="gauss_seidel"``: v steps first, the y-step pulls toward 2x - v_{j+1}."""
+    lr, rho, lam, seed = 0.1, 0.2, 0.7, 5
+    module = FedDeper(tiny_client(lr=lr), rho=rho, lam=lam, clients_per_round=1, local_steps=2, seed=seed,
+                      update_order="gauss_seidel")
+    x0 = global_vector(module)
+    dm = synthetic(4)
+    trainer(1).fit(module, dm)
+    (cid,) = module.round_clients
+
+    def grad(w, batch):
+        w = w.clone().requires_grad_(True)
+        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
+        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
+
+    y, v = x0.clone(), x0.clone()
+    for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 0, cid)):
+        v = v - lr * grad(v, batch)
+        y = y - lr * grad(y, batch) - rho * (v + y - 2 * x0)
     assert torch.allclose(global_vector(module), y, atol=1e-6)
     assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
 

@@ -18,7 +18,7 @@ local steps (a config, not a class).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -29,6 +29,7 @@ from fl_lightning.module import FederatedModule
 from fl_lightning.update import ClientUpdate
 
 PERSONAL = "personal"
+UpdateOrder = Literal["jacobi", "gauss_seidel"]
 
 
 def depersonalization_anchor(global_model: Tensor, personal: Tensor) -> Tensor:
@@ -80,6 +81,9 @@ class FedDeper(FederatedModule):
             theory covers [0.5, 1] (a smaller value warns).
         independent_batches: draw ``v``'s mini-batches from a stream of their own instead of
             stepping ``y`` and ``v`` on the same batch (the paper does not say which; spec A2).
+        update_order: ``"jacobi"`` (the spec's reading of Algorithm 1 and of the proofs: the
+            y-step uses ``v_j``) or ``"gauss_seidel"`` (``v`` steps first and the y-step uses
+            ``v_{j+1}``: the literal "alternating" reading, spec A1).
         **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps``...).
     """
 
@@ -89,18 +93,22 @@ class FedDeper(FederatedModule):
         rho: float = 0.03,
         lam: float = 0.5,
         independent_batches: bool = False,
+        update_order: UpdateOrder = "jacobi",
         **kwargs: Any,
     ) -> None:
         if not 0.0 <= rho < 1.0:
             raise ValueError(f"rho must be in [0, 1), got {rho}")
         if not 0.0 <= lam <= 1.0:
             raise ValueError(f"lam must be in [0, 1], got {lam}")
+        if update_order not in ("jacobi", "gauss_seidel"):
+            raise ValueError(f"update_order must be 'jacobi' or 'gauss_seidel', got {update_order!r}")
         if lam < 0.5:
             warnings.warn(f"lam={lam} is below 0.5, outside FedDeper's convergence theory (lam in [0.5, 1])", stacklevel=2)
         super().__init__(client, **kwargs)
         self.rho = rho
         self.lam = lam
         self.independent_batches = independent_batches
+        self.update_order = update_order
         #: x^0, the global model of round 0: every personal model's value before its first round.
         self.register_buffer("initial_state", self.state.flatten())
         self._anchor: Optional[Tensor] = None
@@ -133,18 +141,28 @@ class FedDeper(FederatedModule):
             y_batches = self.local_batches(client_id)
             v_batches = self.local_batches(client_id, stream="personal_batches") if self.independent_batches else None
             for step, batch in enumerate(y_batches):
+                v_batch = next(v_batches) if v_batches else batch
+                if self.update_order == "gauss_seidel":
+                    v, loss = self._personal_step(v, opt_v, v_batch, step)
+                    loss_v += loss
                 self.state.load(y)
-                self._anchor = depersonalization_anchor(x[:p], v[:p])  # v_j: before v's own step
+                self._anchor = depersonalization_anchor(x[:p], v[:p])
                 loss_y += float(self.local_step(opt_y, batch, step))
                 y = self.state.flatten()
                 self._anchor = None
-                self.state.load(v)
-                loss_v += float(self.local_step(opt_v, next(v_batches) if v_batches else batch, step))
-                v = self.state.flatten()
+                if self.update_order == "jacobi":  # the y-step above used v_j, before v's own step
+                    v, loss = self._personal_step(v, opt_v, v_batch, step)
+                    loss_v += loss
                 steps += 1
         self.store.set(client_id, PERSONAL, mix_personal(v, y, self.lam))
         metrics = {"loss": loss_y / max(steps, 1), "personal_loss": loss_v / max(steps, 1), "steps": float(steps)}
         return ClientUpdate(client_id, self.datamodule.num_samples(client_id), {"delta": y - x}, metrics)
+
+    def _personal_step(self, v: Tensor, optimizer: torch.optim.Optimizer, batch: Any, step: int) -> tuple[Tensor, float]:
+        """One plain SGD step of the personal model ``v``; returns the new ``v`` and the loss."""
+        self.state.load(v)
+        loss = float(self.local_step(optimizer, batch, step))
+        return self.state.flatten(), loss
 
     def adjust_local_gradients(self, client_id: int) -> None:
         if self._anchor is not None and self.rho > 0:
