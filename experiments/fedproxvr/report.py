@@ -2,6 +2,7 @@
 and a PNG of the training-loss and test-accuracy curves.
 
     python experiments/fedproxvr/report.py experiments/fedproxvr/results/mu.json
+    python experiments/fedproxvr/report.py results/table1_r100.json results/table1_r100_sarah.json  # merged
 """
 
 from __future__ import annotations
@@ -108,10 +109,13 @@ def plot(groups: dict[str, list[dict[str, Any]]], title: str, path: Path) -> Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("results", type=Path)
+    parser.add_argument("results", type=Path, nargs="+", help="run.py result files of one study (merged)")
     parser.add_argument("--stability", action="store_true", help="add the mu-study stability table")
     opts = parser.parse_args()
-    results = json.loads(opts.results.read_text())
+    parts = [json.loads(path.read_text()) for path in opts.results]
+    if len({(p["rounds"], tuple(p["overrides"])) for p in parts}) != 1:
+        raise SystemExit("the result files differ in rounds or overrides")
+    results = dict(parts[0], runs={k: v for p in parts for k, v in p["runs"].items()})
     groups = by_label(results)
     first = next(iter(results["runs"].values()))
     print(f"rounds={results['rounds']} overrides={results['overrides']} data={first['train_sizes']} "
@@ -123,7 +127,7 @@ def main() -> None:
     print(curve_table(groups, "train_loss", 1.0), "\n")
     print("test accuracy, % (mean ± std over seeds)\n")
     print(curve_table(groups, "test_acc", 100.0))
-    plot(groups, opts.results.stem, opts.results.with_suffix(".png"))
+    plot(groups, opts.results[0].stem, opts.results[0].with_suffix(".png"))
 
 
 if __name__ == "__main__":
