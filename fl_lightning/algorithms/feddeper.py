@@ -141,7 +141,7 @@ class FedDeper(FederatedModule):
             y_batches = self.local_batches(client_id)
             v_batches = self.local_batches(client_id, stream="personal_batches") if self.independent_batches else None
             for step, batch in enumerate(y_batches):
-                v_batch = next(v_batches) if v_batches else batch
+                v_batch = next(v_batches) if v_batches is not None else batch
                 if self.update_order == "gauss_seidel":
                     v, loss = self._personal_step(v, opt_v, v_batch, step)
                     loss_v += loss
