@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -50,7 +52,10 @@ def test_fp16_mixed_on_cuda_scales_local_losses():
         module = Probe(tiny_client(hidden=(32,)), mu=0.1, clients_per_round=8, local_steps=10)
         t = trainer(3, precision=precision, accelerator="gpu")
         t.fit(module, dm)
-        runs[precision] = (max(seen), t.validate(module, dm, verbose=False)[0]["val_acc"])
+        # a step whose scaled gradients overflowed has inf gradients after unscaling; the scaler skips it
+        finite = [g for g in seen if math.isfinite(g)]
+        assert len(finite) >= 0.8 * len(seen)
+        runs[precision] = (max(finite), t.validate(module, dm, verbose=False)[0]["val_acc"])
         if precision == "16-mixed":
             assert t.precision_plugin.scaler is not None and t.precision_plugin.scaler.get_scale() > 1
     assert runs["16-mixed"][0] < 100 * runs["32-true"][0]  # unscaled before the hook
