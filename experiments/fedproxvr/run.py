@@ -49,8 +49,10 @@ STUDIES: dict[str, list[tuple[str, str, list[str]]]] = {
 def evaluate(model: torch.nn.Module, dataset: Any, batch_size: int) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``model`` on ``dataset``."""
     model.eval()
+    device = next(model.parameters()).device
     loss, correct, n = 0.0, 0, 0
     for x, y in DataLoader(dataset, batch_size=batch_size):
+        x, y = x.to(device), y.to(device)
         logits = model(x)
         loss += float(F.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(-1) == y).sum())

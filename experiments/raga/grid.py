@@ -40,7 +40,8 @@ ATTACKS = {
 
 
 class Curve(pl.Callback):
-    """Records (round, test accuracy, test loss) after each validation."""
+    """Records (round, test accuracy, test loss) after each validation and prints it (a run cut
+    short still leaves its curve in the log)."""
 
     def __init__(self) -> None:
         self.points: list[tuple[int, float, float]] = []
@@ -49,6 +50,7 @@ class Curve(pl.Callback):
         if not trainer.sanity_checking:
             m = trainer.callback_metrics
             self.points.append((trainer.current_epoch + 1, float(m["val_acc"]), float(m["val_loss"])))
+            print("curve", *self.points[-1], flush=True)
 
 
 def client(model: str, seed: int) -> pl.LightningModule:
@@ -70,7 +72,7 @@ def module(method: str, model: str, horizon: int, seed: int) -> tuple[pl.Lightni
 
 
 def run(dm: MNISTFederated, method: str, model: str, attack: str, fraction: float, rounds: int, horizon: int,
-        eval_every: int, seed: int) -> dict[str, Any]:
+        eval_every: int, seed: int, accelerator: str = "cpu") -> dict[str, Any]:
     """One run; returns its record."""
     algo, callbacks = module(method, model, horizon, seed)
     curve = Curve()
@@ -80,7 +82,7 @@ def run(dm: MNISTFederated, method: str, model: str, attack: str, fraction: floa
         byz = ATTACKS[attack](fraction)
         callbacks.append(byz)
     trainer = pl.Trainer(
-        max_epochs=rounds, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        max_epochs=rounds, accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         check_val_every_n_epoch=eval_every, callbacks=callbacks,
     )
@@ -90,6 +92,7 @@ def run(dm: MNISTFederated, method: str, model: str, attack: str, fraction: floa
     final = curve.points[-1] if curve.points else (rounds, float("nan"), float("nan"))
     return {
         "method": method, "model": model, "attack": attack, "fraction": fraction, "rounds": rounds, "horizon": horizon, "seed": seed,
+        "accelerator": accelerator,
         "achieved_fraction": byz.achieved_fraction if byz is not None else 0.0,
         "num_byzantine": len(byz.byzantine) if byz is not None else 0,
         "test_acc": final[1], "test_loss": final[2], "curve": curve.points, "wall_s": round(wall, 1),
@@ -107,6 +110,7 @@ def main() -> None:
     parser.add_argument("--fractions", nargs="+", type=float, default=[0.0, 0.1, 0.2, 0.3, 0.4])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--root", default="/work/shared/data")
+    parser.add_argument("--accelerator", default="cpu", help="the Trainer's accelerator (cpu, gpu, auto)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -127,7 +131,7 @@ def main() -> None:
             if key in done:
                 continue
             record = run(dm, method, args.model, attack if fraction > 0 else "none", fraction, args.rounds,
-                         args.horizon, args.eval_every, args.seed)
+                         args.horizon, args.eval_every, args.seed, args.accelerator)
             print(json.dumps({k: v for k, v in record.items() if k != "curve"}), flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(record) + "\n")
