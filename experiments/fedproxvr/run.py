@@ -41,7 +41,7 @@ STUDIES: dict[str, list[tuple[str, str, list[str]]]] = {
     ],
     "mu": [("FedAvg", "mu_synthetic_logreg_fedavg.yaml", [])]
     + [(f"FedProxVR ({e.upper()}) mu={m}", f"mu_synthetic_logreg_{e}.yaml", ["--model.init_args.mu", str(m)])
-       for e, mus in (("svrg", (0, 1, 4)), ("sarah", (0, 4))) for m in mus],
+       for e, mus in (("svrg", (0, 1, 4)), ("sarah", (0, 1, 4))) for m in mus],
 }
 
 

@@ -18,3 +18,6 @@ timeout 1500 python experiments/fedproxvr/run.py table1 --rounds 6 --seeds 0 1 2
 timeout 900 python experiments/fedproxvr/run.py table2 --rounds 5 --seeds 0 1 --only "FedProxVR (SARAH)" \
   --set data.init_args.used_fraction=0.03 --set model.init_args.local_steps=10 --set data.init_args.batch_size=16 \
   --set model.init_args.beta=20 --out $R/table2_sarah_beta20.json > $L/table2_sarah_beta20.log 2>&1
+# The SARAH mu = 1 arm of the mu study (a later session; report.py merges it with mu.json).
+timeout 1200 python experiments/fedproxvr/run.py mu --rounds 25 --seeds 0 1 2 --only "FedProxVR (SARAH) mu=1" \
+  --set data.init_args.num_clients=20 --set model.init_args.clients_per_round=20 --out $R/mu_sarah1.json > $L/mu_sarah1.log 2>&1

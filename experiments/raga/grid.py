@@ -21,6 +21,7 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 import torch
 
+from experiments.curve import Curve
 from fl_lightning.algorithms.byrd_saga import ByrdSAGA
 from fl_lightning.algorithms.raga import RAGA
 from fl_lightning.algorithms.rfa import RFA
@@ -37,20 +38,6 @@ ATTACKS = {
     "ipm": lambda f: IPMAttack(fraction=f, epsilon=0.1),
     "labelflip": lambda f: LabelFlipAttack(fraction=f),
 }
-
-
-class Curve(pl.Callback):
-    """Records (round, test accuracy, test loss) after each validation and prints it (a run cut
-    short still leaves its curve in the log)."""
-
-    def __init__(self) -> None:
-        self.points: list[tuple[int, float, float]] = []
-
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            m = trainer.callback_metrics
-            self.points.append((trainer.current_epoch + 1, float(m["val_acc"]), float(m["val_loss"])))
-            print("curve", *self.points[-1], flush=True)
 
 
 def client(model: str, seed: int) -> pl.LightningModule:
