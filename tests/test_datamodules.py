@@ -157,6 +157,16 @@ def test_torchvision_datamodules_on_generated_data(monkeypatch):
     assert cifar.client_data(1).full()[0].shape[1:] == (3, 32, 32)
 
 
+def test_torchvision_pixels_are_standardized_unless_normalize_is_false(monkeypatch):
+    monkeypatch.setattr(MNISTFederated, "dataset_cls", FakeVision)
+    raw = MNISTFederated(num_clients=2, normalize=False)
+    std = MNISTFederated(num_clients=2)
+    raw.setup(), std.setup()
+    pixels = torch.as_tensor(FakeVision("", True, False).data).float() / 255.0
+    assert torch.equal(raw.pool.tensors[0].squeeze(1), pixels)
+    assert torch.allclose(std.pool.tensors[0], (raw.pool.tensors[0] - 0.1307) / 0.3081)
+
+
 def test_missing_torchvision_data_says_how_to_get_it(tmp_path):
     with pytest.raises(RuntimeError, match="download=True"):
         MNISTFederated(root=str(tmp_path), num_clients=2).setup()

@@ -1,7 +1,8 @@
 """torchvision datasets as federations: MNIST, Fashion-MNIST, CIFAR-10, CIFAR-100.
 
 The images are read once through torchvision (``root``, ``download``) and kept as one
-normalized float tensor, so a client's mini-batch is a tensor slice. No augmentation is
+float tensor (pixels in [0, 1], standardized per channel unless ``normalize=False``), so a
+client's mini-batch is a tensor slice. No augmentation is
 applied (the federated papers implemented here use none).
 """
 
@@ -23,6 +24,8 @@ class TorchvisionFederated(FederatedDataModule):
     Args:
         root: directory holding the dataset in torchvision's layout.
         download: let torchvision download it if missing (needs internet).
+        normalize: standardize each channel with the dataset's mean and std; False keeps the
+            pixels in [0, 1].
         **kwargs: the ``FederatedDataModule`` arguments.
     """
 
@@ -30,10 +33,11 @@ class TorchvisionFederated(FederatedDataModule):
     mean: ClassVar[tuple[float, ...]]
     std: ClassVar[tuple[float, ...]]
 
-    def __init__(self, root: str = "data", download: bool = False, **kwargs: Any) -> None:
+    def __init__(self, root: str = "data", download: bool = False, normalize: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.root = root
         self.download = download
+        self.normalize = normalize
 
     def prepare_data(self) -> None:
         if self.download:
@@ -50,10 +54,10 @@ class TorchvisionFederated(FederatedDataModule):
             ) from err
         x = torch.as_tensor(np.asarray(ds.data)).float().div_(255.0)
         x = x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)  # [N, C, H, W]
-        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
-        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        if self.normalize:
+            x = (x - torch.tensor(self.mean).view(1, -1, 1, 1)) / torch.tensor(self.std).view(1, -1, 1, 1)
         y = torch.as_tensor(np.asarray(ds.targets), dtype=torch.long)
-        return TensorDataset((x - mean) / std, y)
+        return TensorDataset(x, y)
 
     def build_datasets(self) -> tuple[Dataset, Optional[Dataset]]:
         return self._load(train=True), self._load(train=False)
