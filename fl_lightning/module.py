@@ -24,12 +24,14 @@ Algorithms subclass this and override a few hooks:
 * :meth:`adjust_local_gradients` — a gradient correction applied before each local step;
 * :meth:`server_update` — how the aggregate changes the global model;
 * :meth:`update_spec` — the names and sizes of the tensors in a ``ClientUpdate``;
+* :meth:`twin` — a second copy of the client module, for algorithms with two models per step;
 * :meth:`num_work_items` / :meth:`round_work` / :meth:`run_work_item` — the schedule, for
   algorithms whose clients move in lock-step.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from contextlib import ExitStack, contextmanager
@@ -129,6 +131,8 @@ class FederatedModule(pl.LightningModule):
         self._local_client: Optional[int] = None
         self._local_logs = LocalLogBuffer()
         self._local_logs.bind(client)
+        # the twin (see :meth:`twin`) is kept out of the module tree: no checkpoint, no optimizer
+        object.__setattr__(self, "_twin", None)
         #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's
         self.default_aggregator: Aggregator = WeightedMean()
 
@@ -278,8 +282,7 @@ class FederatedModule(pl.LightningModule):
         with self.local_context(client_id):
             for step, batch in enumerate(batches):
                 losses.append(self.local_step(optimizer, batch, step))
-        loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
-        return {"loss": loss, "steps": float(len(losses))}
+        return {"loss": mean_loss(losses), "steps": float(len(losses))}
 
     def local_batches(
         self, client_id: int, round_idx: Optional[int] = None, stream: str = "batches", steps: Optional[int] = None
@@ -304,45 +307,88 @@ class FederatedModule(pl.LightningModule):
                 batch = cb.on_local_batch(self.trainer, self, client_id, batch)
             yield batch
 
-    def local_optimizer(self) -> torch.optim.Optimizer:
-        """A fresh optimizer from the client module's ``configure_optimizers``."""
-        return _single_optimizer(self.client.configure_optimizers())
+    def local_optimizer(self, module: Optional[pl.LightningModule] = None) -> torch.optim.Optimizer:
+        """A fresh optimizer from the ``configure_optimizers`` of the client module (or of ``module``,
+        e.g. the :meth:`twin`)."""
+        return _single_optimizer((self.client if module is None else module).configure_optimizers())
 
-    def local_loss(self, batch: Any, step: int) -> Tensor:
-        """The client module's training loss on ``batch`` (its ``training_step``)."""
+    def module_loss(self, module: pl.LightningModule, batch: Any, step: int) -> Tensor:
+        """``module``'s own training loss on ``batch`` (its ``training_step``): the client module or its :meth:`twin`."""
         self._local_logs.batch = batch  # lets the client's self.log infer its batch size
-        out = self.client.training_step(batch, step)
+        out = module.training_step(batch, step)
         loss = out["loss"] if isinstance(out, dict) else out
         if not isinstance(loss, Tensor):
             raise TypeError(f"the client's training_step must return a loss tensor, got {type(out).__name__}")
         return loss
 
-    def local_step(self, optimizer: torch.optim.Optimizer, batch: Any, step: int) -> Tensor:
-        """One local optimizer step; returns the detached loss.
+    def local_loss(self, batch: Any, step: int) -> Tensor:
+        """The loss a local step of the client module minimizes: its training loss (algorithms with a
+        surrogate objective override this)."""
+        return self.module_loss(self.client, batch, step)
+
+    def local_step(
+        self, optimizer: torch.optim.Optimizer, batch: Any, step: int, module: Optional[pl.LightningModule] = None
+    ) -> Tensor:
+        """One local optimizer step of the client module, or of ``module`` (the :meth:`twin`) on its
+        own training loss; returns the detached loss.
 
         The forward runs inside the Trainer's precision context (autocast for ``*-mixed``);
         under ``16-mixed`` the loss is scaled with the precision plugin's ``GradScaler`` and
-        the gradients are unscaled before :meth:`adjust_local_gradients`. Local steps do not
-        dispatch the Trainer's per-step backward/optimizer hooks: they are the inner loop of
-        one Trainer step.
+        the gradients are unscaled before :meth:`adjust_local_gradients`, which applies to the
+        client module's steps only. Local steps do not dispatch the Trainer's per-step
+        backward/optimizer hooks: they are the inner loop of one Trainer step.
         """
         optimizer.zero_grad(set_to_none=True)
-        loss = self.local_loss(batch, step)
+        loss = self.local_loss(batch, step) if module is None else self.module_loss(module, batch, step)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if scaler is None:
-            loss.backward()
-            self.adjust_local_gradients(self._local_client)
-            optimizer.step()
-        else:
+        if scaler is not None:
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        if module is None:
             self.adjust_local_gradients(self._local_client)
+        if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
+        else:
+            optimizer.step()
         return loss.detach()
 
     def adjust_local_gradients(self, client_id: int) -> None:
-        """Change the client's (unscaled) gradients before each local optimizer step. Default: nothing."""
+        """Change the client module's (unscaled) gradients before each of its local optimizer steps.
+        Default: nothing."""
+
+    def twin(self) -> pl.LightningModule:
+        """A second copy of the client module, for algorithms that keep two models in a local step.
+
+        FedDeper trains its personal model on it beside the uploaded one; FedProxVR takes the
+        gradient at its reference point on it. Each model then stays in its own parameters for the
+        whole round, instead of being loaded and flattened at every local step. The twin is a deep
+        copy of the client module made on first use, not a submodule (it is in no checkpoint and no
+        optimizer: what must persist goes to the client state store), and it follows the client
+        module's device and train/eval mode. Its ``self.log`` calls are the client module's: in
+        local training they are buffered with the client's own. Train it with
+        ``local_step(optimizer, batch, step, module=twin)`` and ``local_optimizer(twin)``; read and
+        write it with ``StateVector(twin)``.
+        """
+        twin = self._twin
+        if twin is None:
+            twin = copy.deepcopy(self.client)  # LightningModule.__getstate__ leaves the Trainer out
+            object.__setattr__(twin, "log", self._log_as_client)
+            object.__setattr__(self, "_twin", twin)
+        if self._trainer is not None and twin._trainer is not self._trainer:
+            twin.trainer = self._trainer
+        reference = next(self.client.parameters(), None)
+        if reference is not None and next(twin.parameters()).device != reference.device:
+            twin.to(reference.device)
+        if twin.training != self.client.training:
+            twin.train(self.client.training)
+        return twin
+
+    def _log_as_client(self, *args: Any, **kwargs: Any) -> None:
+        """The twin's ``self.log``: the client module's, whatever it is routed to at the moment."""
+        self.client.log(*args, **kwargs)
 
     @contextmanager
     def local_context(self, client_id: int) -> Iterator[None]:
@@ -488,6 +534,11 @@ class FederatedModule(pl.LightningModule):
                 lines = ", ".join(f"{k}: checkpoint {a!r} vs run {b!r}" for k, (a, b) in diff.items())
                 raise ValueError(f"the checkpoint comes from another configuration ({lines})")
         self.store.load_state_dict(saved["store"])
+
+
+def mean_loss(losses: list[Tensor]) -> float:
+    """The mean of a round's detached local-step losses, read with one device sync (NaN for none)."""
+    return float(torch.stack(losses).float().mean()) if losses else float("nan")
 
 
 def _drop_log(*args: Any, **kwargs: Any) -> None:

@@ -51,6 +51,18 @@ class StateVector:
             for t, v in zip(tensors, vector.split([t.numel() for t in tensors])):
                 t.copy_(v.view_as(t))
 
+    def copy_from(self, other: "StateVector") -> None:
+        """Write ``other``'s values into these tensors, in place, tensor by tensor (no flat copy).
+
+        ``other`` must describe a module of the same architecture (a copy of this one).
+        """
+        mine, theirs = self.tensors, other.tensors
+        if [t.shape for t in mine] != [t.shape for t in theirs]:
+            raise ValueError("copy_from needs a module of the same architecture: the tensor shapes differ")
+        with torch.no_grad():
+            for t, o in zip(mine, theirs):
+                t.copy_(o)
+
     def grads(self) -> Tensor:
         """The parameters' gradients as one flat fp32 vector (zeros where a gradient is None)."""
         return torch.cat(

@@ -11,6 +11,8 @@ from torch import nn
 
 from fl_lightning import FederatedCallback, NonFiniteUpdateError
 from fl_lightning.algorithms import FedAvg, FedProx
+from fl_lightning.seeding import generator
+from fl_lightning.vectors import StateVector
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
 
@@ -180,3 +182,68 @@ def test_more_clients_per_round_than_clients():
 def test_client_must_be_a_lightning_module():
     with pytest.raises(TypeError, match="LightningModule"):
         FedAvg(nn.Linear(2, 2))
+
+
+# ------------------------------------------------------------------ the twin (a second client model)
+class TwinSteps(FedProx):
+    """FedProx whose clients also take one step of the twin per local step, on the same batch."""
+
+    def client_update(self, client_id):
+        twin = self.twin()
+        StateVector(twin).load(self.client_start(client_id))
+        optimizer = self.local_optimizer(twin)
+        self.twin_losses = []
+        with self.local_context(client_id):
+            for step, batch in enumerate(self.local_batches(client_id)):
+                self.twin_losses.append(self.local_step(optimizer, batch, step, module=twin))
+        return super().client_update(client_id)
+
+    def adjust_local_gradients(self, client_id):
+        self.adjusted = getattr(self, "adjusted", 0) + 1
+        super().adjust_local_gradients(client_id)
+
+
+def test_twin_is_a_copy_outside_the_module_tree_and_logs_as_the_client():
+    torch.manual_seed(0)
+    module = TwinSteps(PlainClassifier(), mu=10.0, clients_per_round=2, local_steps=3)
+    t = trainer(2)
+    t.fit(module, synthetic(4))
+    twin = module.twin()
+    assert twin is module.twin() and twin is not module.client  # made once
+    assert not any(name.startswith("_twin") for name in module.state_dict())  # not checkpointed
+    assert {id(p) for p in module.parameters()}.isdisjoint(id(p) for p in twin.parameters())
+    assert twin.trainer is t and twin.training == module.client.training
+    # its training_step's self.log went to the client's round buffer: 2 rounds x 2 clients x (3 + 3) steps
+    assert module.client.train_steps + twin.train_steps == 2 * 2 * 6
+    assert "user_loss" in t.callback_metrics
+    module.client.eval()
+    assert not module.twin().training  # follows the client's mode
+
+
+def test_twin_steps_are_plain_steps_of_its_own_loss():
+    """``local_step(module=twin)`` trains the twin with its own optimizer on its training loss, and
+    ``adjust_local_gradients`` (FedProx's pull) runs for the client module's steps only."""
+    torch.manual_seed(0)
+    module = TwinSteps(PlainClassifier(), mu=10.0, clients_per_round=1, local_steps=3)
+    dm = synthetic(4)
+    x0 = global_vector(module)
+    trainer(1).fit(module, dm)
+    (cid,) = module.round_clients
+    reference = PlainClassifier()
+    StateVector(reference).load(x0)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for batch in dm.client_data(cid, "train").step_batches(3, generator(module.seed, "batches", 0, cid)):
+        optimizer.zero_grad()
+        F.cross_entropy(reference.layer(batch[0]), batch[1]).backward()
+        optimizer.step()
+    assert torch.allclose(StateVector(module.twin()).flatten(), StateVector(reference).flatten(), atol=1e-6)
+    assert module.adjusted == 3
+
+
+def test_state_vector_copy_from_copies_tensor_by_tensor():
+    a, b = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)), nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    b[1].running_mean.fill_(5.0)
+    StateVector(a).copy_from(StateVector(b))
+    assert torch.equal(StateVector(a).flatten(), StateVector(b).flatten())
+    with pytest.raises(ValueError, match="same architecture"):
+        StateVector(a).copy_from(StateVector(nn.Linear(3, 2)))

@@ -11,8 +11,10 @@ which pulls ``y`` toward the reflection ``2x - v`` of the personal model through
 
 The server averages the uploads as FedAvg does. ``v_i`` persists in the client state store
 (lazily ``x^0``, the global model of round 0), so a client never sampled keeps ``x^0`` and a
-client sampled again resumes its own ``v_i``. ``FedDeper*`` is FedDeper with half the
-local steps (a config, not a class).
+client sampled again resumes its own ``v_i``. During a client's round ``y`` trains in the client
+module and ``v`` in its :meth:`~fl_lightning.module.FederatedModule.twin`, so a local step
+moves no state between them. ``FedDeper*`` is FedDeper with half the local steps (a config,
+not a class).
 """
 
 from __future__ import annotations
@@ -24,21 +26,32 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.fedprox import add_proximal_gradient
-from fl_lightning.module import FederatedModule
+from fl_lightning.module import FederatedModule, mean_loss
 from fl_lightning.update import ClientUpdate
+from fl_lightning.vectors import StateVector
 
 PERSONAL = "personal"
 UpdateOrder = Literal["jacobi", "gauss_seidel"]
 
 
-def depersonalization_anchor(global_model: Tensor, personal: Tensor) -> Tensor:
-    """``2x - v``: the point the globalized model is pulled toward.
+def add_depersonalization_gradient(
+    globalized: list[Tensor], personal: list[Tensor], global_model: Tensor, strength: float
+) -> None:
+    """``grad_y += strength * (y + v - 2x)``, in place: the gradient of ``strength/2 ||v + y - 2x||^2``.
 
-    The regularizer ``rho/(2 eta) ||v + y - 2x||^2`` equals ``mu/2 ||y - (2x - v)||^2`` with
-    ``mu = rho / eta``: a proximal term centred on this anchor.
+    With ``strength = rho / eta`` this is the regularizer ``rho/(2 eta) ||v + y - 2x||^2``, a
+    proximal term centred on the reflection ``2x - v`` of the personal model through ``x``.
+    ``globalized`` and ``personal`` are the parameters of ``y`` and ``v`` (same architecture,
+    same order); ``global_model`` is ``x`` as a flat vector in that order.
     """
-    return 2.0 * global_model - personal
+    offset = 0
+    with torch.no_grad():
+        for y, v in zip(globalized, personal):
+            n = y.numel()
+            if y.grad is not None:
+                x = global_model[offset : offset + n].view_as(y).to(y.dtype)
+                y.grad.add_(y, alpha=strength).add_(v, alpha=strength).add_(x, alpha=-2.0 * strength)
+            offset += n
 
 
 def depersonalization_strength(rho: float, lr: float) -> float:
@@ -111,7 +124,8 @@ class FedDeper(FederatedModule):
         self.update_order = update_order
         #: x^0, the global model of round 0: every personal model's value before its first round.
         self.register_buffer("initial_state", self.state.flatten())
-        self._anchor: Optional[Tensor] = None
+        #: while a client's steps run: x and the personal model's parameters, for the pull of the y-steps
+        self._pull: Optional[tuple[Tensor, list[Tensor]]] = None
         self._strength = 0.0
 
     def setup(self, stage: str) -> None:
@@ -130,43 +144,38 @@ class FedDeper(FederatedModule):
 
     def client_update(self, client_id: int) -> ClientUpdate:
         x = self.client_start(client_id)
-        v = self.personal_model(client_id).clone()
-        y = x.clone()
-        opt_y, opt_v = self.local_optimizer(), self.local_optimizer()
+        personal = self.twin()
+        self.state.load(x)  # y_0 = x
+        StateVector(personal).load(self.personal_model(client_id))  # v_0 = v_i
+        opt_y, opt_v = self.local_optimizer(), self.local_optimizer(personal)
         self._strength = depersonalization_strength(self.rho, check_plain_sgd(opt_y))
-        p = self.state.num_params
-        loss_y = loss_v = 0.0
-        steps = 0
+        losses_y: list[Tensor] = []
+        losses_v: list[Tensor] = []
         with self.local_context(client_id):
             y_batches = self.local_batches(client_id)
             v_batches = self.local_batches(client_id, stream="personal_batches") if self.independent_batches else None
-            for step, batch in enumerate(y_batches):
-                v_batch = next(v_batches) if v_batches is not None else batch
-                if self.update_order == "gauss_seidel":
-                    v, loss = self._personal_step(v, opt_v, v_batch, step)
-                    loss_v += loss
-                self.state.load(y)
-                self._anchor = depersonalization_anchor(x[:p], v[:p])
-                loss_y += float(self.local_step(opt_y, batch, step))
-                y = self.state.flatten()
-                self._anchor = None
-                if self.update_order == "jacobi":  # the y-step above used v_j, before v's own step
-                    v, loss = self._personal_step(v, opt_v, v_batch, step)
-                    loss_v += loss
-                steps += 1
+            self._pull = (x, list(personal.parameters()))
+            try:
+                for step, batch in enumerate(y_batches):
+                    v_batch = next(v_batches) if v_batches is not None else batch
+                    if self.update_order == "gauss_seidel":
+                        losses_v.append(self.local_step(opt_v, v_batch, step, module=personal))
+                    losses_y.append(self.local_step(opt_y, batch, step))  # pulls toward 2x - v
+                    if self.update_order == "jacobi":  # the y-step above used v_j, before v's own step
+                        losses_v.append(self.local_step(opt_v, v_batch, step, module=personal))
+            finally:
+                self._pull = None
+        y, v = self.state.flatten(), StateVector(personal).flatten()
         self.store.set(client_id, PERSONAL, mix_personal(v, y, self.lam))
-        metrics = {"loss": loss_y / max(steps, 1), "personal_loss": loss_v / max(steps, 1), "steps": float(steps)}
+        metrics = {"loss": mean_loss(losses_y), "personal_loss": mean_loss(losses_v), "steps": float(len(losses_y))}
         return ClientUpdate(client_id, self.datamodule.num_samples(client_id), {"delta": y - x}, metrics)
 
-    def _personal_step(self, v: Tensor, optimizer: torch.optim.Optimizer, batch: Any, step: int) -> tuple[Tensor, float]:
-        """One plain SGD step of the personal model ``v``; returns the new ``v`` and the loss."""
-        self.state.load(v)
-        loss = float(self.local_step(optimizer, batch, step))
-        return self.state.flatten(), loss
-
     def adjust_local_gradients(self, client_id: int) -> None:
-        if self._anchor is not None and self.rho > 0:
-            add_proximal_gradient(self.state.params, self._anchor, self._strength)
+        """The depersonalization pull of a y-step (none in local work outside a FedDeper round,
+        e.g. a finetuning callback's)."""
+        if self._pull is not None and self.rho > 0:
+            x, personal = self._pull
+            add_depersonalization_gradient(self.state.params, personal, x, self._strength)
 
     def client_eval_state(self, client_id: int) -> Tensor:
         """The personal model ``v_i`` (after the round-end mixing)."""

@@ -10,7 +10,10 @@ Round s, every client n (all clients by default), with ``eta`` the local step si
 
 with ``prox(x) = (x + eta mu w_0) / (1 + eta mu)`` applied by the optimizer (``ProxSGD``). The
 server takes the sample-weighted mean of the clients' models (the default aggregator and
-server step with ``server_lr=1``). Nothing persists per client between rounds.
+server step with ``server_lr=1``). Nothing persists per client between rounds. The reference
+point of the estimator (``w_0`` for SVRG, ``w_{t-1}`` for SARAH) lives in the client module's
+:meth:`~fl_lightning.module.FederatedModule.twin`, so a step takes its two gradients without
+moving the model between them.
 
 ``estimator="sgd"`` is proximal SGD (tau minibatch steps, no full-gradient step); with
 ``mu=0`` and ``output_iterate="last"`` it is exactly FedAvg.
@@ -36,6 +39,7 @@ from fl_lightning.optim.variance_reduction import (
 )
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
+from fl_lightning.vectors import StateVector
 
 Estimator = Literal["svrg", "sarah", "sgd"]
 OutputIterate = Literal["random", "last"]
@@ -103,7 +107,7 @@ class FedProxVR(FederatedModule):
             lr = 1.0 / (beta * smoothness)  # type: ignore[operator]
         self.eta = lr  # None: the client optimizer's learning rate, read in setup
         self._steps = local_steps
-        self._reference: Optional[Tensor] = None  # SVRG: w_0; SARAH: w_{t-1} (full state vectors)
+        self._reference: Optional[StateVector] = None  # the twin, holding SVRG's w_0 or SARAH's w_{t-1}
         self._reference_direction: Optional[Tensor] = None  # SVRG: v_0; SARAH: v_{t-1}
         self._reference_grad: Optional[Tensor] = None  # the minibatch gradient at the reference point
 
@@ -139,7 +143,8 @@ class FedProxVR(FederatedModule):
                 v0 = self.local_full_gradient(client_id)
                 self._write_grads(v0)
                 optimizer.step()
-                self._reference, self._reference_direction = start, v0
+                self._reference, self._reference_direction = StateVector(self.twin()), v0
+                self._reference.load(start)
         if self._steps > 0:
             metrics = self.local_train(client_id, optimizer)
         metrics["output_iterate"] = float(target)
@@ -160,25 +165,27 @@ class FedProxVR(FederatedModule):
         """The first ``t' - 1`` (or ``tau``) of the client's minibatches: the steps up to the output iterate."""
         return islice(super().local_batches(client_id), self._steps)
 
-    def local_step(self, optimizer: torch.optim.Optimizer, batch: Any, step: int) -> Tensor:
-        """One variance-reduced prox step: the reference gradient on ``batch``, then the step itself
-        (the direction is formed in :meth:`adjust_local_gradients`)."""
-        if self.estimator != "sgd":
-            assert self._reference is not None
-            current = self.state.flatten()
-            self.state.load(self._reference)
+    def local_step(
+        self, optimizer: torch.optim.Optimizer, batch: Any, step: int, module: Optional[pl.LightningModule] = None
+    ) -> Tensor:
+        """One variance-reduced prox step: the gradient at the reference point on ``batch``, then the
+        step itself (the direction is formed in :meth:`adjust_local_gradients`). Outside a client's
+        variance-reduced steps (``sgd``, or local work of a callback) a plain step."""
+        reference = self._reference
+        if module is None and reference is not None:
+            twin = reference.module
             with self.trainer.precision_plugin.forward_context():
-                self._reference_grad = loss_gradient(self.local_loss(batch, step), self.state.params)
-            self.state.load(current)
+                self._reference_grad = loss_gradient(self.module_loss(twin, batch, step), list(twin.parameters()))
             if self.estimator == "sarah":
-                self._reference = current  # w_t is the previous point of the next step
-        return super().local_step(optimizer, batch, step)
+                reference.copy_from(self.state)  # w_t is the previous point of the next step
+        return super().local_step(optimizer, batch, step, module)
 
     def adjust_local_gradients(self, client_id: int) -> None:
-        """Replace the minibatch gradient by the SVRG or SARAH direction."""
-        if self.estimator == "sgd":
+        """Replace the minibatch gradient by the SVRG or SARAH direction (during a client's
+        variance-reduced steps)."""
+        if self._reference_grad is None:
             return
-        assert self._reference_grad is not None and self._reference_direction is not None
+        assert self._reference_direction is not None
         grad = self.state.grads()
         if self.estimator == "svrg":
             direction = svrg_direction(grad, self._reference_grad, self._reference_direction)
