@@ -1,6 +1,8 @@
 """Markdown tables of a grid.py result file: final test accuracy per attack, curves, wall times.
 
     python experiments/raga/report.py experiments/raga/results/mlp_r20.jsonl [--plot curves.png]
+    python experiments/raga/report.py results/mlp_r200.jsonl results/mlp_r200_signflip.jsonl \
+        --plot signflip.png --plot-attack signflip       # several files: one set of runs
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ NAMES = {"raga": "RAGA", "fedavg": "FedAvg", "rfa": "RFA", "byrdsaga": "Byrd-SAG
 ORDER = ["raga", "fedavg", "rfa", "byrdsaga"]
 
 
-def load(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def load(paths: list[str]) -> list[dict]:
+    """The runs of one or more result files (JSON lines)."""
+    records = []
+    for path in paths:
+        with open(path) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return records
 
 
 def accuracy_table(records: list[dict], attack: str) -> str:
@@ -87,17 +93,19 @@ def plot_curves(records: list[dict], attack: str, path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("results")
-    parser.add_argument("--plot", help="write the Gaussian-attack curves to this PNG")
+    parser.add_argument("results", nargs="+", help="result files of grid.py (read together)")
+    parser.add_argument("--plot", help="write the curves of --plot-attack to this PNG")
+    parser.add_argument("--plot-attack", default="gaussian")
     args = parser.parse_args()
     records = load(args.results)
     attacks = [a for a in ("gaussian", "signflip", "alie", "ipm", "labelflip") if any(r["attack"] == a for r in records)]
     for attack in attacks:
         print(f"### {attack}\n\n{accuracy_table(records, attack)}\n")
-    print(f"### curves (gaussian)\n\n{curve_table(records, 'gaussian', [0.0, 0.2, 0.4])}\n")
+    for attack in attacks:
+        print(f"### curves ({attack})\n\n{curve_table(records, attack, [0.0, 0.2, 0.4])}\n")
     print(f"### wall times\n\n{wall_table(records)}\n")
     if args.plot:
-        plot_curves(records, "gaussian", args.plot)
+        plot_curves(records, args.plot_attack, args.plot)
 
 
 if __name__ == "__main__":
