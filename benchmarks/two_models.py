@@ -23,10 +23,9 @@ import argparse
 import statistics
 from typing import Callable
 
-import pytorch_lightning as pl
 import torch
 
-from overhead import RandomMNIST, Timer
+from overhead import RandomMNIST, timed_fit
 
 from fl_lightning.algorithms import FedAvg, FedDeper, FedProxVR
 from fl_lightning.datamodules import FederatedDataModule, MNISTFederated
@@ -48,14 +47,7 @@ ALGORITHMS: dict[str, Callable[[MLP], FederatedModule]] = {
 def seconds_per_round(name: str, dm: FederatedDataModule, rounds: int) -> float:
     """One run of ``rounds`` rounds of algorithm ``name``; wall seconds per round."""
     torch.manual_seed(0)
-    module = ALGORITHMS[name](MLP(hidden=(512, 256), lr=LR))
-    timer = Timer()
-    trainer = pl.Trainer(
-        max_epochs=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[timer], accelerator="cpu",
-    )
-    trainer.fit(module, dm)
-    return timer.seconds / rounds
+    return timed_fit(ALGORITHMS[name](MLP(hidden=(512, 256), lr=LR)), dm, rounds)
 
 
 def main() -> None:
