@@ -58,17 +58,20 @@ def summary_table(groups: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def stability_table(groups: dict[str, list[dict[str, Any]]], start: int, early: int) -> str:
+    """Loss at round 0, at the first evaluation from round ``early`` on, at the end; its maximum; and the
+    fluctuation from the first evaluation at or after round ``start`` (the header names the rounds used)."""
+    rounds, _ = series(next(iter(groups.values())), "train_loss")
+    e, s = int(np.searchsorted(rounds, early)), int(np.searchsorted(rounds, start))
     lines = [
-        f"| algorithm | train loss round 0 | train loss round {early} | final train loss | max train loss after round 0 | "
-        f"fluctuation (std of round-to-round change, rounds {start}+) |",
+        f"| algorithm | train loss round 0 | train loss round {rounds[e]} | final train loss | max train loss after round 0 | "
+        f"fluctuation (std of the change between evaluations, rounds {rounds[s]}+) |",
         "|---|---|---|---|---|---|",
     ]
     for label, runs in groups.items():
-        rounds, loss = series(runs, "train_loss")
-        e = int(np.searchsorted(rounds, early))
+        _, loss = series(runs, "train_loss")
         lines.append(
             f"| {label} | {loss[:, 0].mean():.3f} | {fmt(loss[:, e], digits=3)} | {fmt(loss[:, -1], digits=3)} | "
-            f"{fmt(loss[:, 1:].max(axis=1), digits=3)} | {fmt(fluctuation(loss, int(np.searchsorted(rounds, start))), digits=4)} |"
+            f"{fmt(loss[:, 1:].max(axis=1), digits=3)} | {fmt(fluctuation(loss, s), digits=4)} |"
         )
     return "\n".join(lines)
 
