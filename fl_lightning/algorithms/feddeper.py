@@ -124,8 +124,8 @@ class FedDeper(FederatedModule):
         self.update_order = update_order
         #: x^0, the global model of round 0: every personal model's value before its first round.
         self.register_buffer("initial_state", self.state.flatten())
-        #: while a client's steps run: x and the personal model's parameters, for the pull of the y-steps
-        self._pull: Optional[tuple[Tensor, list[Tensor]]] = None
+        #: while a client's steps run: x and the parameters of y and v, for the pull of the y-steps
+        self._pull: Optional[tuple[Tensor, list[Tensor], list[Tensor]]] = None
         self._strength = 0.0
 
     def setup(self, stage: str) -> None:
@@ -145,8 +145,9 @@ class FedDeper(FederatedModule):
     def client_update(self, client_id: int) -> ClientUpdate:
         x = self.client_start(client_id)
         personal = self.twin()
+        personal_state = StateVector(personal)
         self.state.load(x)  # y_0 = x
-        StateVector(personal).load(self.personal_model(client_id))  # v_0 = v_i
+        personal_state.load(self.personal_model(client_id))  # v_0 = v_i
         opt_y, opt_v = self.local_optimizer(), self.local_optimizer(personal)
         self._strength = depersonalization_strength(self.rho, check_plain_sgd(opt_y))
         losses_y: list[Tensor] = []
@@ -154,7 +155,7 @@ class FedDeper(FederatedModule):
         with self.local_context(client_id):
             y_batches = self.local_batches(client_id)
             v_batches = self.local_batches(client_id, stream="personal_batches") if self.independent_batches else None
-            self._pull = (x, list(personal.parameters()))
+            self._pull = (x, self.state.params, personal_state.params)
             try:
                 for step, batch in enumerate(y_batches):
                     v_batch = next(v_batches) if v_batches is not None else batch
@@ -165,7 +166,7 @@ class FedDeper(FederatedModule):
                         losses_v.append(self.local_step(opt_v, v_batch, step, module=personal))
             finally:
                 self._pull = None
-        y, v = self.state.flatten(), StateVector(personal).flatten()
+        y, v = self.state.flatten(), personal_state.flatten()
         self.store.set(client_id, PERSONAL, mix_personal(v, y, self.lam))
         metrics = {"loss": mean_loss(losses_y), "personal_loss": mean_loss(losses_v), "steps": float(len(losses_y))}
         return ClientUpdate(client_id, self.datamodule.num_samples(client_id), {"delta": y - x}, metrics)
@@ -174,8 +175,8 @@ class FedDeper(FederatedModule):
         """The depersonalization pull of a y-step (none in local work outside a FedDeper round,
         e.g. a finetuning callback's)."""
         if self._pull is not None and self.rho > 0:
-            x, personal = self._pull
-            add_depersonalization_gradient(self.state.params, personal, x, self._strength)
+            x, globalized, personal = self._pull
+            add_depersonalization_gradient(globalized, personal, x, self._strength)
 
     def client_eval_state(self, client_id: int) -> Tensor:
         """The personal model ``v_i`` (after the round-end mixing)."""

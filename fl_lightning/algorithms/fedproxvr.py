@@ -108,6 +108,7 @@ class FedProxVR(FederatedModule):
         self.eta = lr  # None: the client optimizer's learning rate, read in setup
         self._steps = local_steps
         self._reference: Optional[StateVector] = None  # the twin, holding SVRG's w_0 or SARAH's w_{t-1}
+        self._reference_params: list[Tensor] = []  # its parameters, looked up once per client
         self._reference_direction: Optional[Tensor] = None  # SVRG: v_0; SARAH: v_{t-1}
         self._reference_grad: Optional[Tensor] = None  # the minibatch gradient at the reference point
 
@@ -145,10 +146,12 @@ class FedProxVR(FederatedModule):
                 optimizer.step()
                 self._reference, self._reference_direction = StateVector(self.twin()), v0
                 self._reference.load(start)
+                self._reference_params = self._reference.params
         if self._steps > 0:
             metrics = self.local_train(client_id, optimizer)
         metrics["output_iterate"] = float(target)
         self._reference = self._reference_direction = self._reference_grad = None
+        self._reference_params = []
         return ClientUpdate(
             client_id, self.datamodule.num_samples(client_id), {"delta": self.state.flatten() - start}, metrics
         )
@@ -173,9 +176,9 @@ class FedProxVR(FederatedModule):
         variance-reduced steps (``sgd``, or local work of a callback) a plain step."""
         reference = self._reference
         if module is None and reference is not None:
-            twin = reference.module
             with self.trainer.precision_plugin.forward_context():
-                self._reference_grad = loss_gradient(self.module_loss(twin, batch, step), list(twin.parameters()))
+                loss = self.module_loss(reference.module, batch, step)
+                self._reference_grad = loss_gradient(loss, self._reference_params)
             if self.estimator == "sarah":
                 reference.copy_from(self.state)  # w_t is the previous point of the next step
         return super().local_step(optimizer, batch, step, module)
