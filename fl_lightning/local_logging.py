@@ -24,6 +24,8 @@ from pytorch_lightning.utilities.data import extract_batch_size
 from torch import Tensor
 from torchmetrics import Metric
 
+from fl_lightning.lightning_compat import current_hook, lightning_log, results_batch
+
 _LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
 
 
@@ -87,18 +89,8 @@ class LocalLogBuffer:
         client = self._client
         if client is None:
             raise RuntimeError("LocalLogBuffer.bind(client) was not called")
-        fx_name = client._current_fx_name
-        client._current_fx_name = "training_step"
-        results = client.trainer._results
-        saved_batch = results.batch if results is not None else None
-        if results is not None and self.batch is not None:
-            results.batch = self.batch
-        try:
-            type(client).log(client, name, value, *args, **kwargs)
-        finally:
-            client._current_fx_name = fx_name
-            if results is not None:
-                results.batch = saved_batch
+        with current_hook(client, "training_step"), results_batch(client.trainer, self.batch):
+            lightning_log(client, name, value, *args, **kwargs)
 
 
 def _numel(value: Any) -> int:

@@ -7,35 +7,40 @@ item (by default one client's whole local update).
 ::
 
     on_train_epoch_start   sample the round's clients from (seed, round); split them over ranks
-    training_step(item)    load the client's start model and state, run its local steps with the
-                           client module's own training_step/configure_optimizers, turn the
-                           result into a ClientUpdate, let callbacks transform it, keep it
-    last item of a round   aggregate (an Aggregator callback; weighted mean by default) ->
-                           server update (the server optimizer) -> callbacks.on_round_end ->
-                           client state synchronized across ranks
+    training_step(item)    the backend runs the client protocol for the item's client(s):
+                           client_init(run) -> client_step(run, batch) x K -> client_final(run)
+                           -> a ClientUpdate, passed through the callbacks and kept
+    last item of a round   drop non-finite updates -> store the kept clients' state -> aggregate
+                           (declared reductions; an Aggregator callback for "aggregator") ->
+                           server_update -> LR schedule step -> callbacks.on_round_end
 
 Between rounds the wrapped client module holds the global model, so validation and test run
 the client's own ``validation_step``/``test_step`` on the global model.
 
-Algorithms subclass this and override a few hooks:
+An algorithm subclasses this, declares what it uploads (:meth:`add_update`) and keeps per
+client (:meth:`add_client_state`), and overrides the hooks of the client protocol and the
+server. ``docs/engine.md`` lists them with a complete example; each has one meaning:
 
-* :meth:`client_start` — the state a client starts from (global model by default);
-* :meth:`client_update` / :meth:`local_train` — the local work and what is sent back;
-* :meth:`adjust_local_gradients` — a gradient correction applied before each local step;
-* :meth:`server_update` — how the aggregate changes the global model;
-* :meth:`update_spec` — the names and sizes of the tensors in a ``ClientUpdate``;
-* :meth:`twin` — a second copy of the client module, for algorithms with two models per step;
-* :meth:`num_work_items` / :meth:`round_work` / :meth:`run_work_item` — the schedule, for
-  algorithms whose clients move in lock-step.
+=====================  =================================================================
+``client_init``        prepare a client's round (start model, scratch values, step count)
+``client_step``        one local step: the paper's local update rule
+``client_final``       the tensors uploaded, and the client's new state entries
+``client_share``       lock-step algorithms: the value a client shares at each step
+``server_share``       lock-step algorithms: the server's reply to the shared values
+``server_update``      how the round's aggregate changes the global model
+``client_eval_state``  the model a client is evaluated with (personalized algorithms)
+``local_lr_scheduler`` the local learning rate's schedule over rounds
+``configure_server_optimizer``  the server optimizer
+=====================  =================================================================
 """
 
 from __future__ import annotations
 
-import copy
 import math
+import numbers
 import warnings
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterable, Iterator, Literal, Optional
+from typing import Any, Iterator, Literal, Mapping, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -43,13 +48,18 @@ from lightning_fabric.utilities.apply_func import move_data_to_device
 from pytorch_lightning.strategies import DDPStrategy
 from torch import Tensor
 
+from fl_lightning.backends import ClientBackend, ModuleRun, SequentialBackend
+from fl_lightning.backends.functional import FunctionalClient
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.base import Aggregator, FederatedCallback
-from fl_lightning.distributed import all_gather_object, rank_and_world
+from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and_world
+from fl_lightning.lightning_compat import count_optimizer_step, raw_optimizer, routed_log, set_current_hook
 from fl_lightning.local_logging import LocalLogBuffer
-from fl_lightning.seeding import generator, sample_clients
-from fl_lightning.state import ClientStateStore
-from fl_lightning.update import ClientUpdate
+from fl_lightning.run import ClientRun, StepOutput
+from fl_lightning.schedules import LocalSchedule
+from fl_lightning.seeding import generator, keyed_rng, sample_clients
+from fl_lightning.state import ClientStateStore, StateDefault, StateSpec
+from fl_lightning.update import ClientUpdate, Reduction, UpdateSpec, all_finite, finish_linear, linear_sums
 from fl_lightning.vectors import StateVector
 
 NonFinitePolicy = Literal["skip", "raise"]
@@ -59,16 +69,25 @@ class NonFiniteUpdateError(RuntimeError):
     """A client update contained NaN or Inf and the module was configured to stop."""
 
 
+def plain_step(run: ClientRun, batch: Any) -> Tensor:
+    """The plain local step: the client module's loss, its gradient, one step of its optimizer."""
+    loss, grads = run.loss_and_grad(batch)
+    run.step(grads)
+    return loss
+
+
 class FederatedModule(pl.LightningModule):
     """Runs federated training of ``client`` (plain FedAvg unless a subclass changes the rules).
 
     Args:
         client: any ``LightningModule``. Its ``training_step`` gives the local loss (its
             ``self.log`` calls keep working), its ``configure_optimizers`` the local optimizer
-            (created fresh for each client each round), its ``validation_step``/``test_step``
-            the metrics of the global model.
+            (created fresh for each client each round) and, optionally, a learning-rate
+            scheduler stepped once per round; its ``validation_step``/``test_step`` the
+            metrics of the global model.
         clients_per_round: clients sampled (uniformly, without replacement) each round.
-        local_steps: local optimizer steps per client per round. Exclusive with ``local_epochs``.
+        local_steps: local optimizer steps per client per round (default 10 when
+            ``local_epochs`` is not given). Exclusive with ``local_epochs``.
         local_epochs: passes over the client's training split per round, instead of steps.
         server_lr: learning rate of the server optimizer (SGD on the pseudo-gradient
             ``-mean(delta)``); 1.0 with no momentum is plain FedAvg.
@@ -76,14 +95,22 @@ class FederatedModule(pl.LightningModule):
         nonfinite_updates: what to do with an update holding NaN/Inf: ``"skip"`` excludes it
             from the round and reports it (warning + ``round/excluded`` metric), ``"raise"``
             stops the run. It is never averaged in.
-        seed: the seed of client sampling and of every client's batch order.
+        seed: the seed of client sampling, of every client's batch order and of the client
+            module's own random draws during local work.
     """
+
+    #: whether the round's clients move in lock-step: a work item is one local step of all of
+    #: this process's clients, with ``client_share``/``server_share`` between them (FedDRO)
+    lockstep: bool = False
+    #: names of keyed batch streams a local step draws from besides the main one; the step's
+    #: batch of each is in ``run.extra_batches``
+    extra_batch_streams: tuple[str, ...] = ()
 
     def __init__(
         self,
         client: pl.LightningModule,
         clients_per_round: int = 10,
-        local_steps: Optional[int] = 10,
+        local_steps: Optional[int] = None,
         local_epochs: Optional[int] = None,
         server_lr: float = 1.0,
         server_momentum: float = 0.0,
@@ -93,22 +120,24 @@ class FederatedModule(pl.LightningModule):
         super().__init__()
         if not isinstance(client, pl.LightningModule):
             raise TypeError(f"client must be a LightningModule, got {type(client).__name__}")
-        if clients_per_round < 1:
-            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
-        if (local_steps is None) == (local_epochs is None):
+        if local_steps is None and local_epochs is None:
+            local_steps = 10
+        _check_int("clients_per_round", clients_per_round, 1)
+        if local_steps is not None and local_epochs is not None:
             raise ValueError(
                 f"give exactly one of local_steps and local_epochs, got local_steps={local_steps}, "
                 f"local_epochs={local_epochs}"
             )
         for name, value in (("local_steps", local_steps), ("local_epochs", local_epochs)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if server_lr <= 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr}")
-        if not 0 <= server_momentum < 1:
-            raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum}")
+            if value is not None:
+                _check_int(name, value, 1)
+        if not (isinstance(server_lr, (int, float)) and math.isfinite(server_lr) and server_lr > 0):
+            raise ValueError(f"server_lr must be > 0 and finite, got {server_lr!r}")
+        if not (isinstance(server_momentum, (int, float)) and 0 <= server_momentum < 1):
+            raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum!r}")
         if nonfinite_updates not in ("skip", "raise"):
             raise ValueError(f"nonfinite_updates must be 'skip' or 'raise', got {nonfinite_updates!r}")
+        _check_int("seed", seed, 0)
         self.save_hyperparameters(ignore=["client"])
         self.client = client
         self.clients_per_round = clients_per_round
@@ -121,20 +150,79 @@ class FederatedModule(pl.LightningModule):
         self.automatic_optimization = False
         self.store = ClientStateStore()
         self.state = StateVector(client)
-        self.round_start: Optional[Tensor] = None
-        self.round_clients: list[int] = []
-        self._rank_clients: list[int] = []
-        self._work: list[Any] = []
-        self._updates: list[ClientUpdate] = []
-        self._excluded: list[int] = []
-        self._callbacks: list[FederatedCallback] = []
-        self._local_client: Optional[int] = None
-        self._local_logs = LocalLogBuffer()
-        self._local_logs.bind(client)
-        # the twin (see :meth:`twin`) is kept out of the module tree: no checkpoint, no optimizer
-        object.__setattr__(self, "_twin", None)
+        #: declared uploads (:meth:`add_update`); FedAvg's model delta unless an algorithm says otherwise
+        self.update_specs: dict[str, UpdateSpec] = {}
+        #: declared per-client state entries (:meth:`add_client_state`)
+        self.state_specs: dict[str, StateSpec] = {}
+        self.add_update("delta", self.state.dim)
         #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's
         self.default_aggregator: Aggregator = WeightedMean()
+        self.backend: ClientBackend = SequentialBackend()
+        self.functional_client = FunctionalClient(client)
+        self.local_schedule = LocalSchedule()
+        # the round, as the engine sees it (server side: nothing per client between hooks)
+        self.round_start: Optional[Tensor] = None
+        self.round_clients: list[int] = []
+        #: updates the round kept, over all processes (known from the aggregation on)
+        self.round_num_updates = 0
+        #: lock-step algorithms: the server's latest ``server_share`` reply (kept across rounds, checkpointed)
+        self.shared: Optional[Tensor] = None
+        self._work: list[Any] = []
+        self._updates: list[ClientUpdate] = []
+        self._pending_state: dict[int, Optional[dict[str, Tensor]]] = {}
+        self._excluded: list[int] = []
+        self._callbacks: list[FederatedCallback] = []
+        self._local_logs = LocalLogBuffer()
+        self._local_logs.bind(client)
+
+    # ------------------------------------------------------------------ declarations
+    def add_update(self, name: str, size: int, reduction: Reduction = "aggregator") -> None:
+        """Declare an uploaded tensor: ``client_final`` returns it, flat, of ``size`` entries.
+
+        Args:
+            name: the tensor's name in every ``ClientUpdate``.
+            size: its number of entries.
+            reduction: ``"aggregator"`` (the Trainer's ``Aggregator`` callback: the
+                sample-weighted mean by default, a robust rule when one is given),
+                ``"weighted_mean"`` (by sample count), ``"mean"`` (uniform over the kept
+                updates) or ``"sum"``.
+        """
+        self.update_specs[name] = UpdateSpec(size, reduction)
+
+    def remove_update(self, name: str) -> None:
+        """Undeclare an upload (an algorithm that does not upload FedAvg's ``"delta"``)."""
+        if name not in self.update_specs:
+            raise ValueError(f"no upload named {name!r}; declared: {sorted(self.update_specs)}")
+        del self.update_specs[name]
+
+    def add_client_state(self, name: str, default: StateDefault = None) -> None:
+        """Declare a per-client state entry, kept across rounds in the client state store.
+
+        ``run.state[name]`` holds it during the client's round (``default`` before its first
+        round; absent if ``default`` is None); its value after ``client_final`` is stored when
+        the round keeps the client's update.
+
+        Args:
+            name: the entry's name.
+            default: a tensor (copied), a function returning one (read when a client needs
+                it; a bound method such as :meth:`round_start_model`, so that the module
+                pickles for ``fl_ddp_spawn``), or None.
+        """
+        self.state_specs[name] = StateSpec(default)
+
+    def round_start_model(self) -> Tensor:
+        """The global model at the start of the current round (a state default: a client's entry
+        starts from the model of the round it first takes part in)."""
+        assert self.round_start is not None, "the round has not started"
+        return self.round_start
+
+    def aggregated_sizes(self) -> dict[str, int]:
+        """The uploads an ``Aggregator`` callback combines (reduction ``"aggregator"``), with their sizes."""
+        return {n: s.size for n, s in self.update_specs.items() if s.reduction == "aggregator"}
+
+    def upload_sizes(self) -> dict[str, int]:
+        """Every declared upload with its size, in declaration order."""
+        return {n: s.size for n, s in self.update_specs.items()}
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
@@ -150,6 +238,12 @@ class FederatedModule(pl.LightningModule):
                 f"clients_per_round={self.clients_per_round} is above the number of training clients "
                 f"({len(dm.train_clients)})"
             )
+        _, world = rank_and_world()
+        if stage == "fit" and self.lockstep and self.clients_per_round < world:
+            raise ValueError(
+                f"{type(self).__name__} moves its clients in lock-step and needs at least one client per process: "
+                f"clients_per_round={self.clients_per_round} < {world} processes"
+            )
 
     @property
     def datamodule(self) -> Any:
@@ -159,83 +253,105 @@ class FederatedModule(pl.LightningModule):
             raise RuntimeError("a FederatedModule needs a FederatedDataModule: trainer.fit(module, datamodule=...)")
         return dm
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """The server optimizer, over the global model's parameters."""
+    def configure_optimizers(self) -> Any:
+        """The server optimizer, and the local optimizer's template with its per-round schedule.
+
+        The template is the client's ``configure_optimizers`` optimizer, never stepped: its
+        learning rate is the scheduled rate of the current round, which every fresh local
+        optimizer starts at. Lightning saves both in checkpoints, and ``LearningRateMonitor``
+        reports the client's rate as ``lr-client``.
+        """
+        server = self.configure_server_optimizer()
+        template, scheduler = self.local_schedule.build(self.client.configure_optimizers(), self.local_lr_scheduler)
+        return [server, template], [{"scheduler": scheduler, "interval": "epoch", "name": "lr-client"}]
+
+    def configure_server_optimizer(self) -> torch.optim.Optimizer:
+        """The server optimizer over the global model: SGD on the pseudo-gradient ``-delta``."""
         return torch.optim.SGD(self.client.parameters(), lr=self.server_lr, momentum=self.server_momentum)
+
+    def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[torch.optim.lr_scheduler.LRScheduler]:
+        """The schedule of the local learning rate over rounds, on the template ``optimizer``;
+        None (default) keeps the client's own (from its ``configure_optimizers``, if any)."""
+        return None
+
+    @property
+    def server_optimizer(self) -> torch.optim.Optimizer:
+        """The server optimizer (a ``torch.optim`` optimizer)."""
+        return raw_optimizer(self.trainer.optimizers[0])
+
+    @property
+    def local_lr(self) -> float:
+        """The scheduled local learning rate of the current round (first parameter group)."""
+        if self.local_schedule.active:
+            return self.local_schedule.lrs()[0]
+        return float(self.local_optimizer().param_groups[0]["lr"])
+
+    @property
+    def grad_scaler(self) -> Optional[torch.amp.GradScaler]:
+        """The precision plugin's loss scaler (``16-mixed``), or None."""
+        return getattr(self.trainer.precision_plugin, "scaler", None)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The global model's forward."""
         return self.client(*args, **kwargs)
 
-    # -------------------------------------------------------------- schedule
+    # ----------------------------------------------------------------- round
     def num_work_items(self) -> int:
         """Work items per round on each process (the length of the train loader)."""
-        _, world = rank_and_world()
-        return math.ceil(self.clients_per_round / world)
+        return self.backend.num_work_items(self)
 
     def sample_round(self, round_idx: int) -> list[int]:
         """The clients of round ``round_idx``, from (seed, round) only."""
         return sample_clients(self.seed, round_idx, list(self.datamodule.train_clients), self.clients_per_round)
 
-    def round_work(self, clients: list[int]) -> list[Any]:
-        """This process's work items for the round given its clients (default: one per client)."""
-        return list(clients)
-
-    def run_work_item(self, item: Any) -> None:
-        """Run one work item (default: one client's update, then :meth:`receive` it)."""
-        self.receive(self.client_update(item))
-
-    # ----------------------------------------------------------------- round
     def on_train_epoch_start(self) -> None:
         rank, world = rank_and_world()
         round_idx = self.current_epoch
         self.round_clients = self.sample_round(round_idx)
-        self._rank_clients = self.round_clients[rank::world]
-        self._work = self.round_work(self._rank_clients)
-        if len(self._work) > self.num_work_items():
-            raise RuntimeError(f"{len(self._work)} work items for a loader of {self.num_work_items()}")
         self.round_start = self.state.flatten()
-        self._updates, self._excluded = [], []
+        self._updates, self._pending_state, self._excluded = [], {}, []
         self._callbacks = [cb for cb in self.trainer.callbacks if isinstance(cb, FederatedCallback)]
         for cb in self._callbacks:
             cb.on_round_start(self.trainer, self, round_idx, self.round_clients)
+        self._work = self.backend.start_round(self, self.round_clients[rank::world])
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         if batch_idx < len(self._work):
-            self.run_work_item(self._work[batch_idx])
+            self.backend.run_work_item(self, self._work[batch_idx])
         if batch_idx == self.num_work_items() - 1:
             with torch.autocast(self.device.type, enabled=False):
                 self.finish_round()
 
-    def receive(self, update: ClientUpdate) -> None:
-        """Pass ``update`` through the callbacks and keep it for aggregation, unless non-finite."""
+    def receive(self, update: ClientUpdate, state: Optional[dict[str, Tensor]]) -> None:
+        """Pass ``update`` through the callbacks and keep it (with the client's new ``state``,
+        stored only if the round keeps the update)."""
         for cb in self._callbacks:
             update = cb.on_client_update(self.trainer, self, update)
-        if not update.is_finite():
-            message = f"round {self.current_epoch}: the update of client {update.client_id} contains NaN or Inf"
-            if self.nonfinite_updates == "raise":
-                raise NonFiniteUpdateError(message)
-            warnings.warn(message + "; it is excluded from the round", RuntimeWarning, stacklevel=2)
-            self._excluded.append(update.client_id)
-            return
         self._updates.append(update)
+        self._pending_state[update.client_id] = state
 
     def finish_round(self) -> None:
-        """Aggregate, update the server, synchronize client state, log ``round/excluded`` (updates
-        left out for NaN/Inf), ``round/client_loss`` (mean local loss) and the clients' own
-        buffered logs, call ``on_round_end``."""
+        """Drop non-finite updates, store the kept clients' state, aggregate, update the server,
+        step the local LR schedule, log ``round/excluded`` (updates left out for NaN/Inf),
+        ``round/client_loss`` (mean local loss) and the clients' own buffered logs, call
+        ``on_round_end``."""
         updates = sorted(self._updates, key=lambda u: u.client_id)
         for cb in self._callbacks:
             updates = cb.on_round_updates(self.trainer, self, updates)
-        aggregate = self.aggregator.aggregate(self.trainer, self, updates)
+        kept = [u for u in updates if self._is_kept(u)]
+        for u in kept:
+            for name, value in (self._pending_state.get(u.client_id) or {}).items():
+                self.store.set(u.client_id, name, value)
+        self.store.sync()
+        aggregate = self.aggregate(kept)
         self.state.load(self.round_start)
         if aggregate is not None:
             self.server_update(aggregate)
-            self._count_server_step()
+            count_optimizer_step(self.optimizers()[0])
         else:
             warnings.warn(f"round {self.current_epoch}: no valid client update; the global model is unchanged")
-        self.store.sync()
-        losses = [u.metrics["loss"] for u in self._updates if "loss" in u.metrics]
+        self.local_schedule.step()
+        losses = [u.metrics["loss"] for u in kept if "loss" in u.metrics]
         parts = all_gather_object((len(self._excluded), losses))
         self.log("round/excluded", float(sum(n for n, _ in parts)), on_step=False, on_epoch=True, batch_size=1)
         losses = [loss for _, part in parts for loss in part]
@@ -244,216 +360,232 @@ class FederatedModule(pl.LightningModule):
         self._local_logs.flush()
         for cb in self._callbacks:
             cb.on_round_end(self.trainer, self, self.current_epoch, aggregate)
-        self._updates = []
+        self._updates, self._pending_state = [], {}
 
-    # ------------------------------------------------------------ client side
-    def client_start(self, client_id: int) -> Tensor:
-        """The state vector client ``client_id`` starts its local work from (the global model)."""
-        assert self.round_start is not None
-        return self.round_start
+    def _is_kept(self, update: ClientUpdate) -> bool:
+        """Whether ``update`` and the client's new state are finite; else exclude it (or raise)."""
+        state = self._pending_state.get(update.client_id) or {}
+        if update.is_finite() and all_finite(state.values()):
+            return True
+        message = f"round {self.current_epoch}: the update of client {update.client_id} contains NaN or Inf"
+        if self.nonfinite_updates == "raise":
+            raise NonFiniteUpdateError(message)
+        warnings.warn(message + "; it is excluded from the round", RuntimeWarning, stacklevel=3)
+        self._excluded.append(update.client_id)
+        return False
 
-    def client_update(self, client_id: int) -> ClientUpdate:
-        """Load the start state, run the local work, return ``{"delta": end - start}``."""
-        start = self.client_start(client_id)
-        self.state.load(start)
-        metrics = self.local_train(client_id)
-        delta = self.state.flatten() - start
-        return ClientUpdate(client_id, self.datamodule.num_samples(client_id), {"delta": delta}, metrics)
+    def aggregate(self, updates: list[ClientUpdate]) -> Optional[dict[str, Tensor]]:
+        """Combine the round's kept updates (this process's) by their declared reductions.
 
-    def local_train(
-        self,
-        client_id: int,
-        optimizer: Optional[torch.optim.Optimizer] = None,
-        batches: Optional[Iterable[Any]] = None,
-    ) -> dict[str, float]:
-        """Run local steps of ``client_id`` on the client module; return the mean loss and the step count.
-
-        Args:
-            client_id: the client.
-            optimizer: the local optimizer (default: a fresh :meth:`local_optimizer`).
-            batches: the mini-batches (default: :meth:`local_batches` of this round).
-
-        Works inside training and inside evaluation hooks (finetuning, unseen clients): see
-        :meth:`local_context`.
+        The linear reductions (and the ``"aggregator"`` uploads when the aggregator is a mean)
+        cost one all-reduce together; other aggregators combine their uploads themselves.
+        Returns None when no process kept an update.
         """
-        optimizer = optimizer if optimizer is not None else self.local_optimizer()
-        batches = batches if batches is not None else self.local_batches(client_id)
-        losses = []
-        with self.local_context(client_id):
-            for step, batch in enumerate(batches):
-                losses.append(self.local_step(optimizer, batch, step))
-        return {"loss": mean_loss(losses), "steps": float(len(losses))}
-
-    def local_batches(
-        self, client_id: int, round_idx: Optional[int] = None, stream: str = "batches", steps: Optional[int] = None
-    ) -> Iterator[Any]:
-        """The client's mini-batches, on the device, in an order from ``(seed, stream, round, client)``.
-
-        Args:
-            client_id: the client.
-            round_idx: the round of the key (default: the current round).
-            stream: the name of the random stream (another name gives an independent order).
-            steps: a number of steps instead of the module's ``local_steps``/``local_epochs``.
-        """
-        data = self.datamodule.client_data(client_id, "train")
-        g = generator(self.seed, stream, self.current_epoch if round_idx is None else round_idx, client_id)
-        if steps is not None or self.local_steps is not None:
-            batches = data.step_batches(steps if steps is not None else self.local_steps, g)
-        else:
-            batches = data.epoch_batches(self.local_epochs, g)
-        for batch in batches:
-            batch = move_data_to_device(batch, self.device)
-            for cb in self._callbacks:
-                batch = cb.on_local_batch(self.trainer, self, client_id, batch)
-            yield batch
-
-    def local_optimizer(self, module: Optional[pl.LightningModule] = None) -> torch.optim.Optimizer:
-        """A fresh optimizer from the ``configure_optimizers`` of the client module (or of ``module``,
-        e.g. the :meth:`twin`)."""
-        return _single_optimizer((self.client if module is None else module).configure_optimizers())
-
-    def module_loss(self, module: pl.LightningModule, batch: Any, step: int) -> Tensor:
-        """``module``'s own training loss on ``batch`` (its ``training_step``): the client module or its :meth:`twin`."""
-        self._local_logs.batch = batch  # lets the client's self.log infer its batch size
-        out = module.training_step(batch, step)
-        loss = out["loss"] if isinstance(out, dict) else out
-        if not isinstance(loss, Tensor):
-            raise TypeError(f"the client's training_step must return a loss tensor, got {type(out).__name__}")
-        return loss
-
-    def local_loss(self, batch: Any, step: int) -> Tensor:
-        """The loss a local step of the client module minimizes: its training loss (algorithms with a
-        surrogate objective override this)."""
-        return self.module_loss(self.client, batch, step)
-
-    def local_step(
-        self, optimizer: torch.optim.Optimizer, batch: Any, step: int, module: Optional[pl.LightningModule] = None
-    ) -> Tensor:
-        """One local optimizer step of the client module, or of ``module`` (the :meth:`twin`) on its
-        own training loss; returns the detached loss.
-
-        The forward runs inside the Trainer's precision context (autocast for ``*-mixed``);
-        under ``16-mixed`` the loss is scaled with the precision plugin's ``GradScaler`` and
-        the gradients are unscaled before :meth:`adjust_local_gradients`, which applies to the
-        client module's steps only. Local steps do not dispatch the Trainer's per-step
-        backward/optimizer hooks: they are the inner loop of one Trainer step.
-        """
-        optimizer.zero_grad(set_to_none=True)
-        loss = self.local_loss(batch, step) if module is None else self.module_loss(module, batch, step)
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-        else:
-            loss.backward()
-        if module is None:
-            self.adjust_local_gradients(self._local_client)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        return loss.detach()
-
-    def adjust_local_gradients(self, client_id: int) -> None:
-        """Change the client module's (unscaled) gradients before each of its local optimizer steps.
-        Default: nothing."""
-
-    def twin(self) -> pl.LightningModule:
-        """A second copy of the client module, for algorithms that keep two models in a local step.
-
-        FedDeper trains its personal model on it beside the uploaded one; FedProxVR takes the
-        gradient at its reference point on it. Each model then stays in its own parameters for the
-        whole round, instead of being loaded and flattened at every local step. The twin is a deep
-        copy of the client module made on first use, not a submodule (it is in no checkpoint and no
-        optimizer: what must persist goes to the client state store), and it follows the client
-        module's device and train/eval mode. Its ``self.log`` calls are the client module's: in
-        local training they are buffered with the client's own. Train it with
-        ``local_step(optimizer, batch, step, module=twin)`` and ``local_optimizer(twin)``; read and
-        write it with ``StateVector(twin)``.
-        """
-        twin = self._twin
-        if twin is None:
-            twin = copy.deepcopy(self.client)  # LightningModule.__getstate__ leaves the Trainer out
-            object.__setattr__(twin, "log", self._log_as_client)
-            object.__setattr__(self, "_twin", twin)
-        if self._trainer is not None and twin._trainer is not self._trainer:
-            twin.trainer = self._trainer
-        reference = next(self.client.parameters(), None)
-        if reference is not None and next(twin.parameters()).device != reference.device:
-            twin.to(reference.device)
-        if twin.training != self.client.training:
-            twin.train(self.client.training)
-        return twin
-
-    def _log_as_client(self, *args: Any, **kwargs: Any) -> None:
-        """The twin's ``self.log``: the client module's, whatever it is routed to at the moment."""
-        self.client.log(*args, **kwargs)
-
-    @contextmanager
-    def local_context(self, client_id: int) -> Iterator[None]:
-        """The setting of local work for ``client_id``.
-
-        In training, the client module's ``self.log`` calls are buffered and logged once per
-        round as their batch-size-weighted mean (:mod:`fl_lightning.local_logging`), with the
-        options of the client's call. In an evaluation hook (finetuning, fitting an unseen
-        client), gradients are enabled, inference mode is left, and the client's ``self.log``
-        calls are dropped: they would land in the evaluation's results.
-        """
-        training = self.trainer.training
-        self._local_client = client_id
-        with ExitStack() as stack:
-            object.__setattr__(self.client, "log", self._local_logs.log if training else _drop_log)
-            stack.callback(object.__delattr__, self.client, "log")
-            if not training:
-                stack.enter_context(torch.inference_mode(False))
-                stack.enter_context(torch.enable_grad())
-            try:
-                yield
-            finally:
-                self._local_client = None
-                self._local_logs.batch = None
-
-    # ------------------------------------------------------------ server side
-    def update_spec(self) -> dict[str, int]:
-        """Names and sizes of the flat tensors of every ``ClientUpdate``."""
-        return {"delta": self.state.dim}
-
-    def server_update(self, aggregate: dict[str, Tensor]) -> None:
-        """``x <- x - server_lr * momentum(-delta)`` for parameters; buffers take ``x + delta``."""
-        delta = aggregate["delta"].to(self.device)
-        optimizer = self.optimizers()
-        raw = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
-        offset = 0
-        for p in self.state.params:
-            p.grad = -delta[offset : offset + p.numel()].view_as(p).to(p.dtype)
-            offset += p.numel()
-        raw.step()
-        raw.zero_grad(set_to_none=True)
-        if self.state.dim > self.state.num_params:
-            new = self.state.flatten()
-            new[self.state.num_params :] += delta[self.state.num_params :]
-            self.state.load(new)
-
-    def _count_server_step(self) -> None:
-        """Count the round's server update as one optimizer step (``trainer.global_step``).
-
-        The server optimizer is stepped directly (the precision plugin's loss scaler must not
-        touch pseudo-gradients), so the step is counted with the two hooks Lightning's own
-        ``LightningOptimizer.step`` calls around a manual-optimization step. ``ModelCheckpoint``
-        and step-based loggers rely on ``global_step`` advancing once per round.
-        """
-        optimizer = self.optimizers()
-        optimizer._on_before_step()
-        optimizer._on_after_step()
+        aggregator = self.aggregator
+        linear = {n: (s.size, s.reduction) for n, s in self.update_specs.items() if s.reduction != "aggregator"}
+        delegated = self.aggregated_sizes()
+        if delegated and aggregator.linear_reduction is not None:
+            linear.update({n: (size, aggregator.linear_reduction) for n, size in delegated.items()})
+            delegated = {}
+        sums = all_reduce_sum(linear_sums(updates, linear, self.device))  # type: ignore[arg-type]
+        self.round_num_updates = int(sums[-2])
+        if self.round_num_updates == 0:
+            return None
+        out = finish_linear(sums, linear)  # type: ignore[arg-type]
+        if delegated:
+            robust = aggregator.aggregate(self.trainer, self, updates)
+            if robust is None:
+                return None
+            out.update(robust)
+        return {name: out[name] for name in self.update_specs}
 
     @property
     def aggregator(self) -> Aggregator:
-        """The Trainer's ``Aggregator`` callback, or the sample-weighted mean if none is given."""
+        """The Trainer's ``Aggregator`` callback, or the algorithm's default."""
         found = [cb for cb in self.trainer.callbacks if isinstance(cb, Aggregator)]
         if len(found) > 1:
             raise ValueError(f"give at most one Aggregator callback, got {[type(c).__name__ for c in found]}")
         return found[0] if found else self.default_aggregator
+
+    # ------------------------------------------------------------ client protocol
+    def client_init(self, run: ClientRun) -> None:
+        """Prepare client ``run.client_id``'s round. The run starts from the global model, with
+        the client's declared state entries and a fresh local optimizer; override to start
+        elsewhere (``run.restart``), set scratch values or change ``run.num_steps``."""
+
+    def client_step(self, run: ClientRun, batch: Any) -> StepOutput:
+        """One local step on ``batch``; returns its loss (or named scalars, ``"loss"`` among them).
+
+        Runs under ``torch.no_grad()``: gradients come from ``run.loss_and_grad``. Default:
+        the plain step (the client module's loss and its optimizer).
+        """
+        return plain_step(run, batch)
+
+    def client_final(self, run: ClientRun) -> dict[str, Tensor]:
+        """The client's uploads, one flat tensor per declared name; also the place to set the
+        client's new ``run.state`` entries. Default: ``{"delta": end - start}``."""
+        return {"delta": run.end() - run.start}
+
+    def client_share(self, run: ClientRun, batch: Any) -> Optional[Tensor]:
+        """Lock-step algorithms: the value client ``run.client_id`` shares before local step
+        ``run.step_index`` on ``batch`` (None: nothing to share at this step). The engine
+        averages the round's values, weighted by sample count, over all processes."""
+        return None
+
+    def server_share(self, mean: Tensor) -> Tensor:
+        """Lock-step algorithms: the server's reply to the mean of the shared values; every
+        client reads it as ``run.shared`` in its step. Default: the mean."""
+        return mean
+
+    # ------------------------------------------------------------ engine services for backends
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        """A fresh local optimizer over the client module: the client's ``configure_optimizers``
+        optimizer at this round's scheduled learning rate."""
+        optimizer = self.local_schedule.split(self.client.configure_optimizers())[0]
+        self.local_schedule.apply(optimizer)
+        return optimizer
+
+    def load_client_state(self, client_id: int) -> dict[str, Tensor]:
+        """Client ``client_id``'s declared state entries, on the device (defaults where absent)."""
+        state = {}
+        for name, spec in self.state_specs.items():
+            value = self.store.get(client_id, name, device=self.device)
+            if value is None:
+                value = spec.initial()
+            if value is not None:
+                state[name] = value.to(self.device)
+        return state
+
+    def client_update(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> ClientUpdate:
+        """The ``ClientUpdate`` of a finished run, after checking its uploads against the declarations."""
+        if set(uploads) != set(self.update_specs):
+            raise ValueError(
+                f"{type(self).__name__}.client_final returned uploads {sorted(uploads)}, "
+                f"but the declared uploads are {sorted(self.update_specs)} (see add_update)"
+            )
+        tensors = {}
+        for name, spec in self.update_specs.items():
+            value = uploads[name]
+            if value.numel() != spec.size:
+                raise ValueError(f"upload {name!r} has {value.numel()} entries, declared {spec.size}")
+            tensors[name] = value.reshape(-1).float()
+        return ClientUpdate(run.client_id, run.num_samples, tensors, run.summary())
+
+    def upload_is_forged(self, client_id: int) -> bool:
+        """Whether a callback will replace ``client_id``'s upload without reading it (its local
+        work is then skipped: the result is the same, only faster)."""
+        return any(cb.forges_upload(self.trainer, self, client_id) for cb in self._callbacks)
+
+    def forged_placeholder(self, client_id: int) -> ClientUpdate:
+        """Zeros of the declared shapes, for a client whose upload a callback forges."""
+        zeros = {name: torch.zeros(spec.size, device=self.device) for name, spec in self.update_specs.items()}
+        return ClientUpdate(client_id, self.datamodule.num_samples(client_id), zeros)
+
+    def prepare_batch(self, client_id: int, batch: Any) -> Any:
+        """``batch`` on the device, after the callbacks' ``on_local_batch`` (data poisoning)."""
+        batch = move_data_to_device(batch, self.device)
+        for cb in self._callbacks:
+            batch = cb.on_local_batch(self.trainer, self, client_id, batch)
+        return batch
+
+    def client_batches(
+        self, client_id: int, num_steps: Optional[int], stream: str = "batches", round_idx: Optional[int] = None
+    ) -> Iterator[Any]:
+        """The client's mini-batches, ready for a step, in an order from ``(seed, stream, round, client)``:
+        ``num_steps`` batches, or ``local_epochs`` passes when ``num_steps`` is None."""
+        data = self.datamodule.client_data(client_id, "train")
+        g = generator(self.seed, stream, self.current_epoch if round_idx is None else round_idx, client_id)
+        if num_steps is not None:
+            batches = data.step_batches(num_steps, g)
+        else:
+            assert self.local_epochs is not None
+            batches = data.epoch_batches(self.local_epochs, g)
+        for batch in batches:
+            yield self.prepare_batch(client_id, batch)
+
+    def step_batches(self, run: ClientRun) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Each local step's batch and the batches of the extra streams, for ``run``."""
+        main = iter(run.batches) if run.batches is not None else self.client_batches(run.client_id, run.num_steps)
+        extras = {s: self.client_batches(run.client_id, run.num_steps, s) for s in self.extra_batch_streams}
+        for batch in main:
+            yield batch, {name: next(it) for name, it in extras.items()}
+
+    def note_local_batch(self, batch: Any) -> None:
+        """The batch of the current local step (the client's ``self.log`` infers batch sizes from it)."""
+        self._local_logs.batch = batch
+
+    @contextmanager
+    def local_work(self, client_id: int, *keys: Any) -> Iterator[None]:
+        """The setting of local work of ``client_id``.
+
+        The global torch RNG is forked and seeded from ``(seed, "client", client, *keys)``, so the
+        client module's own draws (Dropout, augmentation) do not depend on the process, the
+        client order or a resume. The client module is in train mode. In training, its
+        ``self.log`` calls are buffered and logged once per round as their batch-size-weighted
+        mean (:mod:`fl_lightning.local_logging`); in an evaluation hook (finetuning, fitting an
+        unseen client) gradients are enabled, inference mode is left, and the client's
+        ``self.log`` calls are dropped: they would land in the evaluation's results.
+        """
+        training = self.trainer.training
+        was_training = self.client.training
+        with ExitStack() as stack:
+            stack.enter_context(keyed_rng(self.seed, "client", client_id, *keys, device=self.device))
+            stack.enter_context(routed_log(self.client, self._local_logs.log if training else _drop_log))
+            if not training:
+                stack.enter_context(torch.inference_mode(False))
+                stack.enter_context(torch.enable_grad())
+            self.client.train()
+            try:
+                yield
+            finally:
+                self.client.train(was_training)
+                self._local_logs.batch = None
+
+    def train_locally(
+        self,
+        client_id: int,
+        start: Optional[Tensor] = None,
+        steps: Optional[int] = None,
+        stream: str = "batches",
+        round_idx: Optional[int] = None,
+    ) -> Tensor:
+        """Plain local training of client ``client_id``, for any algorithm: its module's loss and
+        optimizer, from ``start`` (default: the global model); returns the trained state vector.
+
+        This is the one entry point of callbacks' local work (finetuning, fitting an unseen
+        client). The client module is left as it was; batches come from
+        ``(seed, stream, round_idx, client)`` (``round_idx`` defaults to the current round).
+        """
+        saved = self.state.flatten()
+        round_idx = self.current_epoch if round_idx is None else round_idx
+        run = self._plain_run(client_id, saved if start is None else start.to(self.device), round_idx)
+        with self.local_work(client_id, stream, round_idx), torch.no_grad():
+            for batch in self.client_batches(client_id, steps if steps is not None else self.local_steps, stream, round_idx):
+                run.record(plain_step(run, batch))
+        end = run.end()
+        self.state.load(saved)
+        return end
+
+    def _plain_run(self, client_id: int, start: Tensor, round_idx: int) -> ClientRun:
+        """A sequential run of ``client_id`` from ``start`` with no state, for plain local work."""
+        run = ModuleRun(self, self.local_optimizer(), client_id=client_id, round_idx=round_idx,
+                        num_samples=self.datamodule.num_samples(client_id), layout=self.state.layout,
+                        start=start, state={}, num_steps=self.local_steps)
+        run.restart(start)
+        return run
+
+    # ------------------------------------------------------------ server side
+    def server_update(self, aggregate: dict[str, Tensor]) -> None:
+        """``x <- x - server_lr * momentum(-delta)`` for parameters; buffers take ``x + delta``."""
+        delta = aggregate["delta"].to(self.device)
+        optimizer = self.server_optimizer
+        self.state.set_grads([-d for d in self.state.layout.split_params(delta)])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if self.state.dim > self.state.num_params:
+            new = self.state.flatten()
+            new[self.state.num_params :] += delta[self.state.num_params :]
+            self.state.load(new)
 
     # ------------------------------------------------------------ evaluation
     def client_eval_state(self, client_id: int) -> Optional[Tensor]:
@@ -463,12 +595,15 @@ class FederatedModule(pl.LightningModule):
         """
         return None
 
-    @torch.no_grad()
     def client_accuracy(self, client_id: int, data: Any, personalized: bool = True) -> float:
         """Accuracy on ``data`` (a ``ClientData``) of client ``client_id``'s model
-        (:meth:`client_eval_state`), or of the global model if ``personalized`` is False; the
-        client module's output is read as logits."""
-        state = self.client_eval_state(client_id) if personalized else None
+        (:meth:`client_eval_state`), or of the global model if ``personalized`` is False."""
+        return self.accuracy_of(self.client_eval_state(client_id) if personalized else None, data)
+
+    @torch.no_grad()
+    def accuracy_of(self, state: Optional[Tensor], data: Any) -> float:
+        """Accuracy on ``data`` (a ``ClientData``) of the model ``state`` (None: the global model);
+        the client module's output is read as logits. The client module is left as it was."""
         saved = self.state.flatten() if state is not None else None
         if state is not None:
             self.state.load(state.to(self.device))
@@ -505,7 +640,7 @@ class FederatedModule(pl.LightningModule):
         self._client_hook("on_test_epoch_end")
 
     def _client_hook(self, name: str, *args: Any) -> Any:
-        self.client._current_fx_name = name
+        set_current_hook(self.client, name)
         return getattr(self.client, name)(*args)
 
     # ------------------------------------------------------------ checkpoint
@@ -521,7 +656,11 @@ class FederatedModule(pl.LightningModule):
         }
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["federated"] = {"store": self.store.state_dict(), "fingerprint": self.fingerprint()}
+        checkpoint["federated"] = {
+            "store": self.store.state_dict(),
+            "fingerprint": self.fingerprint(),
+            "shared": None if self.shared is None else self.shared.cpu(),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("federated")
@@ -534,31 +673,15 @@ class FederatedModule(pl.LightningModule):
                 lines = ", ".join(f"{k}: checkpoint {a!r} vs run {b!r}" for k, (a, b) in diff.items())
                 raise ValueError(f"the checkpoint comes from another configuration ({lines})")
         self.store.load_state_dict(saved["store"])
-
-
-def mean_loss(losses: list[Tensor]) -> float:
-    """The mean of a round's detached local-step losses, read with one device sync (NaN for none)."""
-    return float(torch.stack(losses).float().mean()) if losses else float("nan")
+        shared = saved.get("shared")
+        self.shared = None if shared is None else shared.to(self.device)
 
 
 def _drop_log(*args: Any, **kwargs: Any) -> None:
     """Stands in for a client's ``self.log`` during local work inside an evaluation hook."""
 
 
-def _single_optimizer(config: Any) -> torch.optim.Optimizer:
-    """The optimizer of a ``configure_optimizers`` result that holds exactly one."""
-    if isinstance(config, torch.optim.Optimizer):
-        return config
-    if isinstance(config, dict) and "optimizer" in config:
-        if config.get("lr_scheduler") is not None:
-            warnings.warn("the client's lr_scheduler is ignored: local optimizers are created fresh each round")
-        return _single_optimizer(config["optimizer"])
-    if isinstance(config, (list, tuple)) and len(config) >= 1:
-        if len(config) == 2 and isinstance(config[0], (list, tuple)):
-            return _single_optimizer(list(config[0]))
-        if len(config) == 1:
-            return _single_optimizer(config[0])
-    raise ValueError(
-        "the client's configure_optimizers must return exactly one optimizer (optionally with a scheduler), "
-        f"got {config!r}"
-    )
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    """``value`` must be an integer (not a bool) >= ``minimum``; else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be >= {minimum} and an integer, got {value!r}")

@@ -2,14 +2,17 @@
 
 Every random choice of a federation (which clients a round samples, the order of a client's
 mini-batches, an attack's noise) is drawn from a generator derived from a fixed tuple of
-integers, never from a global stream. Results therefore do not depend on the number of
-processes, the order clients run in, or whether a run was resumed.
+integers, never from a global stream. The client module's own draws (``nn.Dropout``, random
+augmentation) use the global torch RNG, so a client's local work runs with it forked and
+seeded from the same kind of key (:func:`keyed_rng`). Results therefore do not depend on the
+number of processes, the order clients run in, or whether a run was resumed.
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import Union
+from contextlib import contextmanager
+from typing import Iterator, Optional, Union
 
 import torch
 
@@ -52,3 +55,23 @@ def sample_clients(seed: int, round_idx: int, candidates: list[int], num: int) -
         return sorted(candidates)
     perm = torch.randperm(len(candidates), generator=generator(seed, "sample", round_idx))
     return sorted(candidates[i] for i in perm[:num].tolist())
+
+
+@contextmanager
+def keyed_rng(seed: int, *keys: Key, device: Optional[torch.device] = None) -> Iterator[None]:
+    """Run the block with the global torch RNG (CPU, and ``device`` if it is a CUDA device)
+    seeded from ``derive_seed(seed, *keys)``, and restore the RNG state afterwards.
+
+    What the block draws from the global RNG (``torch.rand``, ``nn.Dropout``...) then depends on
+    the key only, and the draws outside the block are unchanged by it.
+    """
+    cuda = None
+    if device is not None and torch.device(device).type == "cuda":
+        index = torch.device(device).index
+        cuda = torch.cuda.current_device() if index is None else index
+    with torch.random.fork_rng(devices=[] if cuda is None else [cuda]):
+        s = derive_seed(seed, *keys)
+        torch.default_generator.manual_seed(s)
+        if cuda is not None:
+            torch.cuda.default_generators[cuda].manual_seed(s)
+        yield

@@ -1,18 +1,40 @@
 """The client state store: per-client tensors that persist across rounds.
 
-SCAFFOLD's control variates and FedDeper's personal models live here. Entries are created
-lazily (a client that never ran has no entry; ``get`` falls back to a default), kept in CPU
-memory off the accelerator, moved to the device only for the clients in flight, saved in
-checkpoints, and kept identical on every process by ``sync`` at the end of each round.
+SCAFFOLD's control variates and FedDeper's personal models live here. An algorithm declares
+each entry with its default (:meth:`FederatedModule.add_client_state
+<fl_lightning.module.FederatedModule.add_client_state>`); entries are created lazily (a client
+that never ran has none and starts from the default), kept in CPU memory off the accelerator,
+moved to the device only for the clients in flight, written only for updates the round keeps,
+saved in checkpoints, and kept identical on every process by ``sync`` at the end of each round.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+#: a state entry's value before the client's first round: a tensor (copied), a function giving
+#: one (read when needed, e.g. the global model of round 0), or None (no value: the algorithm
+#: creates the entry itself)
+StateDefault = Union[Tensor, Callable[[], Tensor], None]
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One declared per-client state entry and its default."""
+
+    default: StateDefault = None
+
+    def initial(self) -> Optional[Tensor]:
+        """A fresh copy of the default value, or None."""
+        if self.default is None:
+            return None
+        value = self.default if isinstance(self.default, Tensor) else self.default()
+        return value.detach().clone()
 
 
 class ClientStateStore:
@@ -22,17 +44,11 @@ class ClientStateStore:
         self._data: dict[int, dict[str, Tensor]] = {}
         self._dirty: set[int] = set()
 
-    def get(
-        self,
-        client_id: int,
-        name: str,
-        default: Optional[Callable[[], Tensor]] = None,
-        device: Union[str, torch.device, None] = None,
-    ) -> Optional[Tensor]:
-        """The stored tensor (moved to ``device``), else ``default()`` (not stored), else None."""
+    def get(self, client_id: int, name: str, device: Union[str, torch.device, None] = None) -> Optional[Tensor]:
+        """The stored tensor (moved to ``device``), or None if the client has no such entry."""
         value = self._data.get(client_id, {}).get(name)
         if value is None:
-            return default() if default is not None else None
+            return None
         return value.to(device) if device is not None else value
 
     def set(self, client_id: int, name: str, value: Tensor) -> None:

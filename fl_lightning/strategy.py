@@ -15,9 +15,10 @@ Registered names: ``fl_ddp`` (subprocess launcher, like ``ddp``), ``fl_ddp_spawn
 
 from __future__ import annotations
 
-from pytorch_lightning.overrides.distributed import _sync_module_states
 from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry
 from torch import nn
+
+from fl_lightning.lightning_compat import sync_module_states
 
 
 class FederatedDDPStrategy(DDPStrategy):
@@ -28,7 +29,7 @@ class FederatedDDPStrategy(DDPStrategy):
     is_federated = True
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
-        _sync_module_states(model)
+        sync_module_states(model)
         return model
 
     def _register_ddp_hooks(self) -> None:

@@ -1,11 +1,47 @@
-"""What one client sends back to the server after its local work."""
+"""What one client sends back to the server, how each uploaded tensor is combined, and the
+linear combinations themselves.
+
+An algorithm declares each tensor it uploads with :meth:`FederatedModule.add_update
+<fl_lightning.module.FederatedModule.add_update>`, naming its size and its reduction, in the
+spirit of torchmetrics' ``add_state(name, default, dist_reduce_fx)``:
+
+=================  ===============================================================
+``"aggregator"``   the Trainer's ``Aggregator`` callback decides (the sample-weighted
+                   mean by default; a robust rule such as the geometric median when one
+                   is given). Model deltas and gradients are declared so.
+``"weighted_mean"``  ``sum_i n_i u_i / sum_i n_i`` with ``n_i`` the client's sample count
+``"mean"``         ``sum_i u_i / m``, uniform over the round's ``m`` kept updates
+                   (SCAFFOLD's control-variate deltas)
+``"sum"``          ``sum_i u_i``
+=================  ===============================================================
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable, Literal, Mapping
 
 import torch
 from torch import Tensor
+
+Reduction = Literal["aggregator", "weighted_mean", "mean", "sum"]
+REDUCTIONS: tuple[str, ...] = ("aggregator", "weighted_mean", "mean", "sum")
+#: the reductions that are linear in the updates: one all-reduce combines them on every process
+LinearReduction = Literal["weighted_mean", "mean", "sum"]
+
+
+@dataclass(frozen=True)
+class UpdateSpec:
+    """One declared upload: its flat size and how the round's values are combined."""
+
+    size: int
+    reduction: Reduction = "aggregator"
+
+    def __post_init__(self) -> None:
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
+        if not isinstance(self.size, int) or self.size < 0:
+            raise ValueError(f"size must be an int >= 0, got {self.size!r}")
 
 
 @dataclass
@@ -15,8 +51,8 @@ class ClientUpdate:
     Attributes:
         client_id: index of the client in the federation.
         num_samples: size of the client's training split (the weight of sample-weighted means).
-        tensors: named flat fp32 tensors to aggregate, e.g. ``{"delta": y - x}``; an algorithm
-            chooses the names (an averaged gradient, a control-variate delta...).
+        tensors: named flat fp32 tensors to aggregate, e.g. ``{"delta": y - x}``, one per
+            declared upload.
         metrics: scalars for logging (local loss, ...), not aggregated into the model.
     """
 
@@ -26,12 +62,8 @@ class ClientUpdate:
     metrics: dict[str, float] = field(default_factory=dict)
 
     def is_finite(self) -> bool:
-        """Whether every tensor of the update is free of NaN and Inf.
-
-        A float64 sum propagates any NaN/Inf and cannot overflow for float32 inputs, so one
-        reduction per tensor decides it.
-        """
-        return all(bool(torch.isfinite(t.sum(dtype=torch.float64))) for t in self.tensors.values())
+        """Whether every tensor of the update is free of NaN and Inf."""
+        return all_finite(self.tensors.values())
 
     def to(self, device: torch.device | str) -> "ClientUpdate":
         """A copy with every tensor on ``device``."""
@@ -41,3 +73,49 @@ class ClientUpdate:
             {k: v.to(device) for k, v in self.tensors.items()},
             dict(self.metrics),
         )
+
+
+def all_finite(tensors: Iterable[Tensor]) -> bool:
+    """Whether every tensor is free of NaN and Inf.
+
+    A float64 sum propagates any NaN/Inf and cannot overflow for float32 inputs, so one
+    reduction per tensor decides it.
+    """
+    return all(bool(torch.isfinite(t.sum(dtype=torch.float64))) for t in tensors)
+
+
+def linear_sums(
+    updates: list[ClientUpdate], reductions: Mapping[str, tuple[int, LinearReduction]], device: torch.device
+) -> Tensor:
+    """The float64 numerators and denominators of linear reductions, as one flat vector.
+
+    For each name (in ``reductions`` order) the vector holds ``size`` entries of
+    ``sum_i w_i u_i``, then three totals: ``sum_i n_i``, the update count and 1 (for sums). The
+    updates are summed in client-id order, so the result does not depend on the order clients
+    ran in. Summing these vectors over processes and calling :func:`finish_linear` gives the
+    reductions over all processes' updates: one all-reduce per round.
+    """
+    ordered = sorted(updates, key=lambda u: u.client_id)
+    parts = []
+    for name, (size, reduction) in reductions.items():
+        acc = torch.zeros(size, dtype=torch.float64, device=device)
+        for u in ordered:
+            acc.add_(u.tensors[name].reshape(-1).to(device, torch.float64),
+                     alpha=float(u.num_samples) if reduction == "weighted_mean" else 1.0)
+        parts.append(acc)
+    totals = [float(sum(u.num_samples for u in ordered)), float(len(ordered)), 1.0]
+    parts.append(torch.tensor(totals, dtype=torch.float64, device=device))
+    return torch.cat(parts)
+
+
+def finish_linear(sums: Tensor, reductions: Mapping[str, tuple[int, LinearReduction]]) -> dict[str, Tensor]:
+    """Divide the (all-reduced) output of :func:`linear_sums` into fp32 results; empty if no update."""
+    samples, count = float(sums[-3]), float(sums[-2])
+    if count == 0:
+        return {}
+    out = {}
+    for (name, (size, reduction)), part in zip(reductions.items(), sums[:-3].split([s for s, _ in reductions.values()])):
+        denominator = {"weighted_mean": samples, "mean": count, "sum": 1.0}[reduction]
+        out[name] = (part / denominator).float() if denominator > 0 else torch.zeros_like(part, dtype=torch.float32)
+    return out
+

@@ -1,13 +1,55 @@
-"""A model's floating-point state as one flat fp32 vector.
+"""A model's floating-point state as one flat fp32 vector, and the few conversions around it.
 
 Aggregators, robust statistics and per-client state all work on flat vectors: a client
 update is ``end - start`` of these, and a stack of updates is a ``[clients, dim]`` matrix.
+Local steps work on lists of tensors shaped like the model's (a gradient, a control variate).
+:class:`Layout` converts between the two; it is the only place that walks offsets.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import Tensor, nn
+
+
+class Layout:
+    """The shapes of a model's state: its parameters, then its floating buffers.
+
+    A flat vector in this layout holds every tensor's entries, one tensor after the other;
+    the first ``num_params`` entries are the parameters.
+
+    Args:
+        shapes: the shape of each tensor, parameters first.
+        num_param_tensors: how many of ``shapes`` are parameters.
+    """
+
+    def __init__(self, shapes: Sequence[torch.Size], num_param_tensors: int) -> None:
+        self.shapes = [torch.Size(s) for s in shapes]
+        self.numels = [s.numel() for s in self.shapes]
+        self.num_param_tensors = num_param_tensors
+        self.num_params = sum(self.numels[:num_param_tensors])
+        self.dim = sum(self.numels)
+
+    def split(self, vector: Tensor) -> list[Tensor]:
+        """Views of ``vector`` (length ``dim``) shaped like every tensor of the state."""
+        if vector.numel() != self.dim:
+            raise ValueError(f"state vector has {vector.numel()} entries, the model has {self.dim}")
+        return [part.view(shape) for part, shape in zip(vector.split(self.numels), self.shapes)]
+
+    def split_params(self, vector: Tensor) -> list[Tensor]:
+        """Views of ``vector`` (length ``num_params`` or ``dim``) shaped like the parameters."""
+        if vector.numel() not in (self.num_params, self.dim):
+            raise ValueError(f"vector has {vector.numel()} entries, the parameters {self.num_params}")
+        parts = vector[: self.num_params].split(self.numels[: self.num_param_tensors])
+        return [part.view(shape) for part, shape in zip(parts, self.shapes)]
+
+    @staticmethod
+    def flatten(tensors: Sequence[Tensor], dtype: torch.dtype = torch.float32) -> Tensor:
+        """One new flat ``dtype`` vector of ``tensors`` (detached), in their order."""
+        with torch.no_grad():
+            return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
 
 
 class StateVector:
@@ -21,8 +63,9 @@ class StateVector:
     def __init__(self, module: nn.Module, include_buffers: bool = True) -> None:
         self.module = module
         self.include_buffers = include_buffers
-        self.num_params = sum(p.numel() for p in module.parameters())
-        self.dim = sum(t.numel() for t in self.tensors)
+        self.layout = Layout([t.shape for t in self.tensors], len(self.params))
+        self.num_params = self.layout.num_params
+        self.dim = self.layout.dim
 
     @property
     def params(self) -> list[Tensor]:
@@ -39,32 +82,27 @@ class StateVector:
 
     def flatten(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """A new flat tensor holding the current values."""
-        with torch.no_grad():
-            return torch.cat([t.detach().reshape(-1).to(dtype) for t in self.tensors])
+        return Layout.flatten(self.tensors, dtype)
 
     def load(self, vector: Tensor) -> None:
         """Write ``vector`` (length ``dim``) into the tensors, in place."""
-        if vector.numel() != self.dim:
-            raise ValueError(f"state vector has {vector.numel()} entries, the model has {self.dim}")
-        tensors = self.tensors
         with torch.no_grad():
-            for t, v in zip(tensors, vector.split([t.numel() for t in tensors])):
-                t.copy_(v.view_as(t))
+            for t, v in zip(self.tensors, self.layout.split(vector)):
+                t.copy_(v)
 
-    def copy_from(self, other: "StateVector") -> None:
-        """Write ``other``'s values into these tensors, in place, tensor by tensor (no flat copy).
+    def grads(self) -> list[Tensor]:
+        """The parameters' gradients (zeros where a gradient is None), as live tensors."""
+        return [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
 
-        ``other`` must describe a module of the same architecture (a copy of this one).
-        """
-        mine, theirs = self.tensors, other.tensors
-        if [t.shape for t in mine] != [t.shape for t in theirs]:
-            raise ValueError("copy_from needs a module of the same architecture: the tensor shapes differ")
-        with torch.no_grad():
-            for t, o in zip(mine, theirs):
-                t.copy_(o)
+    def set_grads(self, grads: Sequence[Tensor]) -> None:
+        """Make ``grads`` (shaped like the parameters) the parameters' ``.grad``, without copying
+        tensors that already are."""
+        for p, g in zip(self.params, grads):
+            if p.grad is not g:
+                p.grad = g.to(dtype=p.dtype, device=p.device)
 
-    def grads(self) -> Tensor:
-        """The parameters' gradients as one flat fp32 vector (zeros where a gradient is None)."""
-        return torch.cat(
-            [torch.zeros(p.numel(), device=p.device) if p.grad is None else p.grad.reshape(-1).float() for p in self.params]
-        )
+
+def loss_gradient(loss: Tensor, params: Sequence[Tensor]) -> list[Tensor]:
+    """``d loss / d params`` shaped like ``params`` (zeros for parameters the loss does not use)."""
+    grads = torch.autograd.grad(loss, list(params), allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]

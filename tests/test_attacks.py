@@ -90,7 +90,7 @@ def test_attack_refuses_a_byzantine_majority_of_the_data():
 
 
 def _fake_module(round_idx=2):
-    return SimpleNamespace(seed=5, current_epoch=round_idx, device=torch.device("cpu"), update_spec=lambda: {"d": 3})
+    return SimpleNamespace(seed=5, current_epoch=round_idx, device=torch.device("cpu"), upload_sizes=lambda: {"d": 3})
 
 
 def _round(attack, byzantine, updates):

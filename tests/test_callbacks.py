@@ -23,7 +23,7 @@ class _Module:
     device = torch.device("cpu")
 
     @staticmethod
-    def update_spec():
+    def aggregated_sizes():
         return {"delta": 2}
 
 

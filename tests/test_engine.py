@@ -11,6 +11,7 @@ from torch import nn
 
 from fl_lightning import FederatedCallback, NonFiniteUpdateError
 from fl_lightning.algorithms import FedAvg, FedProx
+from fl_lightning.algorithms.feddeper import sgd_step
 from fl_lightning.seeding import generator
 from fl_lightning.vectors import StateVector
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
@@ -162,7 +163,10 @@ def test_nonfinite_update_can_stop_the_run():
     "kwargs,match",
     [
         ({"clients_per_round": 0}, "clients_per_round must be >= 1"),
-        ({"local_steps": None}, "exactly one of local_steps and local_epochs"),
+        ({"local_steps": 3, "local_epochs": 1}, "exactly one of local_steps and local_epochs"),
+        ({"clients_per_round": 2.5}, r"clients_per_round must be >= 1 and an integer, got 2.5"),
+        ({"local_steps": 2.5}, r"local_steps must be >= 1 and an integer, got 2.5"),
+        ({"server_lr": float("nan")}, "server_lr must be > 0 and finite, got nan"),
         ({"local_steps": 0}, "local_steps must be >= 1"),
         ({"server_lr": 0.0}, "server_lr must be > 0"),
         ({"server_momentum": 1.0}, r"server_momentum must be in \[0, 1\)"),
@@ -184,47 +188,42 @@ def test_client_must_be_a_lightning_module():
         FedAvg(nn.Linear(2, 2))
 
 
-# ------------------------------------------------------------------ the twin (a second client model)
-class TwinSteps(FedProx):
-    """FedProx whose clients also take one step of the twin per local step, on the same batch."""
+# ------------------------------------------------------------------ a second model in a run
+class SecondModel(FedProx):
+    """FedProx whose clients also train a second model (from the start) by plain SGD on the same
+    batches, with ``run.loss_and_grad(batch, model=...)``."""
 
-    def client_update(self, client_id):
-        twin = self.twin()
-        StateVector(twin).load(self.client_start(client_id))
-        optimizer = self.local_optimizer(twin)
-        self.twin_losses = []
-        with self.local_context(client_id):
-            for step, batch in enumerate(self.local_batches(client_id)):
-                self.twin_losses.append(self.local_step(optimizer, batch, step, module=twin))
-        return super().client_update(client_id)
+    def client_init(self, run):
+        run.scratch["other"] = run.copy_model()
 
-    def adjust_local_gradients(self, client_id):
-        self.adjusted = getattr(self, "adjusted", 0) + 1
-        super().adjust_local_gradients(client_id)
+    def client_step(self, run, batch):
+        loss, grads = run.loss_and_grad(batch, model=run.scratch["other"])
+        run.scratch["other"] = sgd_step(run.scratch["other"], grads, run.lr)
+        self.prox_steps = getattr(self, "prox_steps", 0) + 1
+        return super().client_step(run, batch)
+
+    def client_final(self, run):
+        self.other = StateVector(self.client).layout.flatten(run.scratch["other"])
+        return super().client_final(run)
 
 
-def test_twin_is_a_copy_outside_the_module_tree_and_logs_as_the_client():
+def test_second_model_logs_as_the_client_and_leaves_the_module_tree_alone():
     torch.manual_seed(0)
-    module = TwinSteps(PlainClassifier(), mu=10.0, clients_per_round=2, local_steps=3)
+    module = SecondModel(PlainClassifier(), mu=10.0, clients_per_round=2, local_steps=3)
+    keys = set(module.state_dict())
     t = trainer(2)
     t.fit(module, synthetic(4))
-    twin = module.twin()
-    assert twin is module.twin() and twin is not module.client  # made once
-    assert not any(name.startswith("_twin") for name in module.state_dict())  # not checkpointed
-    assert {id(p) for p in module.parameters()}.isdisjoint(id(p) for p in twin.parameters())
-    assert twin.trainer is t and twin.training == module.client.training
+    assert set(module.state_dict()) == keys  # nothing added to the checkpointed tree
     # its training_step's self.log went to the client's round buffer: 2 rounds x 2 clients x (3 + 3) steps
-    assert module.client.train_steps + twin.train_steps == 2 * 2 * 6
+    assert module.client.train_steps == 2 * 2 * 6
     assert "user_loss" in t.callback_metrics
-    module.client.eval()
-    assert not module.twin().training  # follows the client's mode
 
 
-def test_twin_steps_are_plain_steps_of_its_own_loss():
-    """``local_step(module=twin)`` trains the twin with its own optimizer on its training loss, and
-    ``adjust_local_gradients`` (FedProx's pull) runs for the client module's steps only."""
+def test_second_model_steps_are_plain_steps_of_its_own_loss():
+    """``loss_and_grad(model=...)`` is the gradient of the client's training loss at that model;
+    FedProx's pull applies to the trained model's steps only."""
     torch.manual_seed(0)
-    module = TwinSteps(PlainClassifier(), mu=10.0, clients_per_round=1, local_steps=3)
+    module = SecondModel(PlainClassifier(), mu=10.0, clients_per_round=1, local_steps=3)
     dm = synthetic(4)
     x0 = global_vector(module)
     trainer(1).fit(module, dm)
@@ -236,14 +235,20 @@ def test_twin_steps_are_plain_steps_of_its_own_loss():
         optimizer.zero_grad()
         F.cross_entropy(reference.layer(batch[0]), batch[1]).backward()
         optimizer.step()
-    assert torch.allclose(StateVector(module.twin()).flatten(), StateVector(reference).flatten(), atol=1e-6)
-    assert module.adjusted == 3
+    assert torch.allclose(module.other, StateVector(reference).flatten(), atol=1e-6)
+    assert module.prox_steps == 3
+    assert not torch.allclose(module.other, global_vector(module), atol=1e-3)  # the pulled model differs
 
 
-def test_state_vector_copy_from_copies_tensor_by_tensor():
-    a, b = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)), nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
-    b[1].running_mean.fill_(5.0)
-    StateVector(a).copy_from(StateVector(b))
-    assert torch.equal(StateVector(a).flatten(), StateVector(b).flatten())
-    with pytest.raises(ValueError, match="same architecture"):
-        StateVector(a).copy_from(StateVector(nn.Linear(3, 2)))
+def test_layout_splits_and_flattens_in_state_order():
+    module = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    module[1].running_mean.fill_(5.0)
+    vector = StateVector(module)
+    flat = vector.flatten()
+    parts = vector.layout.split(flat)
+    assert [p.shape for p in parts] == [t.shape for t in vector.tensors]
+    assert all(torch.equal(p, t) for p, t in zip(parts, vector.tensors))
+    assert [p.shape for p in vector.layout.split_params(flat)] == [p.shape for p in module.parameters()]
+    assert torch.equal(vector.layout.flatten(parts), flat)
+    with pytest.raises(ValueError, match="state vector has 3 entries, the model has 16"):
+        vector.layout.split(torch.zeros(3))

@@ -12,7 +12,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.feddeper import (
     FedDeper,
-    add_depersonalization_gradient,
+    depersonalization_gradient,
     check_plain_sgd,
     depersonalization_strength,
     mix_personal,
@@ -55,7 +55,7 @@ def test_pull_strength_and_mixing():
 
 
 def test_depersonalization_gradient_is_the_regularizer_gradient():
-    """``grad_y += s (y + v - 2x)`` per parameter tensor, = autograd of ``s/2 ||v + y - 2x||^2``."""
+    """``g + s (y + v - 2x)`` per parameter tensor, = g + autograd of ``s/2 ||v + y - 2x||^2``."""
     torch.manual_seed(0)
     ys = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4))]
     vs = [torch.randn(3, 2), torch.randn(4)]
@@ -63,12 +63,14 @@ def test_depersonalization_gradient_is_the_regularizer_gradient():
     loss = sum((y ** 2).sum() for y in ys)  # any loss: the pull adds to its gradient
     loss.backward()
     loss_grads = [y.grad.clone() for y in ys]
-    add_depersonalization_gradient(ys, vs, x, strength=3.0)
+    xs = [x[:6].view(3, 2), x[6:]]
+    with torch.no_grad():
+        pulled = depersonalization_gradient(loss_grads, ys, vs, xs, strength=3.0)
     reference = [y.detach().clone().requires_grad_(True) for y in ys]
     flat = torch.cat([(r + v).reshape(-1) for r, v in zip(reference, vs)])
     (1.5 * (flat - 2 * x).pow(2).sum()).backward()
-    for y, g, r in zip(ys, loss_grads, reference):
-        assert torch.allclose(y.grad, g + r.grad, atol=1e-6)
+    for p, g, r in zip(pulled, loss_grads, reference):
+        assert torch.allclose(p, g + r.grad, atol=1e-6)
 
 
 def test_plain_sgd_is_required():

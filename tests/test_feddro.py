@@ -78,8 +78,8 @@ class TwoClients(FederatedDataModule):
 class ToyLosses:
     """Per-sample "losses" of the toy are the values ``a_k x + b_k`` of the client's ``g_k``."""
 
-    def sample_losses(self, batch: Any) -> Tensor:
-        return self.client(batch[0])
+    def sample_losses(self, output: Tensor, batch: Any) -> Tensor:
+        return output
 
 
 class ToyFedDRO(ToyLosses, FedDRO):
@@ -114,12 +114,17 @@ def test_feddro_converges_to_the_optimum(beta):
 class RecordingFedDRO(FedDRO):
     """Records ``(y_bar, sum_k w_k g_k(x_k; full data))`` at every step."""
 
-    def estimate_inner(self, step, batches):
-        out = super().estimate_inner(step, batches)
-        truth = self.server_mean({c: self.inner_mean(c, self._models[c], self.datamodule.client_data(c).full())
-                                  for c in self._rank_clients})
-        self.trace.append((float(self.y_bar[0]), float(truth[0])))
-        return out
+    def client_share(self, run, batch):
+        full = self.datamodule.client_data(run.client_id).full()
+        self.truth[run.client_id] = self.inner_mean(run, full)  # g_k at the client's current model x_k^t
+        return super().client_share(run, batch)
+
+    def server_share(self, mean):
+        y_bar = super().server_share(mean)
+        total = sum(self.datamodule.num_samples(c) for c in self.truth)
+        truth = sum(self.datamodule.num_samples(c) / total * g for c, g in self.truth.items())
+        self.trace.append((float(y_bar[0]), float(truth[0])))
+        return y_bar
 
 
 @pytest.mark.parametrize("beta", [0.2, 1.0])
@@ -127,7 +132,7 @@ def test_y_bar_tracks_the_true_average_of_g(beta):
     """Full-batch clients: y_bar^t equals sum_k w_k g_k(x_k^t) at every step, across model averagings (A4)."""
     torch.manual_seed(0)
     module = RecordingFedDRO(tiny_client(lr=0.05), KLDRO(lam=2.0), beta=beta, local_steps=3, clients_per_round=4, seed=1)
-    module.trace = []
+    module.trace, module.truth = [], {}
     trainer(4, limit_val_batches=0).fit(module, synthetic(4, batch_size=1000))
     y, truth = np.array(module.trace).T
     assert len(y) == 12

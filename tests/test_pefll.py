@@ -187,7 +187,7 @@ def test_standardisation_is_frozen_and_clients_are_stateless():
     trainer(3, callbacks=[shift]).fit(module, data(8))
     assert len(set(shift.values)) == 1 and shift.values[0] != (0.0, 1.0)
     assert len(module.store) == 0  # nothing per client
-    assert module.update_spec() == {
+    assert module.upload_sizes() == {
         "hyper": sum(p.numel() for p in module.hypernetwork.parameters()),
         "embed": sum(p.numel() for p in module.embedding.parameters()),
     }

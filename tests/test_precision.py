@@ -37,13 +37,16 @@ def test_fp16_mixed_on_cuda_scales_local_losses():
     """With 16-mixed, local losses are scaled by the GradScaler and gradients unscaled before
     the algorithm's gradient hook: FedProx's proximal term must see true gradients."""
     from fl_lightning.algorithms import FedProx
+    from fl_lightning.algorithms.fedprox import proximal_gradient
 
     seen = []
 
     class Probe(FedProx):
-        def adjust_local_gradients(self, client_id):
-            seen.append(max(float(p.grad.abs().max()) for p in self.state.params if p.grad is not None))
-            super().adjust_local_gradients(client_id)
+        def client_step(self, run, batch):
+            loss, grads = run.loss_and_grad(batch)  # what FedProx's proximal term is added to
+            seen.append(max(float(g.abs().max()) for g in grads))
+            run.step(proximal_gradient(grads, run.params, run.layout.split_params(run.start), self.mu))
+            return loss
 
     dm = synthetic(8)
     runs = {}

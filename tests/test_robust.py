@@ -178,7 +178,7 @@ def test_centered_clipping_by_hand():
 
 
 def _module(names):
-    return SimpleNamespace(update_spec=lambda: names, device=torch.device("cpu"))
+    return SimpleNamespace(aggregated_sizes=lambda: names, device=torch.device("cpu"))
 
 
 def _updates():
@@ -204,7 +204,7 @@ def test_aggregator_callbacks_concatenate_names_and_split_back(aggregator, expec
 def test_geometric_median_callback_weights_by_samples_and_resists_the_outlier():
     updates = _updates()
     gm = GeometricMedian(eps=1e-10, max_iter=1000).aggregate(None, _module({"a": 2, "b": 1}), updates)
-    mean = WeightedMean().aggregate(None, SimpleNamespace(update_spec=lambda: {"a": 2, "b": 1}, device="cpu"), updates)
+    mean = WeightedMean().aggregate(None, SimpleNamespace(aggregated_sizes=lambda: {"a": 2, "b": 1}, device="cpu"), updates)
     assert float(gm["b"]) < 10 and float(mean["b"]) > 3000
     uniform = GeometricMedian("uniform", eps=1e-10, max_iter=1000).aggregate(None, _module({"a": 2, "b": 1}), updates)
     assert not torch.allclose(uniform["a"], gm["a"])

@@ -7,15 +7,27 @@ import torch
 from torch import nn
 
 from fl_lightning.seeding import derive_seed, generator, sample_clients
-from fl_lightning.state import ClientStateStore
+from fl_lightning.state import ClientStateStore, StateSpec
 from fl_lightning.vectors import StateVector
 
 
 def test_store_is_lazy_on_cpu_and_round_trips():
     store = ClientStateStore()
     assert store.get(3, "c") is None
-    assert torch.equal(store.get(3, "c", default=lambda: torch.ones(2)), torch.ones(2))
-    assert 3 not in store  # a default is not stored
+    assert 3 not in store
+
+
+def test_state_defaults_are_fresh_copies():
+    value = torch.ones(2)
+    for spec in (StateSpec(value), StateSpec(lambda: value)):
+        first = spec.initial()
+        first += 1
+        assert torch.equal(spec.initial(), torch.ones(2))  # never the default itself
+    assert StateSpec().initial() is None
+
+
+def test_store_round_trips():
+    store = ClientStateStore()
     store.set(3, "c", torch.full((2,), 2.0))
     assert store.get(3, "c").device.type == "cpu" and store.nbytes() == 8
     copy = ClientStateStore()

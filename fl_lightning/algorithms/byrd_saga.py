@@ -9,7 +9,8 @@ table with a full pass at the current model (as the authors' code does at ``w^1`
 
 The server steps ``w <- w - gamma v*`` with ``v*`` the **unweighted** geometric median
 (movement tolerance 1e-5, 80 iterations) and ``gamma = 0.1`` (``schedule="constant"``) or
-RAGA's ``T/(100t + 10T)`` (``schedule="paper"``).
+RAGA's ``T/(100t + 10T)`` (``schedule="paper"``, a per-round scheduler of the local rate, which
+Byrd-SAGA reads for its server step).
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
+from torch.optim.lr_scheduler import LRScheduler
 
-from fl_lightning.algorithms.raga import PaperSchedule, Schedule, check_schedule, require_parameters_only
+from fl_lightning.algorithms.raga import Schedule, check_schedule, paper_schedule, require_parameters_only
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 from fl_lightning.module import FederatedModule
+from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
-from fl_lightning.update import ClientUpdate
+from fl_lightning.vectors import Layout
+
+TABLE = "saga_table"
 
 
 def saga_direction(grad: Tensor, stored: Tensor, table_mean: Tensor) -> Tensor:
@@ -39,7 +44,7 @@ def fixed_minibatches(num_samples: int, batch_size: int, g: torch.Generator) -> 
     return list(torch.randperm(num_samples, generator=g).split(batch_size))
 
 
-class ByrdSAGA(PaperSchedule, FederatedModule):
+class ByrdSAGA(FederatedModule):
     """Byrd-SAGA: one SAGA step per client per round, geometric median of the uploads.
 
     Args:
@@ -71,44 +76,39 @@ class ByrdSAGA(PaperSchedule, FederatedModule):
         self.schedule = schedule
         self.total_rounds = total_rounds
         self.default_aggregator = GeometricMedian("uniform", eps=1e-5, max_iter=80, stop="movement")
+        self.remove_update("delta")
+        self.add_update("grad", self.state.num_params)
+        self.add_client_state(TABLE)  # filled at the client's first round
 
-    def update_spec(self) -> dict[str, int]:
-        return {"grad": self.state.num_params}
+    def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[LRScheduler]:
+        return paper_schedule(optimizer, self.schedule, self.total_rounds, self.trainer)
 
-    def batch_gradient(self, client_id: int, positions: Tensor) -> tuple[Tensor, float]:
-        """The flat gradient of the client's loss on the samples at ``positions`` of its split, and the loss."""
-        data = self.datamodule.client_data(client_id, "train")
-        batch = tuple(t.to(self.device) for t in data.fetch(positions))
-        for cb in self._callbacks:
-            batch = cb.on_local_batch(self.trainer, self, client_id, batch)
-        with self.local_context(client_id):
-            loss = self.local_loss(batch, 0)
-            grads = torch.autograd.grad(loss, self.state.params, allow_unused=True)
-        flat = torch.cat([
-            torch.zeros(p.numel(), device=self.device) if g is None else g.reshape(-1).float()
-            for p, g in zip(self.state.params, grads)
-        ])
-        return flat, float(loss.detach())
+    def client_init(self, run: ClientRun) -> None:
+        """Fill the gradient table at the client's first round; pick this round's minibatch ``j``."""
+        chunks = fixed_minibatches(run.num_samples, self.datamodule.batch_size,
+                                   generator(self.seed, "saga-batches", run.client_id))
+        if TABLE not in run.state:
+            run.state[TABLE] = torch.stack([Layout.flatten(run.loss_and_grad(run.fetch(c))[1]) for c in chunks])
+        j = int(torch.randint(len(chunks), (1,), generator=generator(self.seed, "saga-pick", run.round, run.client_id)))
+        run.scratch["j"] = j
+        run.batches = [run.fetch(chunks[j])]
 
-    def honest_update(self, client_id: int) -> ClientUpdate:
-        """One SAGA step at the global model; the table is filled at the client's first round."""
-        self.state.load(self.client_start(client_id))
-        n = self.datamodule.num_samples(client_id)
-        chunks = fixed_minibatches(n, self.datamodule.batch_size, generator(self.seed, "saga-batches", client_id))
-        table = self.store.get(client_id, "saga_table")
-        if table is None:
-            table = torch.stack([self.batch_gradient(client_id, c)[0].cpu() for c in chunks])
-        table = table.to(self.device)
-        table_mean = table.mean(dim=0)
-        j = int(torch.randint(len(chunks), (1,), generator=generator(self.seed, "saga-pick", self.current_epoch, client_id)))
-        grad, loss = self.batch_gradient(client_id, chunks[j])
-        direction = saga_direction(grad, table[j], table_mean)
+    def client_step(self, run: ClientRun, batch: Any) -> Tensor:
+        """``g = grad f_j(w^t)``: a gradient only, no local optimizer step."""
+        loss, grads = run.loss_and_grad(batch)
+        run.scratch["grad"] = Layout.flatten(grads)
+        return loss
+
+    def client_final(self, run: ClientRun) -> dict[str, Tensor]:
+        """Upload ``g - G_j + G_bar``; then ``G_j = g`` (so ``G_bar`` moves by ``(g - G_j) / J``)."""
+        table, j, grad = run.state[TABLE].clone(), run.scratch["j"], run.scratch["grad"]
+        direction = saga_direction(grad, table[j], table.mean(dim=0))
         table[j] = grad
-        self.store.set(client_id, "saga_table", table)
-        return ClientUpdate(client_id, n, {"grad": direction}, {"loss": loss, "steps": 1.0})
+        run.state[TABLE] = table
+        return {"grad": direction}
 
     def server_update(self, aggregate: dict[str, Tensor]) -> None:
         """``w <- w - gamma v*``."""
-        lr = self.round_lr() if self.schedule == "paper" else self.step_size
+        lr = self.local_lr if self.schedule == "paper" else self.step_size
         assert self.round_start is not None
         self.state.load(self.round_start - lr * aggregate["grad"].to(self.device))

@@ -11,47 +11,48 @@ which pulls ``y`` toward the reflection ``2x - v`` of the personal model through
 
 The server averages the uploads as FedAvg does. ``v_i`` persists in the client state store
 (lazily ``x^0``, the global model of round 0), so a client never sampled keeps ``x^0`` and a
-client sampled again resumes its own ``v_i``. During a client's round ``y`` trains in the client
-module and ``v`` in its :meth:`~fl_lightning.module.FederatedModule.twin`, so a local step
-moves no state between them. ``FedDeper*`` is FedDeper with half the local steps (a config,
-not a class).
+client sampled again resumes its own ``v_i``. During a client's round ``y`` is the run's trained
+model and ``v`` a second model of the run (``run.loss_and_grad(batch, model=v)``).
+``FedDeper*`` is FedDeper with half the local steps (a config, not a class).
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Sequence
 
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.module import FederatedModule, mean_loss
-from fl_lightning.update import ClientUpdate
-from fl_lightning.vectors import StateVector
+from fl_lightning.module import FederatedModule
+from fl_lightning.run import ClientRun
+from fl_lightning.vectors import Layout
 
 PERSONAL = "personal"
+PERSONAL_BATCHES = "personal_batches"
 UpdateOrder = Literal["jacobi", "gauss_seidel"]
 
 
-def add_depersonalization_gradient(
-    globalized: list[Tensor], personal: list[Tensor], global_model: Tensor, strength: float
-) -> None:
-    """``grad_y += strength * (y + v - 2x)``, in place: the gradient of ``strength/2 ||v + y - 2x||^2``.
+def depersonalization_gradient(
+    grads: Sequence[Tensor], globalized: Sequence[Tensor], personal: Sequence[Tensor], global_model: Sequence[Tensor],
+    strength: float,
+) -> list[Tensor]:
+    """``g + strength * (y + v - 2x)`` per tensor: ``g`` plus the gradient of ``strength/2 ||v + y - 2x||^2``.
 
     With ``strength = rho / eta`` this is the regularizer ``rho/(2 eta) ||v + y - 2x||^2``, a
     proximal term centred on the reflection ``2x - v`` of the personal model through ``x``.
-    ``globalized`` and ``personal`` are the parameters of ``y`` and ``v`` (same architecture,
-    same order); ``global_model`` is ``x`` as a flat vector in that order.
+    ``grads``, ``globalized`` (``y``), ``personal`` (``v``) and ``global_model`` (``x``) are
+    lists of tensors shaped like the parameters (longer lists are cut to ``grads``).
     """
-    offset = 0
-    with torch.no_grad():
-        for y, v in zip(globalized, personal):
-            n = y.numel()
-            if y.grad is not None:
-                x = global_model[offset : offset + n].view_as(y).to(y.dtype)
-                y.grad.add_(y, alpha=strength).add_(v, alpha=strength).add_(x, alpha=-2.0 * strength)
-            offset += n
+    return [g.add(y, alpha=strength).add(v, alpha=strength).add(x, alpha=-2.0 * strength)
+            for g, y, v, x in zip(grads, globalized, personal, global_model)]
+
+
+def sgd_step(model: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> list[Tensor]:
+    """``w - lr g`` for the parameters of ``model`` (the first ``len(grads)`` tensors), the rest
+    (floating buffers) unchanged: plain SGD, with ``torch.optim.SGD``'s arithmetic."""
+    return [w.add(g, alpha=-lr) for w, g in zip(model, grads)] + list(model[len(grads):])
 
 
 def depersonalization_strength(rho: float, lr: float) -> float:
@@ -124,9 +125,9 @@ class FedDeper(FederatedModule):
         self.update_order = update_order
         #: x^0, the global model of round 0: every personal model's value before its first round.
         self.register_buffer("initial_state", self.state.flatten())
-        #: while a client's steps run: x and the parameters of y and v, for the pull of the y-steps
-        self._pull: Optional[tuple[Tensor, list[Tensor], list[Tensor]]] = None
-        self._strength = 0.0
+        self.add_client_state(PERSONAL, default=self.initial_model)
+        if independent_batches:
+            self.extra_batch_streams = (PERSONAL_BATCHES,)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -138,45 +139,40 @@ class FedDeper(FederatedModule):
             assert self.round_start is not None
             self.initial_state.copy_(self.round_start)
 
+    def initial_model(self) -> Tensor:
+        """``x^0``, every personal model's value before its first round."""
+        return self.initial_state
+
     def personal_model(self, client_id: int) -> Tensor:
         """Client ``client_id``'s stored personal model ``v_i`` (``x^0`` before its first round), on the device."""
-        return self.store.get(client_id, PERSONAL, default=lambda: self.initial_state, device=self.device)
+        return self.load_client_state(client_id)[PERSONAL]
 
-    def client_update(self, client_id: int) -> ClientUpdate:
-        x = self.client_start(client_id)
-        personal = self.twin()
-        personal_state = StateVector(personal)
-        self.state.load(x)  # y_0 = x
-        personal_state.load(self.personal_model(client_id))  # v_0 = v_i
-        opt_y, opt_v = self.local_optimizer(), self.local_optimizer(personal)
-        self._strength = depersonalization_strength(self.rho, check_plain_sgd(opt_y))
-        losses_y: list[Tensor] = []
-        losses_v: list[Tensor] = []
-        with self.local_context(client_id):
-            y_batches = self.local_batches(client_id)
-            v_batches = self.local_batches(client_id, stream="personal_batches") if self.independent_batches else None
-            self._pull = (x, self.state.params, personal_state.params)
-            try:
-                for step, batch in enumerate(y_batches):
-                    v_batch = next(v_batches) if v_batches is not None else batch
-                    if self.update_order == "gauss_seidel":
-                        losses_v.append(self.local_step(opt_v, v_batch, step, module=personal))
-                    losses_y.append(self.local_step(opt_y, batch, step))  # pulls toward 2x - v
-                    if self.update_order == "jacobi":  # the y-step above used v_j, before v's own step
-                        losses_v.append(self.local_step(opt_v, v_batch, step, module=personal))
-            finally:
-                self._pull = None
-        y, v = self.state.flatten(), personal_state.flatten()
-        self.store.set(client_id, PERSONAL, mix_personal(v, y, self.lam))
-        metrics = {"loss": mean_loss(losses_y), "personal_loss": mean_loss(losses_v), "steps": float(len(losses_y))}
-        return ClientUpdate(client_id, self.datamodule.num_samples(client_id), {"delta": y - x}, metrics)
+    def client_init(self, run: ClientRun) -> None:
+        run.scratch["x"] = run.layout.split_params(run.start)
+        run.scratch["v"] = run.copy_model(run.state[PERSONAL])  # v_0 = v_i; y_0 = x is the run's start
 
-    def adjust_local_gradients(self, client_id: int) -> None:
-        """The depersonalization pull of a y-step (none in local work outside a FedDeper round,
-        e.g. a finetuning callback's)."""
-        if self._pull is not None and self.rho > 0:
-            x, globalized, personal = self._pull
-            add_depersonalization_gradient(globalized, personal, x, self._strength)
+    def client_step(self, run: ClientRun, batch: Any) -> dict[str, Tensor]:
+        """``y <- y - eta g(y) - rho (v + y - 2x)`` and ``v <- v - eta g(v)``, in the configured order."""
+        v, v_batch = run.scratch["v"], run.extra_batches.get(PERSONAL_BATCHES, batch)
+        if self.update_order == "gauss_seidel":  # v steps first; the y-step pulls toward 2x - v_{j+1}
+            loss_v, grads_v = run.loss_and_grad(v_batch, model=v)
+            v = sgd_step(v, grads_v, run.lr)
+        loss_y, grads = run.loss_and_grad(batch)
+        if self.rho > 0:
+            grads = depersonalization_gradient(
+                grads, run.params, v, run.scratch["x"], depersonalization_strength(self.rho, run.lr))
+        run.step(grads)
+        if self.update_order == "jacobi":  # the y-step above used v_j, before v's own step
+            loss_v, grads_v = run.loss_and_grad(v_batch, model=v)
+            v = sgd_step(v, grads_v, run.lr)
+        run.scratch["v"] = v
+        return {"loss": loss_y, "personal_loss": loss_v}
+
+    def client_final(self, run: ClientRun) -> dict[str, Tensor]:
+        """Keep ``v_i <- (1 - lam) v + lam y``; upload ``y - x``."""
+        y = run.end()
+        run.state[PERSONAL] = mix_personal(Layout.flatten(run.scratch["v"]), y, self.lam)
+        return {"delta": y - run.start}
 
     def client_eval_state(self, client_id: int) -> Tensor:
         """The personal model ``v_i`` (after the round-end mixing)."""

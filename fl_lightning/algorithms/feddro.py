@@ -13,11 +13,13 @@ algorithms differ only in the estimate ``y`` of ``g`` used in ``grad f``:
   model averaging, the global mean ``g(x_bar)`` (case ``"II"``).
 
 Models are averaged every ``local_steps`` (= the paper's ``I``) steps: a round is ``I``
-lock-step iterations of *all* clients. A work item is one local step of all this process's
-clients; under DDP the estimate costs one all-reduce of ``d_g`` numbers per step, and the
-model average is the engine's usual aggregate (one all-reduce per round). Per-client models
-exist only for the round (all clients take part at every step, as in the paper); the
-previous-iterate snapshot that eq. 8 needs crosses rounds in the client state store.
+lock-step iterations of *all* clients (``lockstep = True``). At each step every client shares
+its estimate (``client_share``), the engine averages them by sample count over all processes
+(one all-reduce of ``d_g`` numbers), the server answers ``y_bar`` (``server_share``) and every
+client steps with it (``client_step``); the model average is the engine's usual aggregate (one
+all-reduce per round). Per-client models exist only for the round (all clients take part at
+every step, as in the paper); the previous-iterate snapshot that eq. 8 needs crosses rounds in
+the client state store, and ``y_bar`` crosses rounds as the engine's ``shared`` value.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl_lightning.distributed import all_reduce_sum
 from fl_lightning.dro import CompositionalObjective, check_finite, storm_estimate, surrogate
 from fl_lightning.module import FederatedModule
-from fl_lightning.update import ClientUpdate
+from fl_lightning.run import ClientRun, Model
+from fl_lightning.vectors import Layout
 
 Case = Literal["I", "II"]
+PREVIOUS = "prev"
 
 
 @contextmanager
@@ -58,9 +61,10 @@ def frozen_running_stats(module: nn.Module) -> Iterator[None]:
 class LockStepCompositional(FederatedModule):
     """Common machinery of :class:`FedDRO` and :class:`CompositionalFedAvg` (see the module docstring).
 
-    Subclasses define :meth:`estimate_inner` and say with ``keeps_previous_iterate`` whether
-    they need each client's previous iterate (kept across rounds in the state store). The client module's ``configure_optimizers`` must
-    give plain SGD (no momentum), the local update of both algorithms.
+    Subclasses define :meth:`inner_estimate` (the ``y`` a client plugs into ``grad f``) and say
+    with ``keeps_previous_iterate`` whether they need each client's previous iterate (kept
+    across rounds in the state store). The client module's ``configure_optimizers`` must give
+    plain SGD (no momentum), the local update of both algorithms.
 
     Args:
         client: the client ``LightningModule``; its forward gives logits (see :meth:`sample_losses`).
@@ -70,7 +74,8 @@ class LockStepCompositional(FederatedModule):
         **kwargs: the other ``FederatedModule`` arguments (``seed``, ``nonfinite_updates``...).
     """
 
-    #: whether :meth:`estimate_inner` reads ``self._prev`` (the model each client used at the previous step)
+    lockstep = True
+    #: whether :meth:`inner_estimate` reads the model each client used at the previous step
     keeps_previous_iterate: bool = False
 
     def __init__(
@@ -89,13 +94,9 @@ class LockStepCompositional(FederatedModule):
         # the objective is an object: keep it out of hyperparameters, so checkpoints load with weights_only
         self.save_hyperparameters(ignore=["client", "objective"])
         self.objective = objective
-        self._models: dict[int, Tensor] = {}
-        self._prev: dict[int, Tensor] = {}
-        self._batches: dict[int, Iterator[Any]] = {}
-        self._weights: dict[int, float] = {}
-        self._losses: dict[int, list[float]] = {}
-        self._y_in_use: Optional[Tensor] = None
-        self._losses_in_use: Optional[list[float]] = None
+        if self.keeps_previous_iterate:
+            # x_k^{-1} of a client's first round is the model it starts from
+            self.add_client_state(PREVIOUS, default=self.round_start_model)
 
     # ---------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
@@ -116,92 +117,48 @@ class LockStepCompositional(FederatedModule):
                 f"torch.optim.SGD with momentum=0, got {type(optimizer).__name__} {optimizer.defaults}"
             )
 
-    # ------------------------------------------------------------- schedule
-    def num_work_items(self) -> int:
-        """``I`` lock-step iterations per round, on every process."""
-        assert self.local_steps is not None
-        return self.local_steps
-
-    def round_work(self, clients: list[int]) -> list[int]:
-        """The round's work items: the local step indices ``0 .. I-1``."""
-        return list(range(self.num_work_items()))
-
-    def on_train_epoch_start(self) -> None:
-        super().on_train_epoch_start()
-        start = self.round_start
-        assert start is not None
-        dm = self.datamodule
-        total = float(sum(dm.num_samples(c) for c in self.round_clients))
-        self._models = {c: start.clone() for c in self._rank_clients}
-        if self.keeps_previous_iterate:
-            self._prev = {c: self.store.get(c, "prev", default=start.clone, device=self.device) for c in self._rank_clients}
-        self._batches = {c: self.local_batches(c) for c in self._rank_clients}
-        self._weights = {c: dm.num_samples(c) / total for c in self._rank_clients}
-        self._losses = {c: [] for c in self._rank_clients}
-
-    def run_work_item(self, step: int) -> None:
-        """One local step of all this process's clients; after the last, send the models."""
-        batches = {c: next(self._batches[c]) for c in self._rank_clients}
-        estimates = self.estimate_inner(step, batches)
-        for c in self._rank_clients:
-            self._sgd_step(c, batches[c], estimates[c], step)
-        if step == self.num_work_items() - 1:
-            self._send_models()
-
     # -------------------------------------------------- inner-function estimate
-    def estimate_inner(self, step: int, batches: dict[int, Any]) -> dict[int, Tensor]:
-        """The estimate ``y`` of ``g`` each of this process's clients uses at local step ``step``."""
+    def sample_losses(self, output: Tensor, batch: Any) -> Tensor:
+        """Per-sample losses ``[b]`` from the client module's ``output`` on ``batch`` (default:
+        cross-entropy of logits against ``batch[1]``). Override for other losses."""
+        return F.cross_entropy(output, batch[1], reduction="none")
+
+    def inner_mean(self, run: ClientRun, batch: Any, model: Model = None) -> Tensor:
+        """``g_k(model; batch)``: the mean g-term (float64, no grad) of ``batch`` at ``model``
+        (None: the client's current model)."""
+        with torch.no_grad(), frozen_running_stats(self.client):
+            output = run.forward(batch[0], model=model)
+        _, g = self.objective.terms(self.sample_losses(output, batch))
+        return check_finite(f"g of client {run.client_id}", g.mean(0))
+
+    def inner_estimate(self, run: ClientRun, batch: Any) -> Tensor:
+        """The estimate ``y`` of ``g`` that client ``run.client_id`` uses in its step on ``batch``."""
         raise NotImplementedError
 
-    def inner_mean(self, client_id: int, state: Tensor, batch: Any) -> Tensor:
-        """``g_k(state; batch)``: the mean g-term (float64, no grad) of ``batch`` at model ``state``."""
-        self.state.load(state)
-        with torch.no_grad(), frozen_running_stats(self.client):
-            _, g = self.objective.terms(self.sample_losses(batch))
-        return check_finite(f"g of client {client_id}", g.mean(0))
-
-    def server_mean(self, values: dict[int, Tensor]) -> Tensor:
-        """``sum_k w_k values_k`` over all processes' clients, ``w_k = n_k / n`` (one all-reduce)."""
-        local = torch.zeros(self.objective.dim, dtype=torch.float64, device=self.device)
-        for c in self._rank_clients:
-            local += self._weights[c] * values[c]
-        return all_reduce_sum(local)
-
     # ------------------------------------------------------------- local step
-    def sample_losses(self, batch: Any) -> Tensor:
-        """Per-sample losses ``[b]`` of the client module on ``batch`` (default: cross-entropy of
-        its forward on ``(x, y)``). Override for other losses."""
-        x, y = batch
-        return F.cross_entropy(self.client(x), y, reduction="none")
-
-    def local_loss(self, batch: Any, step: int) -> Tensor:
-        """The surrogate ``mean(h) + <grad f(y), mean(g)>`` whose gradient is the local direction."""
-        assert self._y_in_use is not None and self._losses_in_use is not None
-        losses = self.sample_losses(batch)
-        self._losses_in_use.append(float(losses.detach().float().mean()))
-        return surrogate(self.objective, losses, self._y_in_use).float()
-
-    def _sgd_step(self, client_id: int, batch: Any, y: Tensor, step: int) -> None:
-        """Load client ``client_id``'s model, remember it as the previous iterate, take the SGD step."""
-        self.state.load(self._models[client_id])
+    def client_init(self, run: ClientRun) -> None:
         if self.keeps_previous_iterate:
-            self._prev[client_id] = self._models[client_id]
-        self._y_in_use, self._losses_in_use = y, self._losses[client_id]
-        with self.local_context(client_id):
-            self.local_step(self.local_optimizer(), batch, step)
-        self._y_in_use, self._losses_in_use = None, None
-        self._models[client_id] = self.state.flatten()
+            run.scratch[PREVIOUS] = run.copy_model(run.state[PREVIOUS])
 
-    def _send_models(self) -> None:
-        assert self.round_start is not None
-        for c in self._rank_clients:
-            if self.keeps_previous_iterate:
-                self.store.set(c, "prev", self._prev[c])
-            losses = self._losses[c]
-            metrics = {"loss": sum(losses) / max(len(losses), 1), "steps": float(len(losses))}
-            delta = self._models[c] - self.round_start
-            self.receive(ClientUpdate(c, self.datamodule.num_samples(c), {"delta": delta}, metrics))
-        self._models, self._prev, self._batches = {}, {}, {}
+    def client_step(self, run: ClientRun, batch: Any) -> Tensor:
+        """``x <- x - eta [grad h(x; b) + grad g(x; b) grad f(y)]``: SGD on the surrogate
+        ``mean(h) + <grad f(y), mean(g)>``; returns the batch's mean per-sample loss."""
+        y = self.inner_estimate(run, batch)
+        if self.keeps_previous_iterate:
+            run.scratch[PREVIOUS] = run.copy_model()  # x_k^t, before its step
+
+        def loss_fn(b: Any) -> tuple[Tensor, Tensor]:
+            losses = self.sample_losses(run.forward(b[0]), b)
+            return surrogate(self.objective, losses, y).float(), losses.detach().float().mean()
+
+        (_, mean_loss), grads = run.loss_and_grad(batch, loss_fn=loss_fn, has_aux=True)
+        run.step(grads)
+        return mean_loss
+
+    def client_final(self, run: ClientRun) -> dict[str, Tensor]:
+        if self.keeps_previous_iterate:
+            run.state[PREVIOUS] = Layout.flatten(run.scratch[PREVIOUS])
+        return {"delta": run.end() - run.start}
 
 
 class FedDRO(LockStepCompositional):
@@ -240,32 +197,32 @@ class FedDRO(LockStepCompositional):
             raise ValueError(f"beta must be in (0, 1], got {beta}")
         super().__init__(client, objective, local_steps=local_steps, clients_per_round=clients_per_round, **kwargs)
         self.beta = beta
-        self.y_bar: Optional[Tensor] = None
 
-    def estimate_inner(self, step: int, batches: dict[int, Any]) -> dict[int, Tensor]:
-        estimates = {}
-        for c in self._rank_clients:
-            g_cur = self.inner_mean(c, self._models[c], batches[c])
-            if self.y_bar is None:
-                estimates[c] = g_cur
-            else:
-                g_prev = self.inner_mean(c, self._prev[c], batches[c])
-                estimates[c] = storm_estimate(self.y_bar.to(self.device), g_cur, g_prev, self.beta)
-        raw = check_finite("y_bar (the averaged estimate of g)", self.server_mean(estimates))
-        self.y_bar = self.objective.guard(raw)
-        self.log("feddro/y_bar", float(self.y_bar[0]), on_step=False, on_epoch=True, batch_size=1)
-        self.log("feddro/y_guarded", float((self.y_bar != raw).any()), on_step=False, on_epoch=True,
+    @property
+    def y_bar(self) -> Optional[Tensor]:
+        """The server's latest averaged estimate ``y_bar`` (float64), None before the first step."""
+        return self.shared
+
+    def client_share(self, run: ClientRun, batch: Any) -> Tensor:
+        """``y_k``: eq. 8 on ``batch`` (at the very first step, ``g_k(x^0; b)``)."""
+        g_cur = self.inner_mean(run, batch)
+        if run.shared is None:
+            return g_cur
+        g_prev = self.inner_mean(run, batch, model=run.scratch[PREVIOUS])
+        return storm_estimate(run.shared.to(g_cur.device), g_cur, g_prev, self.beta)
+
+    def server_share(self, mean: Tensor) -> Tensor:
+        """``y_bar = sum_k w_k y_k``, kept inside the objective's domain (its guard)."""
+        raw = check_finite("y_bar (the averaged estimate of g)", mean)
+        y_bar = self.objective.guard(raw)
+        self.log("feddro/y_bar", float(y_bar[0]), on_step=False, on_epoch=True, batch_size=1)
+        self.log("feddro/y_guarded", float((y_bar != raw).any()), on_step=False, on_epoch=True,
                  reduce_fx="sum", batch_size=1)
-        return {c: self.y_bar for c in self._rank_clients}
+        return y_bar
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["feddro"] = {"y_bar": None if self.y_bar is None else self.y_bar.cpu()}
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        saved = checkpoint.get("feddro", {}).get("y_bar")
-        self.y_bar = None if saved is None else saved.to(torch.float64)
+    def inner_estimate(self, run: ClientRun, batch: Any) -> Tensor:
+        assert run.shared is not None
+        return run.shared
 
 
 class CompositionalFedAvg(LockStepCompositional):
@@ -300,9 +257,18 @@ class CompositionalFedAvg(LockStepCompositional):
         super().__init__(client, objective, local_steps=local_steps, clients_per_round=clients_per_round, **kwargs)
         self.case = case
 
-    def estimate_inner(self, step: int, batches: dict[int, Any]) -> dict[int, Tensor]:
-        local = {c: self.objective.guard(self.inner_mean(c, self._models[c], batches[c])) for c in self._rank_clients}
-        if self.case == "II" and step == 0:
-            y = self.objective.guard(check_finite("y (the averaged g)", self.server_mean(local)))
-            return {c: y for c in self._rank_clients}
-        return local
+    def _global_step(self, run: ClientRun) -> bool:
+        return self.case == "II" and run.step_index == 0
+
+    def client_share(self, run: ClientRun, batch: Any) -> Optional[Tensor]:
+        """Case II, first step of a round: the client's ``g_k(x_bar; b)``; otherwise nothing."""
+        return self.objective.guard(self.inner_mean(run, batch)) if self._global_step(run) else None
+
+    def server_share(self, mean: Tensor) -> Tensor:
+        return self.objective.guard(check_finite("y (the averaged g)", mean))
+
+    def inner_estimate(self, run: ClientRun, batch: Any) -> Tensor:
+        if self._global_step(run):
+            assert run.shared is not None
+            return run.shared
+        return self.objective.guard(self.inner_mean(run, batch))

@@ -2,32 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import pytorch_lightning as pl
-import torch
+from torch import Tensor
 
 from fl_lightning.module import FederatedModule
+from fl_lightning.run import ClientRun
 
 
-def add_proximal_gradient(params: list[torch.Tensor], anchor: torch.Tensor, mu: float) -> None:
-    """``grad += mu * (w - anchor)``: the gradient of ``mu/2 ||w - anchor||^2``, in place.
-
-    ``anchor`` is the flat vector of the parameters (in ``params`` order).
-    """
-    offset = 0
-    for p in params:
-        n = p.numel()
-        if p.grad is not None:
-            p.grad.add_(p.detach() - anchor[offset : offset + n].view_as(p).to(p.dtype), alpha=mu)
-        offset += n
+def proximal_gradient(grads: Sequence[Tensor], params: Sequence[Tensor], anchor: Sequence[Tensor], mu: float) -> list[Tensor]:
+    """``g + mu (w - anchor)``: the gradient of ``F(w) + mu/2 ||w - anchor||^2``, per tensor."""
+    return [g + mu * (w - a) for g, w, a in zip(grads, params, anchor)]
 
 
 class FedProx(FederatedModule):
-    """FedAvg whose clients minimize ``F_i(w) + mu/2 ||w - x||^2``.
+    """FedAvg whose clients minimize ``F_i(w) + mu/2 ||w - x||^2``, ``x`` the global model.
 
-    The proximal gradient is added to the client's (unscaled) gradients before each local
-    step, so the client module's loss is used unchanged.
+    The proximal gradient is added to the client's (unscaled) gradient at each local step, so
+    the client module's loss is used unchanged.
 
     Args:
         mu: proximal strength, >= 0 (``mu=0`` is FedAvg).
@@ -35,12 +28,15 @@ class FedProx(FederatedModule):
     """
 
     def __init__(self, client: pl.LightningModule, mu: float = 0.01, **kwargs: Any) -> None:
-        if mu < 0:
+        if not mu >= 0:
             raise ValueError(f"mu must be >= 0, got {mu}")
         super().__init__(client, **kwargs)
         self.mu = mu
 
-    def adjust_local_gradients(self, client_id: int) -> None:
+    def client_step(self, run: ClientRun, batch: Any) -> Tensor:
+        """``w <- opt(w, g(w) + mu (w - x))``."""
+        loss, grads = run.loss_and_grad(batch)
         if self.mu > 0:
-            assert self.round_start is not None
-            add_proximal_gradient(self.state.params, self.round_start, self.mu)
+            grads = proximal_gradient(grads, run.params, run.layout.split_params(run.start), self.mu)
+        run.step(grads)
+        return loss

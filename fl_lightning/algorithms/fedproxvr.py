@@ -11,9 +11,8 @@ Round s, every client n (all clients by default), with ``eta`` the local step si
 with ``prox(x) = (x + eta mu w_0) / (1 + eta mu)`` applied by the optimizer (``ProxSGD``). The
 server takes the sample-weighted mean of the clients' models (the default aggregator and
 server step with ``server_lr=1``). Nothing persists per client between rounds. The reference
-point of the estimator (``w_0`` for SVRG, ``w_{t-1}`` for SARAH) lives in the client module's
-:meth:`~fl_lightning.module.FederatedModule.twin`, so a step takes its two gradients without
-moving the model between them.
+point of the estimator (``w_0`` for SVRG, ``w_{t-1}`` for SARAH) is a second model of the run,
+so a step takes its two gradients without moving the trained model.
 
 ``estimator="sgd"`` is proximal SGD (tau minibatch steps, no full-gradient step); with
 ``mu=0`` and ``output_iterate="last"`` it is exactly FedAvg.
@@ -21,25 +20,16 @@ moving the model between them.
 
 from __future__ import annotations
 
-from itertools import islice
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Literal, Optional
 
 import pytorch_lightning as pl
 import torch
-from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
 from fl_lightning.module import FederatedModule
-from fl_lightning.optim.variance_reduction import (
-    ProxSGD,
-    full_gradient,
-    loss_gradient,
-    sarah_direction,
-    svrg_direction,
-)
+from fl_lightning.optim.variance_reduction import ProxSGD, full_gradient, sarah_direction, svrg_direction
+from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
-from fl_lightning.update import ClientUpdate
-from fl_lightning.vectors import StateVector
 
 Estimator = Literal["svrg", "sarah", "sgd"]
 OutputIterate = Literal["random", "last"]
@@ -106,11 +96,6 @@ class FedProxVR(FederatedModule):
         if lr is None and beta is not None:
             lr = 1.0 / (beta * smoothness)  # type: ignore[operator]
         self.eta = lr  # None: the client optimizer's learning rate, read in setup
-        self._steps = local_steps
-        self._reference: Optional[StateVector] = None  # the twin, holding SVRG's w_0 or SARAH's w_{t-1}
-        self._reference_params: list[Tensor] = []  # its parameters, looked up once per client
-        self._reference_direction: Optional[Tensor] = None  # SVRG: v_0; SARAH: v_{t-1}
-        self._reference_grad: Optional[Tensor] = None  # the minibatch gradient at the reference point
 
     def setup(self, stage: str) -> None:
         if self.all_clients and stage == "fit":
@@ -120,84 +105,48 @@ class FedProxVR(FederatedModule):
             self.eta = float(self.local_optimizer().param_groups[0]["lr"])
 
     # ------------------------------------------------------------ client side
-    def output_index(self, client_id: int) -> int:
+    def output_index(self, client_id: int, round_idx: int) -> int:
         """The iterate the client sends: ``t'`` uniform in ``{0..tau}`` from (seed, round, client),
         or the last one (``tau + 1`` with a full-gradient step, ``tau`` for ``sgd``)."""
         tau = self.local_steps
+        assert tau is not None
         if self.output_iterate == "last":
             return tau if self.estimator == "sgd" else tau + 1
-        g = generator(self.seed, "output_iterate", self.current_epoch, client_id)
+        g = generator(self.seed, "output_iterate", round_idx, client_id)
         return int(torch.randint(0, tau + 1, (1,), generator=g))
 
-    def client_update(self, client_id: int) -> ClientUpdate:
-        """Full-gradient prox step, then the variance-reduced prox steps up to the output iterate."""
-        start = self.client_start(client_id)
-        self.state.load(start)
-        optimizer = ProxSGD(self.state.params, lr=self.eta, mu=self.mu)  # anchors: the global model
-        target = self.output_index(client_id)
-        metrics: dict[str, float] = {"steps": 0.0}
+    def client_init(self, run: ClientRun) -> None:
+        """``w_0`` = the global model; ``v_0 = grad F_n(w_0)``, ``w_1 = prox(w_0 - eta v_0)``; the
+        steps after it run up to the output iterate."""
+        target = self.output_index(run.client_id, run.round)
+        run.metrics["output_iterate"] = float(target)
+        run.optimizer = ProxSGD(run.params, lr=self.eta, mu=self.mu)  # anchors: the global model
         if self.estimator == "sgd":
-            self._steps = target
-        else:
-            self._steps = max(target - 1, 0)
-            if target >= 1:
-                v0 = self.local_full_gradient(client_id)
-                self._write_grads(v0)
-                optimizer.step()
-                self._reference, self._reference_direction = StateVector(self.twin()), v0
-                self._reference.load(start)
-                self._reference_params = self._reference.params
-        if self._steps > 0:
-            metrics = self.local_train(client_id, optimizer)
-        metrics["output_iterate"] = float(target)
-        self._reference = self._reference_direction = self._reference_grad = None
-        self._reference_params = []
-        return ClientUpdate(
-            client_id, self.datamodule.num_samples(client_id), {"delta": self.state.flatten() - start}, metrics
-        )
-
-    def local_full_gradient(self, client_id: int) -> Tensor:
-        """``grad F_n`` at the current model: the exact mean-loss gradient over the client's training split."""
-        data = self.datamodule.client_data(client_id, "train")
-        size = self.full_gradient_batch_size or self.datamodule.eval_batch_size
-        chunks = ((move_data_to_device(b, self.device), len(b[-1])) for b in data.epoch_batches(1, batch_size=size))
-        with self.local_context(client_id), self.trainer.precision_plugin.forward_context():
-            return full_gradient(lambda batch: self.local_loss(batch, 0), self.state.params, chunks)
-
-    def local_batches(self, client_id: int) -> Iterator[Any]:
-        """The first ``t' - 1`` (or ``tau``) of the client's minibatches: the steps up to the output iterate."""
-        return islice(super().local_batches(client_id), self._steps)
-
-    def local_step(
-        self, optimizer: torch.optim.Optimizer, batch: Any, step: int, module: Optional[pl.LightningModule] = None
-    ) -> Tensor:
-        """One variance-reduced prox step: the gradient at the reference point on ``batch``, then the
-        step itself (the direction is formed in :meth:`adjust_local_gradients`). Outside a client's
-        variance-reduced steps (``sgd``, or local work of a callback) a plain step."""
-        reference = self._reference
-        if module is None and reference is not None:
-            with self.trainer.precision_plugin.forward_context():
-                loss = self.module_loss(reference.module, batch, step)
-                self._reference_grad = loss_gradient(loss, self._reference_params)
-            if self.estimator == "sarah":
-                reference.copy_from(self.state)  # w_t is the previous point of the next step
-        return super().local_step(optimizer, batch, step, module)
-
-    def adjust_local_gradients(self, client_id: int) -> None:
-        """Replace the minibatch gradient by the SVRG or SARAH direction (during a client's
-        variance-reduced steps)."""
-        if self._reference_grad is None:
+            run.num_steps = target
             return
-        assert self._reference_direction is not None
-        grad = self.state.grads()
+        run.num_steps = max(target - 1, 0)
+        if target >= 1:
+            size = self.full_gradient_batch_size or self.datamodule.eval_batch_size
+            chunks = ((batch, len(batch[-1])) for batch in run.epoch(size))
+            v0 = full_gradient(lambda batch: run.loss_and_grad(batch)[1], chunks)
+            run.scratch["reference"] = run.copy_model()  # w_0
+            run.scratch["direction"] = v0
+            run.step(v0)
+
+    def client_step(self, run: ClientRun, batch: Any) -> Tensor:
+        """``v_t`` from the gradients at ``w_t`` and at the reference point on the same batch;
+        ``w_{t+1} = prox(w_t - eta v_t)``."""
+        loss, grads = run.loss_and_grad(batch)
+        if "reference" not in run.scratch:  # proximal SGD
+            run.step(grads)
+            return loss
+        _, reference_grads = run.loss_and_grad(batch, model=run.scratch["reference"])
+        previous = run.scratch["direction"]
         if self.estimator == "svrg":
-            direction = svrg_direction(grad, self._reference_grad, self._reference_direction)
+            direction = [svrg_direction(g, r, v0) for g, r, v0 in zip(grads, reference_grads, previous)]
         else:
-            direction = sarah_direction(grad, self._reference_grad, self._reference_direction)
-            self._reference_direction = direction
-        self._write_grads(direction)
-
-    def _write_grads(self, flat: Tensor) -> None:
-        for p, g in zip(self.state.params, flat.split([p.numel() for p in self.state.params])):
-            p.grad = g.view_as(p).to(device=p.device, dtype=p.dtype).clone()
-
+            direction = [sarah_direction(g, r, v) for g, r, v in zip(grads, reference_grads, previous)]
+            run.scratch["direction"] = direction
+            run.scratch["reference"] = run.copy_model()  # w_t: the previous point of the next step
+        run.step(direction)
+        return loss

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.module import FederatedModule
-from fl_lightning.update import ClientUpdate
+from fl_lightning.run import ClientRun
+
+MODEL = "model"
 
 
 class LocalOnly(FederatedModule):
@@ -24,20 +27,18 @@ class LocalOnly(FederatedModule):
         **kwargs: the ``FederatedModule`` arguments; the server arguments are unused.
     """
 
-    def client_start(self, client_id: int) -> Tensor:
-        """The client's own model, else the common initial model."""
-        assert self.round_start is not None
-        initial = self.round_start
-        return self.store.get(client_id, "model", default=lambda: initial, device=self.device)
+    def __init__(self, client: pl.LightningModule, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self.remove_update("delta")  # nothing is sent
+        self.add_client_state(MODEL, default=self.round_start_model)  # the common initial model: never changes
 
-    def client_update(self, client_id: int) -> ClientUpdate:
-        """Local training; the model is kept in the store and nothing is sent."""
-        update = super().client_update(client_id)
-        self.store.set(client_id, "model", self.state.flatten())
-        update.tensors = {}
-        return update
+    def client_init(self, run: ClientRun) -> None:
+        """The client goes on from its own model."""
+        run.restart(run.state[MODEL])
 
-    def update_spec(self) -> dict[str, int]:
+    def client_final(self, run: ClientRun) -> dict[str, Tensor]:
+        """The model is kept in the store; nothing is sent."""
+        run.state[MODEL] = run.end()
         return {}
 
     def server_update(self, aggregate: dict[str, Tensor]) -> None:
@@ -45,14 +46,8 @@ class LocalOnly(FederatedModule):
 
     def client_eval_state(self, client_id: int) -> Optional[Tensor]:
         """The client's own model; a client that never trained is trained now with the same budget."""
-        stored = self.store.get(client_id, "model", device=self.device)
-        if stored is not None:
-            return stored
-        initial = self.state.flatten()
-        self.local_train(client_id)
-        trained = self.state.flatten()
-        self.state.load(initial)
-        return trained
+        stored = self.store.get(client_id, MODEL, device=self.device)
+        return stored if stored is not None else self.train_locally(client_id)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Nothing: there is no global model; clients are evaluated by ``ClientMetrics``."""

@@ -30,8 +30,8 @@ from torch import Tensor, nn
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.models.hypernetwork import HyperNetwork, HyperNetworkSize, mean_descriptor
 from fl_lightning.module import FederatedModule
+from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
-from fl_lightning.update import ClientUpdate
 
 ServerOptimizer = Literal["adam", "sgd"]
 
@@ -48,6 +48,14 @@ def vector_jacobian(output: Tensor, inputs: Sequence[Tensor], vector: Tensor) ->
     """
     grads = torch.autograd.grad(output, list(inputs), grad_outputs=vector.to(output.dtype), allow_unused=True)
     return [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
+
+
+def clip_by_total_norm(grads: Sequence[Tensor], max_norm: float) -> list[Tensor]:
+    """``grads`` scaled so that their joint L2 norm is at most ``max_norm`` (as
+    ``torch.nn.utils.clip_grad_norm_``: coefficient ``max_norm / (norm + 1e-6)``, capped at 1)."""
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return [g * coefficient for g in grads]
 
 
 def regularized_pseudo_gradient(mean_update: Tensor, params: Tensor, lam: float) -> Tensor:
@@ -131,11 +139,11 @@ class HypernetworkFederation(FederatedModule):
         self.hypernetwork_width = hypernetwork_width
         self.relu_before_head = relu_before_head
         self.lambda_h = lambda_h
-        self.server_optimizer = server_optimizer
+        self.server_optimizer_name = server_optimizer
         self.server_clip = server_clip
         self.client_clip = client_clip
         self.default_aggregator = WeightedMean("uniform")  # the paper's mean over the round's clients
-        self._pending: Optional[tuple[Tensor, Tensor]] = None
+        self.remove_update("delta")  # the uploads are the server networks' updates, declared in setup
 
     def build_hypernetwork(self, input_dim: int) -> None:
         """Create the hypernetwork ``R^input_dim -> client parameters`` (subclasses call it in ``__init__``)."""
@@ -143,13 +151,19 @@ class HypernetworkFederation(FederatedModule):
         self.hypernetwork = HyperNetwork(input_dim, shapes, self.hypernetwork_size, self.hypernetwork_width,
                                          self.relu_before_head)
 
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        for name, (params, _) in self.server_groups().items():
+            self.add_update(name, sum(p.numel() for p in params))
+
     # ------------------------------------------------------------ subclass hooks
-    def client_code(self, client_id: int) -> tuple[Tensor, Tensor]:
+    def client_code(self, run: ClientRun) -> tuple[Tensor, Tensor]:
         """``(leaf, z)``: the tensor the server differentiates with respect to (detached, with
-        ``requires_grad``) and the hypernetwork input ``z`` computed from it."""
+        ``requires_grad``) and the hypernetwork input ``z`` computed from it; what the client
+        keeps to go on from ``leaf``'s gradient goes to ``run.scratch``."""
         raise NotImplementedError
 
-    def code_update(self, client_id: int, code_grad: Tensor) -> dict[str, Tensor]:
+    def code_update(self, run: ClientRun, code_grad: Tensor) -> dict[str, Tensor]:
         """Update tensors produced from ``J^T dtheta`` with respect to the leaf of :meth:`client_code`."""
         raise NotImplementedError
 
@@ -162,43 +176,39 @@ class HypernetworkFederation(FederatedModule):
         return {"hyper": (list(self.hypernetwork.parameters()), self.lambda_h)}
 
     # ------------------------------------------------------------ client side
-    def client_start(self, client_id: int) -> Tensor:
-        """``theta_i = h(z_i)``, detached; the graph is kept until the client's difference arrives."""
-        with torch.autocast(self.device.type, enabled=False):
-            leaf, code = self.client_code(client_id)
+    def client_init(self, run: ClientRun) -> None:
+        """``theta_i = h(z_i)``: the client starts from it; the graph is kept until the client's
+        difference arrives."""
+        with torch.enable_grad(), torch.autocast(self.device.type, enabled=False):
+            leaf, code = self.client_code(run)
             theta = self.hypernetwork(code)
-        self._pending = (leaf, theta)
-        return theta.detach()
+        run.scratch["leaf"], run.scratch["theta"] = leaf, theta
+        run.restart(theta.detach())
 
-    def client_update(self, client_id: int) -> ClientUpdate:
-        """Local steps from ``h(z_i)``; the difference is back-propagated through ``h`` (and, by
-        :meth:`code_update`, further) into the update tensors of :meth:`update_spec`."""
-        update = super().client_update(client_id)
-        assert self._pending is not None
-        leaf, theta = self._pending
-        self._pending = None
-        delta = update.tensors.pop("delta")
-        with torch.autocast(self.device.type, enabled=False):
-            hyper = list(self.hypernetwork.parameters())
-            grads = vector_jacobian(theta, [*hyper, leaf], delta)
-            update.tensors = {"hyper": flat(grads[:-1]), **self.code_update(client_id, grads[-1])}
-        update.metrics["delta_norm"] = float(delta.norm())
-        return update
-
-    def adjust_local_gradients(self, client_id: int) -> None:
+    def client_step(self, run: ClientRun, batch: Any) -> Tensor:
+        """A local step, its gradient clipped to ``client_clip`` (joint norm)."""
+        loss, grads = run.loss_and_grad(batch)
         if self.client_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.state.params, self.client_clip)
+            grads = clip_by_total_norm(grads, self.client_clip)
+        run.step(grads)
+        return loss
+
+    def client_final(self, run: ClientRun) -> dict[str, Tensor]:
+        """The difference ``dtheta`` back-propagated through ``h`` (and, by :meth:`code_update`,
+        further) into the server networks' updates."""
+        delta = run.end() - run.start
+        run.metrics["delta_norm"] = float(delta.norm())
+        with torch.autocast(self.device.type, enabled=False):
+            grads = vector_jacobian(run.scratch["theta"], [*self.hypernetwork.parameters(), run.scratch["leaf"]], delta)
+            return {"hyper": flat(grads[:-1]), **self.code_update(run, grads[-1])}
 
     # ------------------------------------------------------------ server side
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_server_optimizer(self) -> torch.optim.Optimizer:
         """The server optimizer over every server network."""
         params = [p for ps, _ in self.server_groups().values() for p in ps]
-        if self.server_optimizer == "adam":
+        if self.server_optimizer_name == "adam":
             return torch.optim.Adam(params, lr=self.server_lr)
         return torch.optim.SGD(params, lr=self.server_lr, momentum=self.server_momentum)
-
-    def update_spec(self) -> dict[str, int]:
-        return {name: sum(p.numel() for p in ps) for name, (ps, _) in self.server_groups().items()}
 
     def server_update(self, aggregate: dict[str, Tensor]) -> None:
         """``G = -mean(delta) + 2 lambda eta`` per network, joint clipping, one optimizer step."""
@@ -211,10 +221,9 @@ class HypernetworkFederation(FederatedModule):
             everything += params
         if self.server_clip is not None:
             torch.nn.utils.clip_grad_norm_(everything, self.server_clip)
-        optimizer = self.optimizers()
-        raw = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
-        raw.step()
-        raw.zero_grad(set_to_none=True)
+        optimizer = self.server_optimizer
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -292,7 +301,6 @@ class PeFLL(HypernetworkFederation):
         self.register_buffer("descriptor_shift", torch.tensor(0.0))
         self.register_buffer("descriptor_scale", torch.tensor(1.0))
         self.register_buffer("descriptor_frozen", torch.tensor(False))
-        self._client_descriptor: Optional[Tensor] = None
         self.build_hypernetwork(dim)
 
     @property
@@ -331,18 +339,16 @@ class PeFLL(HypernetworkFederation):
                 x, y = self.descriptor_batch(cid, self.current_epoch)
                 self.freeze_standardization(mean_descriptor(self.embedding, x, y))
 
-    def client_code(self, client_id: int) -> tuple[Tensor, Tensor]:
-        x, y = self.descriptor_batch(client_id, self.current_epoch)
+    def client_code(self, run: ClientRun) -> tuple[Tensor, Tensor]:
+        x, y = self.descriptor_batch(run.client_id, run.round)
         v = mean_descriptor(self.embedding, x, y if self.uses_labels else None)  # client side, graph kept
-        self._client_descriptor = v
+        run.scratch["descriptor"] = v
         received = v.detach().requires_grad_()  # what the server receives
         return received, self.to_code(received)
 
-    def code_update(self, client_id: int, code_grad: Tensor) -> dict[str, Tensor]:
+    def code_update(self, run: ClientRun, code_grad: Tensor) -> dict[str, Tensor]:
         """The client's ``deta_v = K^T dv_i`` through its descriptor graph."""
-        assert self._client_descriptor is not None
-        v, self._client_descriptor = self._client_descriptor, None
-        return {"embed": flat(vector_jacobian(v, list(self.embedding.parameters()), code_grad))}
+        return {"embed": flat(vector_jacobian(run.scratch["descriptor"], list(self.embedding.parameters()), code_grad))}
 
     @torch.no_grad()
     def descriptor(self, batches: Iterable[tuple[Tensor, Optional[Tensor]]]) -> Tensor:

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from fl_lightning.algorithms.pefll import HypernetworkFederation, ServerOptimizer, vector_jacobian
 from fl_lightning.models.hypernetwork import HyperNetworkSize
+from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
 
 
@@ -81,7 +82,6 @@ class PFedHN(HypernetworkFederation):
         self.build_hypernetwork(embedding_dim)
 
     def setup(self, stage: str) -> None:
-        super().setup(stage)
         n = self.datamodule.num_clients
         if self.client_embeddings is None:
             self.client_embeddings = nn.Embedding(n, self.embedding_dim, device=self.device)
@@ -90,22 +90,23 @@ class PFedHN(HypernetworkFederation):
                 self.client_embeddings.weight.copy_(init)
         elif self.client_embeddings.num_embeddings != n:
             raise ValueError(f"the client embedding table has {self.client_embeddings.num_embeddings} rows, the data {n} clients")
+        super().setup(stage)
 
     def server_groups(self) -> dict[str, tuple[list[nn.Parameter], float]]:
         assert self.client_embeddings is not None, "client embeddings are created in setup()"
         return {**super().server_groups(), "codes": ([self.client_embeddings.weight], self.lambda_e)}
 
-    def client_code(self, client_id: int) -> tuple[Tensor, Tensor]:
+    def client_code(self, run: ClientRun) -> tuple[Tensor, Tensor]:
         assert self.client_embeddings is not None
-        leaf = self.client_embeddings.weight[client_id].detach().requires_grad_()
+        leaf = self.client_embeddings.weight[run.client_id].detach().requires_grad_()
         return leaf, leaf
 
-    def code_update(self, client_id: int, code_grad: Tensor) -> dict[str, Tensor]:
+    def code_update(self, run: ClientRun, code_grad: Tensor) -> dict[str, Tensor]:
         """The embedding table's update: row ``i`` holds ``de_i`` (times the clients per round, so
         that the round's mean gives each client its own difference), other rows 0."""
         assert self.client_embeddings is not None
         table = torch.zeros_like(self.client_embeddings.weight)
-        table[client_id] = code_grad * self.clients_per_round
+        table[run.client_id] = code_grad * self.clients_per_round
         return {"codes": table.reshape(-1).float()}
 
     def eval_code(self, client_id: int) -> Tensor:
@@ -119,16 +120,12 @@ class PFedHN(HypernetworkFederation):
         """A new random embedding fitted by ``new_client_rounds`` rounds (local steps, then an SGD
         step of ``server_lr`` on ``-J_e^T dtheta``), the hypernetwork frozen."""
         code = torch.randn(self.embedding_dim, generator=generator(self.seed, "new-client", client_id)).to(self.device)
-        saved = self.state.flatten()
         with torch.inference_mode(False), torch.enable_grad():
             for r in range(self.new_client_rounds):
                 leaf = code.clone().requires_grad_()
                 with torch.autocast(self.device.type, enabled=False):
                     theta = self.hypernetwork(leaf)
-                self.state.load(theta.detach())
-                self.local_train(client_id, batches=self.local_batches(client_id, round_idx=r, stream="new-client-batches"))
-                delta = self.state.flatten() - theta.detach()
-                (grad,) = vector_jacobian(theta, [leaf], delta)
+                end = self.train_locally(client_id, start=theta.detach(), stream="new-client-batches", round_idx=r)
+                (grad,) = vector_jacobian(theta, [leaf], end - theta.detach())
                 code = code + self.server_lr * grad.detach()
-        self.state.load(saved)
         return code

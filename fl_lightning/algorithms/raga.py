@@ -8,7 +8,8 @@ pre-step iterate), not a model and not a delta:
 
 The server takes the data-size-weighted geometric median of all uploads (Weiszfeld, float64,
 ``GeometricMedian`` aggregator) and steps ``w^{t+1} = w^t - eta^t z^t``. The paper's schedule
-is ``eta^t = T / (100 t + 10 T)`` for both the local and the global step.
+is ``eta^t = T / (100 t + 10 T)`` for both the local and the global step: a per-round
+learning-rate scheduler of the local optimizer (:class:`PaperLR`), read by the server step.
 
 With a constant local rate the upload equals ``(w^t - w_m^{t,K}) / (eta K)``: with a mean
 instead of the median, RAGA's server step is 1/K of FedAvg's (intended by the paper).
@@ -21,11 +22,12 @@ from typing import Any, Literal, Optional
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
+from torch.optim.lr_scheduler import LRScheduler
 
-from fl_lightning.callbacks.attacks import forged_client
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 from fl_lightning.module import FederatedModule
-from fl_lightning.update import ClientUpdate
+from fl_lightning.run import ClientRun
+from fl_lightning.vectors import Layout
 
 Schedule = Literal["paper", "constant"]
 SCHEDULES: tuple[str, ...] = ("paper", "constant")
@@ -43,52 +45,23 @@ def paper_learning_rate(round_number: int, total_rounds: int) -> float:
     return total_rounds / (100.0 * round_number + 10.0 * total_rounds)
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> torch.optim.Optimizer:
-    """Set every parameter group's learning rate to ``lr``; return the optimizer."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return optimizer
+class PaperLR(LRScheduler):
+    """RAGA's ``eta^t = T / (100 t + 10 T)`` as a per-round scheduler (round ``t = last_epoch + 1``);
+    the optimizer's own rate is replaced, not scaled.
 
-
-class PaperSchedule:
-    """Mixin for ``FederatedModule`` subclasses with RAGA's round-dependent learning rate.
-
-    The subclass sets ``schedule`` (``"paper"``: ``paper_learning_rate``; ``"constant"``: the
-    client optimizer's own rate for local steps) and ``total_rounds`` (None: the Trainer's
-    ``max_epochs``). Local optimizers get the round's rate; a client whose upload an attack
-    forges without reading it sends zeros of the right shape without training (``forged_client``).
+    Args:
+        optimizer: the (template) local optimizer.
+        total_rounds: ``T``.
     """
 
-    schedule: Schedule
-    total_rounds: Optional[int]
+    def __init__(self, optimizer: torch.optim.Optimizer, total_rounds: int, last_epoch: int = -1) -> None:
+        if total_rounds < 1:
+            raise ValueError(f"total_rounds must be >= 1, got {total_rounds}")
+        self.total_rounds = total_rounds
+        super().__init__(optimizer, last_epoch)
 
-    def horizon(self) -> int:
-        """``T``: ``total_rounds``, else the Trainer's ``max_epochs``."""
-        if self.total_rounds is not None:
-            return self.total_rounds
-        max_epochs = self.trainer.max_epochs  # type: ignore[attr-defined]
-        if max_epochs is None or max_epochs < 1:
-            raise ValueError(f"the paper schedule needs total_rounds or trainer.max_epochs >= 1, got {max_epochs}")
-        return max_epochs
-
-    def round_lr(self) -> float:
-        """The paper schedule's rate of the current round (``t = current_epoch + 1``)."""
-        return paper_learning_rate(self.current_epoch + 1, self.horizon())  # type: ignore[attr-defined]
-
-    def local_optimizer(self) -> torch.optim.Optimizer:
-        optimizer = super().local_optimizer()  # type: ignore[misc]
-        return set_learning_rate(optimizer, self.round_lr()) if self.schedule == "paper" else optimizer
-
-    def client_update(self, client_id: int) -> ClientUpdate:
-        if forged_client(self, client_id):  # type: ignore[arg-type]
-            spec = self.update_spec()  # type: ignore[attr-defined]
-            zeros = {name: torch.zeros(numel, device=self.device) for name, numel in spec.items()}  # type: ignore[attr-defined]
-            return ClientUpdate(client_id, self.datamodule.num_samples(client_id), zeros)  # type: ignore[attr-defined]
-        return self.honest_update(client_id)
-
-    def honest_update(self, client_id: int) -> ClientUpdate:
-        """The client's honest local work and upload (default: the base algorithm's ``client_update``)."""
-        return super().client_update(client_id)  # type: ignore[misc]
+    def get_lr(self) -> list[float]:
+        return [paper_learning_rate(self.last_epoch + 1, self.total_rounds) for _ in self.optimizer.param_groups]
 
 
 def check_schedule(schedule: str, total_rounds: Optional[int]) -> None:
@@ -97,6 +70,19 @@ def check_schedule(schedule: str, total_rounds: Optional[int]) -> None:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if total_rounds is not None and total_rounds < 1:
         raise ValueError(f"total_rounds must be >= 1, got {total_rounds}")
+
+
+def paper_schedule(
+    optimizer: torch.optim.Optimizer, schedule: str, total_rounds: Optional[int], trainer: pl.Trainer
+) -> Optional[LRScheduler]:
+    """:class:`PaperLR` on ``optimizer`` if ``schedule`` is ``"paper"`` (``T``: ``total_rounds``,
+    else the Trainer's ``max_epochs``), else None (the client's own schedule)."""
+    if schedule != "paper":
+        return None
+    horizon = total_rounds if total_rounds is not None else trainer.max_epochs
+    if horizon is None or horizon < 1:
+        raise ValueError(f"the paper schedule needs total_rounds or trainer.max_epochs >= 1, got {horizon}")
+    return PaperLR(optimizer, horizon)
 
 
 def require_parameters_only(module: FederatedModule) -> None:
@@ -109,7 +95,7 @@ def require_parameters_only(module: FederatedModule) -> None:
         )
 
 
-class RAGA(PaperSchedule, FederatedModule):
+class RAGA(FederatedModule):
     """Robust Average Gradient Algorithm: averaged local gradients, weighted geometric median.
 
     The aggregator is ``GeometricMedian(weighting="num_samples", eps, max_iter)`` unless the
@@ -141,27 +127,29 @@ class RAGA(PaperSchedule, FederatedModule):
         self.schedule = schedule
         self.total_rounds = total_rounds
         self.default_aggregator = GeometricMedian("num_samples", eps=eps, max_iter=max_iter)
-        self._grad_sum: Optional[Tensor] = None
+        self.remove_update("delta")
+        self.add_update("grad", self.state.num_params)
 
-    def update_spec(self) -> dict[str, int]:
-        return {"grad": self.state.num_params}
+    def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[LRScheduler]:
+        return paper_schedule(optimizer, self.schedule, self.total_rounds, self.trainer)
 
-    def honest_update(self, client_id: int) -> ClientUpdate:
-        """K local steps from the global model; upload the mean of the K minibatch gradients."""
-        self.state.load(self.client_start(client_id))
-        self._grad_sum = torch.zeros(self.state.num_params, device=self.device)
-        metrics = self.local_train(client_id)
-        grad = self._grad_sum / max(metrics["steps"], 1.0)
-        self._grad_sum = None
-        return ClientUpdate(client_id, self.datamodule.num_samples(client_id), {"grad": grad}, metrics)
+    def client_init(self, run: ClientRun) -> None:
+        run.scratch["grad_sum"] = [torch.zeros_like(p) for p in run.params]
 
-    def adjust_local_gradients(self, client_id: int) -> None:
-        assert self._grad_sum is not None
-        self._grad_sum += self.state.grads()
+    def client_step(self, run: ClientRun, batch: Any) -> Tensor:
+        """One SGD step; the gradient (at the pre-step iterate) is added to the round's sum."""
+        loss, grads = run.loss_and_grad(batch)
+        run.scratch["grad_sum"] = [s + g for s, g in zip(run.scratch["grad_sum"], grads)]
+        run.step(grads)
+        return loss
+
+    def client_final(self, run: ClientRun) -> dict[str, Tensor]:
+        """Upload the mean of the K minibatch gradients."""
+        return {"grad": Layout.flatten(run.scratch["grad_sum"]) / max(run.steps_taken, 1)}
 
     def server_update(self, aggregate: dict[str, Tensor]) -> None:
         """``w <- w - eta^t z`` (``eta^t``: the schedule, or ``server_lr`` when constant)."""
-        lr = self.round_lr() if self.schedule == "paper" else self.server_lr
+        lr = self.local_lr if self.schedule == "paper" else self.server_lr
         z = aggregate["grad"].to(self.device)
         assert self.round_start is not None
         self.state.load(self.round_start - lr * z)

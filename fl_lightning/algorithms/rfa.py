@@ -15,13 +15,15 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import pytorch_lightning as pl
+import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.raga import PaperSchedule, Schedule, check_schedule
+from fl_lightning.algorithms.raga import Schedule, check_schedule, paper_schedule
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 
 
-class RFA(PaperSchedule, FedAvg):
+class RFA(FedAvg):
     """FedAvg with the geometric median of the model deltas.
 
     Args:
@@ -50,3 +52,6 @@ class RFA(PaperSchedule, FedAvg):
         self.schedule = schedule
         self.total_rounds = total_rounds
         self.default_aggregator = GeometricMedian("num_samples", eps=ftol, max_iter=max_iter, nu=nu, stop="objective_rel")
+
+    def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[LRScheduler]:
+        return paper_schedule(optimizer, self.schedule, self.total_rounds, self.trainer)

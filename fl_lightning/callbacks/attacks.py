@@ -13,8 +13,8 @@ they forge in ``on_round_updates``, before aggregation, from the mean and standa
 of all processes' honest uploads of the round (one all-reduce per round).
 
 The label-flip attack poisons the Byzantine clients' data instead, in ``on_local_batch``, so
-it reaches every algorithm. An algorithm may skip the local training of clients whose upload
-will be forged without being read (:func:`forged_client`; the result is the same, only faster).
+it reaches every algorithm. The engine skips the local training of clients whose upload will be
+forged without being read (``forges_upload``; the result is the same, only faster).
 """
 
 from __future__ import annotations
@@ -130,9 +130,9 @@ class ByzantineAttack(FederatedCallback):
         """Whether a forged upload depends on the Byzantine client's own honest upload."""
         return False
 
-    def skips_local_work(self, client_id: int) -> bool:
+    def forges_upload(self, trainer: pl.Trainer, module: "FederatedModule", client_id: int) -> bool:
         """Whether ``client_id``'s local training is wasted: it is Byzantine and its forged upload
-        ignores its own honest one (algorithms may then skip the training, see :func:`forged_client`)."""
+        ignores its own honest one."""
         return self.is_byzantine(client_id) and not self.reads_own_upload
 
     # ---------------------------------------------------------------- round
@@ -160,7 +160,7 @@ class ByzantineAttack(FederatedCallback):
 
     def _honest_statistics(self, module: "FederatedModule", honest: list[ClientUpdate]) -> HonestStatistics:
         """Mean and std of all processes' ``honest`` uploads of the round (one all-reduce)."""
-        names = module.update_spec()
+        names = module.upload_sizes()
         device = module.device
         flat = torch.zeros(2 * sum(names.values()) + 1, dtype=torch.float64, device=device)
         p = sum(names.values())
@@ -330,7 +330,3 @@ class LabelFlipAttack(ByzantineAttack):
         x, y = batch
         return x, flip_labels(y, self.num_classes)
 
-
-def forged_client(module: "FederatedModule", client_id: int) -> bool:
-    """Whether an attack callback of the Trainer will forge ``client_id``'s upload without reading it."""
-    return any(cb.skips_local_work(client_id) for cb in module.trainer.callbacks if isinstance(cb, ByzantineAttack))

@@ -4,6 +4,8 @@ A ``FederatedCallback`` is an ordinary Lightning callback (it can use every ``pl
 hook and keeps its state in ``state_dict``) plus four hooks the engine calls each round:
 
 * ``on_round_start``: after the round's clients are sampled;
+* ``forges_upload``: whether the callback will replace a client's upload without reading it
+  (the engine then skips the client's local work);
 * ``on_local_batch``: for each mini-batch a client trains on; returns the batch to use (data
   poisoning such as label flipping happens here);
 * ``on_client_update``: for each update this process produced; returns the update to keep
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
+from fl_lightning.update import LinearReduction
+
 import pytorch_lightning as pl
 from torch import Tensor
 
@@ -33,6 +37,12 @@ class FederatedCallback(pl.Callback):
 
     def on_round_start(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, clients: list[int]) -> None:
         """Called once the round's clients (all processes' clients) are known."""
+
+    def forges_upload(self, trainer: pl.Trainer, module: "FederatedModule", client_id: int) -> bool:
+        """Whether this callback will replace ``client_id``'s upload without reading it (default:
+        False). The engine then skips the client's local work and sends zeros of the declared
+        shapes in its place: the result is the same, only faster."""
+        return False
 
     def on_local_batch(self, trainer: pl.Trainer, module: "FederatedModule", client_id: int, batch: Any) -> Any:
         """Return the batch client ``client_id`` trains on (default: unchanged)."""
@@ -58,15 +68,22 @@ class FederatedCallback(pl.Callback):
 
 
 class Aggregator(FederatedCallback):
-    """A callback that combines the round's client updates into one tensor per name.
+    """A callback that combines the uploads an algorithm declares with reduction ``"aggregator"``
+    (``module.aggregated_sizes()``: model deltas, gradients) into one tensor per name.
 
     An aggregator sees only this process's updates and is responsible for its own
     cross-process communication (``fl_lightning.distributed``), so that its result is the
-    same on every process and equal to the single-process result.
+    same on every process and equal to the single-process result. An aggregator that is a
+    linear reduction says so with :attr:`linear_reduction`; the engine then combines its
+    uploads with the algorithm's other linear ones, in one all-reduce.
     """
+
+    #: ``"weighted_mean"``, ``"mean"`` or ``"sum"`` if the aggregate is that linear reduction, else None
+    linear_reduction: Optional[LinearReduction] = None
 
     def aggregate(
         self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
     ) -> Optional[dict[str, Tensor]]:
-        """Combine ``updates`` (this process's, sorted by client id); None if there is nothing to combine."""
+        """Combine the ``module.aggregated_sizes()`` tensors of ``updates`` (this process's,
+        sorted by client id); None if there is nothing to combine."""
         raise NotImplementedError

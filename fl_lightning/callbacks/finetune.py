@@ -1,16 +1,15 @@
 """``LocalFinetuning``: the "global model + local finetuning" baseline of personalized FL.
 
 After each validation run, every selected client copies the global model, runs ``steps``
-local optimizer steps (its own ``configure_optimizers``) on its training split and is
-evaluated on its own split; the global model is restored afterwards, so training is not
-affected. Logs the mean / worst / 10th percentile of the finetuned clients' accuracies, like
+plain local optimizer steps (its own loss and ``configure_optimizers``, whatever the
+algorithm: ``FederatedModule.train_locally``) on its training split and is evaluated on its
+own split; the global model is left unchanged, so training is not affected. Logs the mean / worst / 10th percentile of the finetuned clients' accuracies, like
 ``ClientMetrics`` (whose client selection and summary it reuses).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, Optional
-
 
 from fl_lightning.callbacks.client_metrics import ClientMetrics
 from fl_lightning.distributed import map_clients
@@ -43,13 +42,9 @@ class LocalFinetuning(ClientMetrics):
         self.steps = steps
 
     def finetuned_accuracy(self, module: "FederatedModule", client_id: int) -> float:
-        """Accuracy on the client's split of the global model after ``steps`` local steps."""
-        dm = module.datamodule
-        global_state = module.state.flatten()
-        module.local_train(client_id, batches=module.local_batches(client_id, 0, stream="finetune", steps=self.steps))
-        accuracy = module.client_accuracy(client_id, dm.client_data(client_id, self.split))
-        module.state.load(global_state)
-        return accuracy
+        """Accuracy on the client's split of the global model after ``steps`` plain local steps."""
+        finetuned = module.train_locally(client_id, steps=self.steps, stream="finetune", round_idx=0)
+        return module.accuracy_of(finetuned, module.datamodule.client_data(client_id, self.split))
 
     def evaluate(self, module: "FederatedModule") -> dict[int, float]:
         dm = module.datamodule

@@ -2,7 +2,7 @@
 
 Each aggregator gathers the round's updates from every process (one all-gather per round,
 ``fl_lightning.distributed.gather_updates``), stacks each client's tensors into one row of a
-``[n, p]`` matrix (all the update's names concatenated, in ``module.update_spec()`` order), applies
+``[n, p]`` matrix (the tensors of ``module.aggregated_sizes()`` concatenated, in that order), applies
 a pure function of ``fl_lightning.robust`` on the module's device in float64, and splits the
 result back into names. The result is the same on every process and equal to the
 single-process one.
@@ -59,7 +59,7 @@ class RobustAggregator(Aggregator):
         everyone = gather_updates(updates)
         if not everyone:
             return None
-        names = module.update_spec()
+        names = module.aggregated_sizes()
         points, counts = stack_updates(everyone, names, module.device)
         result = self.combine(points, counts)
         return split_aggregate(result, names)

@@ -3,10 +3,9 @@
 from fl_lightning.optim.variance_reduction import (
     ProxSGD,
     full_gradient,
-    loss_gradient,
     prox_step,
     sarah_direction,
     svrg_direction,
 )
 
-__all__ = ["ProxSGD", "full_gradient", "loss_gradient", "prox_step", "sarah_direction", "svrg_direction"]
+__all__ = ["ProxSGD", "full_gradient", "prox_step", "sarah_direction", "svrg_direction"]

@@ -1,11 +1,10 @@
 """Proximal variance-reduced local updates (FedProxVR, Dinh et al., ICPP 2020), as pure functions.
 
-All vectors are flat tensors of a model's parameters (see ``fl_lightning.vectors``).
+The functions apply to tensors of any shape (one parameter tensor, or a flat vector).
 
 * :func:`prox_step` — the closed form of ``prox_{eta h}(x)`` for ``h(w) = mu/2 ||w - anchor||^2``;
 * :func:`svrg_direction`, :func:`sarah_direction` — the two variance-reduced estimators;
-* :func:`loss_gradient`, :func:`full_gradient` — a loss's gradient as one flat vector, and the
-  exact gradient of a mean loss over a data set given in chunks;
+* :func:`full_gradient` — the exact gradient of a mean loss over a data set given in chunks;
 * :class:`ProxSGD` — the optimizer that applies ``p <- prox(p - lr * p.grad)``, so the proximal
   term is an optimizer step, never a gradient term.
 """
@@ -39,29 +38,21 @@ def sarah_direction(grad: Tensor, previous_grad: Tensor, previous_direction: Ten
     return grad - previous_grad + previous_direction
 
 
-def loss_gradient(loss: Tensor, params: Sequence[Tensor]) -> Tensor:
-    """``d loss / d params`` as one flat fp32 vector (zeros for parameters the loss does not use)."""
-    grads = torch.autograd.grad(loss, list(params), allow_unused=True)
-    return torch.cat([
-        torch.zeros(p.numel(), device=p.device) if g is None else g.reshape(-1).float() for p, g in zip(params, grads)
-    ])
-
-
-def full_gradient(loss_fn: Callable[[Any], Tensor], params: Sequence[Tensor], chunks: Iterable[tuple[Any, int]]) -> Tensor:
+def full_gradient(grad_fn: Callable[[Any], Sequence[Tensor]], chunks: Iterable[tuple[Any, int]]) -> list[Tensor]:
     """The gradient of the mean loss over a whole data set given as ``(batch, size)`` chunks.
 
-    ``loss_fn(batch)`` is the *mean* loss of a chunk; the result is
-    ``sum_c size_c * grad(loss_fn(c)) / sum_c size_c``, accumulated in float64, returned in fp32.
+    ``grad_fn(batch)`` is the gradient (a list of tensors) of the *mean* loss of a chunk; the
+    result is ``sum_c size_c * grad_fn(c) / sum_c size_c``, accumulated in float64, returned in fp32.
     """
-    total: Tensor | None = None
+    total: list[Tensor] | None = None
     count = 0
     for batch, size in chunks:
-        g = loss_gradient(loss_fn(batch), params).double() * size
-        total = g if total is None else total.add_(g)
+        grads = [g.double() * size for g in grad_fn(batch)]
+        total = grads if total is None else [t.add_(g) for t, g in zip(total, grads)]
         count += size
     if total is None or count == 0:
         raise ValueError("full_gradient needs at least one non-empty chunk")
-    return (total / count).float()
+    return [(t / count).float() for t in total]
 
 
 class ProxSGD(torch.optim.Optimizer):

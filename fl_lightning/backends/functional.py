@@ -1,0 +1,61 @@
+"""The client module as a function of its tensors.
+
+``torch.func.functional_call`` evaluates a module with other tensors in place of its
+parameters and buffers. :class:`FunctionalClient` wraps the client module so that its
+``forward`` and its ``training_step`` can be evaluated at any model given as a list of tensors
+in :class:`~fl_lightning.vectors.Layout` order (parameters, then floating buffers): the other
+models of a local step in the sequential backend, every model in the batched one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from torch import Tensor, nn
+from torch.func import functional_call
+
+
+class _TrainingStep(nn.Module):
+    """``forward(batch, index)`` is the client's ``training_step``, for ``functional_call``."""
+
+    def __init__(self, client: nn.Module) -> None:
+        super().__init__()
+        self.client = client
+
+    def forward(self, batch: Any, index: int) -> Any:
+        return self.client.training_step(batch, index)
+
+
+class FunctionalClient:
+    """The client module's ``forward`` and ``training_step`` at given tensors.
+
+    Args:
+        client: the client module (its own tensors are left unchanged, except that a
+            forward in train mode updates the *given* floating buffers, as the module's own).
+    """
+
+    def __init__(self, client: nn.Module) -> None:
+        self.client = client
+        self.names = [n for n, _ in client.named_parameters()] + [
+            n for n, b in client.named_buffers() if b.is_floating_point()
+        ]
+        self.int_buffers = [n for n, b in client.named_buffers() if not b.is_floating_point()]
+        self._step = _TrainingStep(client)
+
+    def named(self, tensors: Sequence[Tensor]) -> dict[str, Tensor]:
+        """``{name: tensor}`` for a model in layout order, with copies of the client's integer
+        buffers (a forward at another model must not count the client's own BatchNorm steps)."""
+        named = dict(zip(self.names, tensors))
+        if self.int_buffers:
+            buffers = dict(self.client.named_buffers())
+            named.update({n: buffers[n].clone() for n in self.int_buffers})
+        return named
+
+    def forward(self, tensors: Sequence[Tensor], *args: Any) -> Any:
+        """The client's forward on ``args`` at the model ``tensors``."""
+        return functional_call(self.client, self.named(tensors), args)
+
+    def training_step(self, tensors: Sequence[Tensor], batch: Any, index: int) -> Any:
+        """The client's ``training_step(batch, index)`` at the model ``tensors``."""
+        named = {f"client.{name}": t for name, t in self.named(tensors).items()}
+        return functional_call(self._step, named, (batch, index))

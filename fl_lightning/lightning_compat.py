@@ -1,0 +1,97 @@
+"""Every private Lightning API fl_lightning relies on, in one place.
+
+One Trainer runs the whole federation, so a few things Lightning does for one training step
+must be done for the inner loop of a round: counting the server update as an optimizer step,
+routing the client module's ``self.log`` during its local work, telling Lightning which hook a
+client's call comes from, and synchronizing the initial model over processes without a DDP
+wrapper. Lightning offers no public API for these; each use is a small function here, and
+``tests/test_lightning_compat.py`` exercises every one against the installed Lightning, so an
+upgrade that changes them fails in one place. ``pyproject.toml`` caps pytorch-lightning at the
+versions these were checked against (:data:`TESTED_LIGHTNING`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.core.optimizer import LightningOptimizer
+from pytorch_lightning.overrides.distributed import _sync_module_states
+from torch import nn
+
+#: the pytorch-lightning releases whose private APIs this module was checked against
+TESTED_LIGHTNING = (">=2.4", "<2.7")
+
+
+def count_optimizer_step(optimizer: LightningOptimizer) -> None:
+    """Count one step of ``optimizer`` (``trainer.global_step`` += 1) without stepping it.
+
+    The server optimizer is stepped directly (the precision plugin's loss scaler must not
+    touch pseudo-gradients); these are the two hooks ``LightningOptimizer.step`` calls around a
+    manual-optimization step. ``ModelCheckpoint`` and step-based loggers rely on them.
+    """
+    optimizer._on_before_step()
+    optimizer._on_after_step()
+
+
+def raw_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The ``torch.optim`` optimizer inside a ``LightningOptimizer`` (or the optimizer itself)."""
+    return optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+
+
+@contextmanager
+def current_hook(module: pl.LightningModule, name: str) -> Iterator[None]:
+    """Run the block as if Lightning were inside ``module``'s hook ``name``.
+
+    ``self.log`` checks the hook it is called from (``_current_fx_name``) to choose its
+    defaults (``on_step``/``on_epoch``) and to refuse calls from hooks that cannot log.
+    """
+    saved = module._current_fx_name
+    module._current_fx_name = name
+    try:
+        yield
+    finally:
+        module._current_fx_name = saved
+
+
+def set_current_hook(module: pl.LightningModule, name: str) -> None:
+    """Mark ``module`` as being inside its hook ``name`` (for the client hooks the
+    ``FederatedModule`` forwards: ``validation_step``, ``test_step``...)."""
+    module._current_fx_name = name
+
+
+@contextmanager
+def routed_log(module: pl.LightningModule, log: Callable[..., None]) -> Iterator[None]:
+    """Replace ``module.log`` by ``log`` for the block (the instance attribute shadows the method)."""
+    object.__setattr__(module, "log", log)
+    try:
+        yield
+    finally:
+        object.__delattr__(module, "log")
+
+
+def lightning_log(module: pl.LightningModule, *args: Any, **kwargs: Any) -> None:
+    """Lightning's own ``self.log`` of ``module``, even while :func:`routed_log` replaces it."""
+    type(module).log(module, *args, **kwargs)
+
+
+@contextmanager
+def results_batch(trainer: pl.Trainer, batch: Optional[Any]) -> Iterator[None]:
+    """Make ``batch`` the batch Lightning infers logged batch sizes from, for the block."""
+    results = trainer._results
+    if results is None or batch is None:
+        yield
+        return
+    saved = results.batch
+    results.batch = batch
+    try:
+        yield
+    finally:
+        results.batch = saved
+
+
+def sync_module_states(module: nn.Module) -> None:
+    """Broadcast rank 0's parameters and buffers to every process (DDP's start, without its wrapper)."""
+    _sync_module_states(module)

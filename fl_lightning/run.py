@@ -1,0 +1,184 @@
+"""``ClientRun``: one client's local work in one round, passed explicitly through the client protocol.
+
+The engine creates a run when a client's round starts and hands it to the algorithm's
+``client_init(run)``, ``client_step(run, batch)`` (once per local step) and
+``client_final(run)``: the FedJAX shape (``client_init -> client_step -> client_final``) with
+the state passed explicitly. Nothing per-client is kept on the algorithm's ``self``.
+
+A run holds:
+
+* what the engine knows: ``client_id``, ``round``, ``num_samples``, the ``start`` state
+  vector (the global model unless ``client_init`` calls :meth:`ClientRun.restart`), the
+  client's declared state entries in ``state`` (written back to the client state store when
+  the round keeps the update), the number of steps, the ``shared`` value of lock-step rounds;
+* the algorithm's per-run values in ``scratch`` (tensors or lists of tensors);
+* the operations of its backend, which is what makes the same ``client_step`` run one client
+  at a time or many at once: :attr:`params` (the model being trained), :meth:`loss_and_grad`
+  (the client module's loss and its gradient, at the trained model or at another one),
+  :meth:`forward`, :meth:`step` (one step of the local optimizer along given directions),
+  :meth:`end`, :meth:`copy_model`.
+
+Models other than the trained one (FedDeper's personal model, FedProxVR's reference point) are
+lists of tensors in the :class:`~fl_lightning.vectors.Layout` order: the parameters, then the
+floating buffers. A step's mathematics is written on such lists, so that it is a function of
+tensors only: the batched backend runs the same ``client_step`` on many clients at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from fl_lightning.vectors import Layout
+
+#: a model given to :meth:`ClientRun.loss_and_grad` / :meth:`ClientRun.forward`: None (the trained
+#: model) or a list of tensors in layout order (parameters, then floating buffers)
+Model = Optional[Sequence[Tensor]]
+#: what ``client_step`` returns: the step's loss, or named scalars (``"loss"`` among them)
+StepOutput = Union[Tensor, dict[str, Tensor], None]
+
+
+class ClientRun:
+    """One client's round. Subclassed by each backend, which supplies the model operations.
+
+    Attributes:
+        client_id: the client.
+        round: the round (the Trainer epoch).
+        num_samples: the size of the client's training split.
+        layout: the client model's layout (flat vector <-> tensors).
+        start: the state vector the client starts from (flat fp32, on the device).
+        state: the client's declared state entries, on the device (absent entries have no
+            default); what is here after ``client_final`` is stored if the round keeps the update.
+        scratch: the algorithm's per-run values.
+        num_steps: local steps to run; None runs ``local_epochs`` passes. ``client_init`` may
+            change it (e.g. FedProxVR's random output iterate).
+        batches: None draws the steps' batches from the engine's keyed stream;
+            ``client_init`` may give its own (from :meth:`fetch`).
+        extra_batches: the current step's batch of each of the algorithm's other streams
+            (``FederatedModule.extra_batch_streams``).
+        shared: in a lock-step round, the server's latest per-step value (``server_share``).
+        step_index: the index of the current local step.
+        steps_taken: local steps run so far.
+        metrics: extra scalars reported with the client's update.
+        optimizer: the local optimizer :meth:`step` applies (the client's ``configure_optimizers``
+            one, at the round's scheduled rate); an algorithm with an update rule of its own may
+            replace it in ``client_init`` (FedProxVR's proximal SGD). Backends that run the
+            optimizer as a function (the batched one) support the optimizers they name.
+    """
+
+    def __init__(
+        self,
+        client_id: int,
+        round_idx: int,
+        num_samples: int,
+        layout: Layout,
+        start: Tensor,
+        state: dict[str, Tensor],
+        num_steps: Optional[int],
+        shared: Optional[Tensor] = None,
+    ) -> None:
+        self.client_id = client_id
+        self.round = round_idx
+        self.num_samples = num_samples
+        self.layout = layout
+        self.start = start
+        self.state = state
+        self.scratch: dict[str, Any] = {}
+        self.num_steps = num_steps
+        self.batches: Optional[Iterable[Any]] = None
+        self.extra_batches: dict[str, Any] = {}
+        self.shared = shared
+        self.step_index = 0
+        self.steps_taken = 0
+        self.metrics: dict[str, float] = {}
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self._step_values: dict[str, list[Tensor]] = {}
+
+    # ------------------------------------------------------------ backend operations
+    @property
+    def params(self) -> list[Tensor]:
+        """The parameters of the model being trained (do not modify them in place: use :meth:`step`)."""
+        raise NotImplementedError
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the local optimizer (its first parameter group), this round."""
+        raise NotImplementedError
+
+    def loss_and_grad(
+        self,
+        batch: Any,
+        model: Model = None,
+        loss_fn: Optional[Callable[[Any], Any]] = None,
+        has_aux: bool = False,
+    ) -> tuple[Any, list[Tensor]]:
+        """The loss on ``batch`` and its gradient with respect to the model's parameters.
+
+        Args:
+            batch: the mini-batch (on the device).
+            model: the model to differentiate at: None (the trained model) or a list of
+                tensors in layout order (see :meth:`copy_model`). Its floating buffers are
+                updated as the client's forward updates them (BatchNorm statistics).
+            loss_fn: ``loss_fn(batch) -> loss`` instead of the client module's
+                ``training_step``; it computes outputs with :meth:`forward`.
+            has_aux: ``loss_fn`` returns ``(loss, aux)`` (as ``torch.func.grad_and_value``).
+
+        Returns:
+            ``(loss, grads)`` (``((loss, aux), grads)`` with ``has_aux``): the detached loss and
+            the gradients shaped like the parameters (zeros for unused parameters).
+        """
+        raise NotImplementedError
+
+    def forward(self, *args: Any, model: Model = None) -> Any:
+        """The client module's forward on ``args`` at ``model`` (None: the trained model; inside
+        :meth:`loss_and_grad`'s ``loss_fn``: the model being differentiated)."""
+        raise NotImplementedError
+
+    def step(self, grads: Sequence[Tensor]) -> None:
+        """One step of the local optimizer along ``grads`` (shaped like the parameters)."""
+        raise NotImplementedError
+
+    def end(self) -> Tensor:
+        """The trained model's current state vector (flat fp32: parameters, then floating buffers)."""
+        raise NotImplementedError
+
+    def restart(self, start: Tensor) -> None:
+        """Start the trained model from ``start`` instead of the global model (in ``client_init``)."""
+        raise NotImplementedError
+
+    def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
+        """A model as a list of new tensors in layout order: a copy of ``vector``, or of the
+        trained model's current state."""
+        source = self.end() if vector is None else vector
+        return [t.clone() for t in self.layout.split(source)]
+
+    def fetch(self, positions: Tensor) -> Any:
+        """The client's training samples at ``positions`` as one batch, ready for a step."""
+        raise NotImplementedError
+
+    def epoch(self, batch_size: int) -> Iterator[Any]:
+        """One pass over the client's training split in index order, in batches ready for a step."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ bookkeeping
+    def record(self, output: StepOutput) -> None:
+        """Keep a step's output (a loss, or named scalars) for the client's metrics."""
+        if output is None:
+            return
+        values = output if isinstance(output, dict) else {"loss": output}
+        for name, value in values.items():
+            self._step_values.setdefault(name, []).append(value.detach())
+
+    def summary(self) -> dict[str, float]:
+        """The client's metrics: the mean of each recorded step value, the step count and ``metrics``."""
+        out = {name: mean_value(values) for name, values in self._step_values.items()}
+        out["steps"] = float(self.steps_taken)
+        out.update(self.metrics)
+        return out
+
+
+def mean_value(values: list[Tensor]) -> float:
+    """The mean of detached step values, read with one device sync (NaN for none)."""
+    return float(torch.stack([v.reshape(()) for v in values]).float().mean()) if values else float("nan")

@@ -1,0 +1,124 @@
+"""The local learning rate over rounds.
+
+A client module's ``configure_optimizers`` may return a learning-rate scheduler beside its
+optimizer. In a federation local optimizers are created fresh for each client each round, so
+the rule is: **the scheduler is stepped once per round, and every fresh local optimizer of
+round r starts at the scheduled learning rate of round r** (per parameter group).
+
+The engine keeps a *template* of the client's optimizer, never stepped, with the scheduler
+attached to it; both are registered with Lightning (``FederatedModule.configure_optimizers``),
+so checkpoints save and resume them exactly and ``LearningRateMonitor`` reports the client's
+rate (as ``lr-client``). Schedulers stepped per optimizer step (``interval: "step"``) and
+``ReduceLROnPlateau`` are refused: a round has many local steps and one scheduler step.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Optional
+
+import torch
+from torch.optim.lr_scheduler import ConstantLR, LRScheduler, ReduceLROnPlateau
+
+
+def split_optimizer_config(config: Any) -> tuple[torch.optim.Optimizer, Optional[LRScheduler]]:
+    """The optimizer and the scheduler (or None) of a ``configure_optimizers`` result holding one optimizer.
+
+    Accepted: an optimizer; ``[optimizer]``; ``([optimizer], [scheduler])``;
+    ``{"optimizer": ..., "lr_scheduler": scheduler or {"scheduler": ..., "interval": "epoch"}}``.
+    """
+    if isinstance(config, torch.optim.Optimizer):
+        return config, None
+    if isinstance(config, dict) and "optimizer" in config:
+        optimizer, _ = split_optimizer_config(config["optimizer"])
+        return optimizer, _scheduler_of(config.get("lr_scheduler"))
+    if isinstance(config, (list, tuple)):
+        if len(config) == 2 and isinstance(config[0], (list, tuple)):
+            optimizer, _ = split_optimizer_config(list(config[0]))
+            schedulers = list(config[1]) if isinstance(config[1], (list, tuple)) else [config[1]]
+            if len(schedulers) > 1:
+                raise ValueError(f"the client's configure_optimizers must return at most one scheduler, got {len(schedulers)}")
+            return optimizer, _scheduler_of(schedulers[0] if schedulers else None)
+        if len(config) == 1:
+            return split_optimizer_config(config[0])
+    raise ValueError(
+        "the client's configure_optimizers must return exactly one optimizer (optionally with a scheduler), "
+        f"got {config!r}"
+    )
+
+
+def _scheduler_of(entry: Any) -> Optional[LRScheduler]:
+    """The scheduler of a ``lr_scheduler`` entry (a scheduler or a Lightning scheduler dict)."""
+    if entry is None:
+        return None
+    if isinstance(entry, dict):
+        interval = entry.get("interval", "epoch")
+        if interval != "epoch" or entry.get("frequency", 1) != 1:
+            raise ValueError(
+                f"the client's lr_scheduler has interval={interval!r}, frequency={entry.get('frequency', 1)}; "
+                "in a federation it is stepped once per round: use interval 'epoch' and frequency 1"
+            )
+        entry = entry.get("scheduler")
+    if isinstance(entry, ReduceLROnPlateau):
+        raise ValueError("ReduceLROnPlateau is not supported as the client's scheduler: it is stepped once per "
+                         "round without a monitored metric; use an epoch-based scheduler (StepLR, MultiStepLR...)")
+    if not isinstance(entry, LRScheduler):
+        raise ValueError(f"the client's lr_scheduler must be a torch LRScheduler, got {type(entry).__name__}")
+    return entry
+
+
+class LocalSchedule:
+    """The template local optimizer and its per-round scheduler (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.template: Optional[torch.optim.Optimizer] = None
+        self.scheduler: Optional[LRScheduler] = None
+
+    split = staticmethod(split_optimizer_config)
+
+    def build(
+        self, config: Any, override: Callable[[torch.optim.Optimizer], Optional[LRScheduler]]
+    ) -> tuple[torch.optim.Optimizer, LRScheduler]:
+        """The template and its scheduler from the client's ``configure_optimizers`` result;
+        ``override(template)`` may give the algorithm's own schedule. Without any, a constant one."""
+        template, scheduler = split_optimizer_config(config)
+        custom = override(template)
+        if custom is not None:
+            scheduler = custom
+        if scheduler is None:
+            scheduler = ConstantLR(template, factor=1.0, total_iters=0)
+        if scheduler.optimizer is not template:
+            raise ValueError("the local lr scheduler must be built on the optimizer it is given")
+        self.template, self.scheduler = template, scheduler
+        return template, scheduler
+
+    @property
+    def active(self) -> bool:
+        """Whether a schedule is in place (during and after ``fit``)."""
+        return self.template is not None
+
+    def lrs(self) -> list[float]:
+        """The scheduled learning rate of each parameter group, this round."""
+        assert self.template is not None
+        return [float(group["lr"]) for group in self.template.param_groups]
+
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
+        """Start ``optimizer`` (a fresh local optimizer) at this round's scheduled learning rates."""
+        if self.template is None:
+            return
+        lrs = self.lrs()
+        if len(lrs) != len(optimizer.param_groups):
+            raise ValueError(
+                f"the client's configure_optimizers returned {len(optimizer.param_groups)} parameter groups, "
+                f"its first call {len(lrs)}: it must build the same optimizer every time"
+            )
+        for group, lr in zip(optimizer.param_groups, lrs):
+            group["lr"] = lr
+
+    def step(self) -> None:
+        """Advance the schedule by one round (the template optimizer itself is never stepped)."""
+        if self.scheduler is None:
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
