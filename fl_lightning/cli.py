@@ -68,7 +68,7 @@ def pefll_predict(args: list[str]) -> dict[int, float]:
     model, dm = cli.model, cli.datamodule
     if not isinstance(model, PeFLL):
         raise ValueError(f"pefll-predict needs a PeFLL model in the config, got {type(model).__name__}")
-    checkpoint = torch.load(options["ckpt_path"], map_location="cpu", weights_only=False)
+    checkpoint = torch.load(options["ckpt_path"], map_location="cpu", weights_only=True)
     model.load_state_dict(checkpoint["state_dict"])
     personal = predict_clients(model.eval(), dm, options["clients"], options["labels_hidden"], options["output_dir"])
     accuracies = {}

@@ -138,7 +138,12 @@ class FederatedModule(pl.LightningModule):
         if nonfinite_updates not in ("skip", "raise"):
             raise ValueError(f"nonfinite_updates must be 'skip' or 'raise', got {nonfinite_updates!r}")
         _check_int("seed", seed, 0)
+        # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
+        # that checkpoints hold no pickled object and load with weights_only=True
         self.save_hyperparameters(ignore=["client"])
+        objects = [k for k, v in self.hparams.items() if not _plain(v)]
+        if objects:
+            self.save_hyperparameters(ignore=["client", *objects])
         self.client = client
         self.clients_per_round = clients_per_round
         self.local_steps = local_steps
@@ -483,7 +488,9 @@ class FederatedModule(pl.LightningModule):
 
     def prepare_batch(self, client_id: int, batch: Any) -> Any:
         """``batch`` on the device, after the callbacks' ``on_local_batch`` (data poisoning)."""
-        batch = move_data_to_device(batch, self.device)
+        device = self.device
+        if not (isinstance(batch, tuple) and all(isinstance(t, Tensor) and t.device == device for t in batch)):
+            batch = move_data_to_device(batch, device)
         for cb in self._callbacks:
             batch = cb.on_local_batch(self.trainer, self, client_id, batch)
         return batch
@@ -534,11 +541,13 @@ class FederatedModule(pl.LightningModule):
             if not training:
                 stack.enter_context(torch.inference_mode(False))
                 stack.enter_context(torch.enable_grad())
-            self.client.train()
+            if not was_training:
+                self.client.train()
             try:
                 yield
             finally:
-                self.client.train(was_training)
+                if not was_training:
+                    self.client.eval()
                 self._local_logs.batch = None
 
     def train_locally(
@@ -675,6 +684,17 @@ class FederatedModule(pl.LightningModule):
         self.store.load_state_dict(saved["store"])
         shared = saved.get("shared")
         self.shared = None if shared is None else shared.to(self.device)
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is plain data (numbers, strings, None, and lists/dicts of them)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 def _drop_log(*args: Any, **kwargs: Any) -> None:

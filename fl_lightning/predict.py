@@ -17,7 +17,7 @@ does not hold: :func:`mask_absent_classes`.
 ::
 
     from fl_lightning.predict import load_pefll, personalize
-    model = personalize(load_pefll("last.ckpt"), (x, y))       # a ready-to-use client module
+    model = personalize(load_pefll("last.ckpt", client=client, embedding=embedding), (x, y))  # a client module
     logits = model(x_new)
 """
 
@@ -111,19 +111,19 @@ def mask_absent_classes(logits: Tensor, present: Tensor) -> Tensor:
 def load_pefll(checkpoint_path: Union[str, Path], map_location: Any = "cpu", **overrides: Any) -> PeFLL:
     """A ``PeFLL`` restored from a Lightning checkpoint (``fl-lightning fit`` or ``Trainer.fit``).
 
-    The checkpoint's hyper-parameters hold the embedding network as a pickled module, so it is
-    read with ``weights_only=False``: load only checkpoints you trust.
+    The checkpoint holds tensors and plain hyper-parameters only (it is read with
+    ``weights_only=True``: loading it runs no code); the networks' architectures are given here.
 
     Args:
         checkpoint_path: the ``.ckpt`` file.
         map_location: where to load the tensors.
-        **overrides: constructor arguments the checkpoint does not hold; ``client`` (the client
-            module) is needed for checkpoints written outside ``fl-lightning``.
+        **overrides: constructor arguments the checkpoint does not hold: ``client`` (the client
+            module) and ``embedding`` (the embedding network), built as for training.
     """
     path = Path(checkpoint_path)
     if not path.is_file():
         raise ValueError(f"checkpoint_path must be an existing file, got {str(path)!r}")
-    model = PeFLL.load_from_checkpoint(path, map_location=map_location, weights_only=False, **overrides)
+    model = PeFLL.load_from_checkpoint(path, map_location=map_location, weights_only=True, **overrides)
     return model.eval()
 
 

@@ -181,4 +181,7 @@ class ClientRun:
 
 def mean_value(values: list[Tensor]) -> float:
     """The mean of detached step values, read with one device sync (NaN for none)."""
-    return float(torch.stack([v.reshape(()) for v in values]).float().mean()) if values else float("nan")
+    if not values:
+        return float("nan")
+    return float(torch.stack(values).float().mean()) if values[0].dim() == 0 else float(
+        torch.stack([v.reshape(()) for v in values]).float().mean())

@@ -78,10 +78,16 @@ class ClientUpdate:
 def all_finite(tensors: Iterable[Tensor]) -> bool:
     """Whether every tensor is free of NaN and Inf.
 
-    A float64 sum propagates any NaN/Inf and cannot overflow for float32 inputs, so one
-    reduction per tensor decides it.
+    The minimum and the maximum propagate NaN and hold any -Inf / +Inf, so one reduction per
+    tensor decides it (and, unlike a sum, it cannot overflow).
     """
-    return all(bool(torch.isfinite(t.sum(dtype=torch.float64))) for t in tensors)
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        low, high = torch.aminmax(t.detach())
+        if not bool(torch.isfinite(low) & torch.isfinite(high)):
+            return False
+    return True
 
 
 def linear_sums(

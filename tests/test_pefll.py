@@ -251,13 +251,15 @@ def test_checkpoint_round_trip(tmp_path):
     tr.fit(module, dm)
     path = tmp_path / "pefll.ckpt"
     tr.save_checkpoint(path)
-    loaded = load_pefll(path, client=tiny_client(hidden=(8,)))
+    embedding = MLPEmbedding(20, 10, 4, hidden=(8,))  # the architectures; the weights come from the checkpoint
+    loaded = load_pefll(path, client=tiny_client(hidden=(8,)), embedding=embedding)
     x, y = dm.client_data(dm.unseen_clients[0], "train").full()
     torch.testing.assert_close(StateVector(personalize(loaded, (x, y))).flatten(),
                                StateVector(personalize(module, (x, y))).flatten())
     with pytest.raises(ValueError, match="checkpoint_path"):
         load_pefll(tmp_path / "missing.ckpt")
-    models = predict_clients(path, dm, output_dir=tmp_path / "models", client=tiny_client(hidden=(8,)))
+    models = predict_clients(path, dm, output_dir=tmp_path / "models", client=tiny_client(hidden=(8,)),
+                             embedding=MLPEmbedding(20, 10, 4, hidden=(8,)))
     assert sorted(models) == sorted(dm.unseen_clients)
     saved = torch.load(tmp_path / "models" / f"client_{dm.unseen_clients[0]}.pt")
     torch.testing.assert_close(saved, models[dm.unseen_clients[0]].state_dict())

@@ -91,8 +91,6 @@ class LockStepCompositional(FederatedModule):
         if kwargs.get("local_epochs") is not None:
             raise ValueError(f"local_epochs must be None: a round is local_steps lock-step iterations, got {kwargs['local_epochs']}")
         super().__init__(client, clients_per_round=clients_per_round, local_steps=local_steps, **kwargs)
-        # the objective is an object: keep it out of hyperparameters, so checkpoints load with weights_only
-        self.save_hyperparameters(ignore=["client", "objective"])
         self.objective = objective
         if self.keeps_previous_iterate:
             # x_k^{-1} of a client's first round is the model it starts from

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 def training_loss(output: Any) -> Tensor:
     """The loss of a ``training_step`` result: a tensor, or the ``"loss"`` of a dict."""
+    if isinstance(output, Tensor):
+        return output
     loss = output["loss"] if isinstance(output, Mapping) and "loss" in output else output
     if not isinstance(loss, Tensor):
         got = f"a dict with keys {sorted(output)}" if isinstance(output, Mapping) else type(output).__name__
@@ -53,7 +55,12 @@ class ModuleRun(ClientRun):
         super().__init__(**fields)
         self.module = module
         self.optimizer: torch.optim.Optimizer = optimizer
-        self._vector = module.state
+        # looked up once for the run: the module's tensors (it does not move during the run), the
+        # precision plugin's forward context and loss scaler
+        self._params = module.state.params
+        self._tensors = module.state.tensors
+        self._forward_context = module.trainer.precision_plugin.forward_context
+        self._scaler = module.grad_scaler
         self._active: Model = None  # the model loss_fn's forward uses, if not the module's own
         self._unscaled = False  # the GradScaler unscaled this optimizer's gradients since its last step
         self._parked: Optional[Tensor] = None
@@ -61,7 +68,7 @@ class ModuleRun(ClientRun):
     # ------------------------------------------------------------ model operations
     @property
     def params(self) -> list[Tensor]:
-        return self._vector.params
+        return self._params
 
     @property
     def lr(self) -> float:
@@ -84,13 +91,13 @@ class ModuleRun(ClientRun):
         return out.detach(), grads
 
     def _trained_loss_and_grad(self, batch: Any, loss_fn: Optional[Callable[[Any], Any]]) -> tuple[Any, list[Tensor]]:
-        scaler = self.module.grad_scaler
+        scaler = self._scaler
         if scaler is not None and self._unscaled:
             scaler.update()  # the previous gradient of this optimizer was not followed by a step
             self._unscaled = False
-        for p in self.params:
+        for p in self._params:
             p.grad = None
-        with torch.enable_grad(), self.module.trainer.precision_plugin.forward_context():
+        with torch.enable_grad(), self._forward_context():
             if loss_fn is not None:
                 out = loss_fn(batch)
             else:
@@ -103,7 +110,7 @@ class ModuleRun(ClientRun):
             self._unscaled = True
         else:
             loss.backward()
-        return out, self._vector.grads()
+        return out, [torch.zeros_like(p) if p.grad is None else p.grad for p in self._params]
 
     def _other_loss_and_grad(
         self, batch: Any, model: Sequence[Tensor], loss_fn: Optional[Callable[[Any], Any]]
@@ -111,7 +118,7 @@ class ModuleRun(ClientRun):
         k = self.layout.num_param_tensors
         leaves = [t.detach().requires_grad_() for t in model[:k]]
         tensors = [*leaves, *model[k:]]
-        with torch.enable_grad(), self.module.trainer.precision_plugin.forward_context():
+        with torch.enable_grad(), self._forward_context():
             if loss_fn is not None:
                 self._active = tensors
                 try:
@@ -122,7 +129,7 @@ class ModuleRun(ClientRun):
                 self.module.note_local_batch(batch)
                 out = training_loss(self.module.functional_client.training_step(tensors, batch, self.step_index))
             loss = out[0] if isinstance(out, tuple) else out
-            scaler = self.module.grad_scaler
+            scaler = self._scaler
             scaled = scaler.scale(loss) if scaler is not None else loss
         grads = torch.autograd.grad(scaled, leaves, allow_unused=True)
         inverse = 1.0 / scaler.get_scale() if scaler is not None else 1.0
@@ -131,14 +138,16 @@ class ModuleRun(ClientRun):
 
     def forward(self, *args: Any, model: Model = None) -> Any:
         tensors = model if model is not None else self._active
-        with self.module.trainer.precision_plugin.forward_context():
+        with self._forward_context():
             if tensors is None:
                 return self.module.client(*args)
             return self.module.functional_client.forward(tensors, *args)
 
     def step(self, grads: Sequence[Tensor]) -> None:
-        self._vector.set_grads(grads)
-        scaler = self.module.grad_scaler
+        for p, g in zip(self._params, grads):
+            if p.grad is not g:
+                p.grad = g.to(dtype=p.dtype, device=p.device)
+        scaler = self._scaler
         if scaler is not None and self._unscaled:
             scaler.step(self.optimizer)  # skipped if the unscaled gradients had an Inf/NaN
             scaler.update()
@@ -147,16 +156,18 @@ class ModuleRun(ClientRun):
             self.optimizer.step()
 
     def end(self) -> Tensor:
-        return self._vector.flatten()
+        return self.layout.flatten(self._tensors)
 
     def restart(self, start: Tensor) -> None:
         self.start = start
-        self._vector.load(start)
+        with torch.no_grad():
+            for t, v in zip(self._tensors, self.layout.split(start)):
+                t.copy_(v)
 
     def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
         if vector is not None:
             return super().copy_model(vector)
-        return [t.detach().clone() for t in self._vector.tensors]
+        return [t.detach().clone() for t in self._tensors]
 
     def fetch(self, positions: Tensor) -> Any:
         data = self.module.datamodule.client_data(self.client_id, "train")
@@ -175,8 +186,9 @@ class ModuleRun(ClientRun):
     def activate(self) -> None:
         """Load the parked model back into the module."""
         if self._parked is not None:
-            self._vector.load(self._parked)
-            self._parked = None
+            start = self.start
+            self.restart(self._parked)
+            self.start, self._parked = start, None
 
 
 class SequentialBackend(ClientBackend):

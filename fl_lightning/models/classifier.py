@@ -6,7 +6,7 @@ Nothing federated here: these are the modules a user would train centrally, and 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -21,17 +21,33 @@ class Classifier(pl.LightningModule):
         lr: SGD learning rate.
         momentum: SGD momentum.
         weight_decay: SGD weight decay.
+        lr_milestones: epochs (in a federation: rounds) after which the learning rate is
+            multiplied by ``lr_gamma`` (``MultiStepLR``); empty: a constant rate.
+        lr_gamma: the factor of each milestone.
     """
 
     net: nn.Module
 
-    def __init__(self, lr: float = 0.01, momentum: float = 0.0, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        lr_milestones: Sequence[int] = (),
+        lr_gamma: float = 0.1,
+    ) -> None:
         super().__init__()
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
+        if list(lr_milestones) != sorted(set(lr_milestones)) or any(m < 1 for m in lr_milestones):
+            raise ValueError(f"lr_milestones must be increasing integers >= 1, got {list(lr_milestones)}")
+        if not 0 < lr_gamma <= 1:
+            raise ValueError(f"lr_gamma must be in (0, 1], got {lr_gamma}")
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
+        self.lr_milestones = list(lr_milestones)
+        self.lr_gamma = lr_gamma
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -54,5 +70,9 @@ class Classifier(pl.LightningModule):
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        if not self.lr_milestones:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, self.lr_milestones, gamma=self.lr_gamma)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}

@@ -59,7 +59,7 @@ class CNN(Classifier):
         padding: zero padding of each conv.
         hidden: widths of the hidden fully connected layers.
         num_classes: number of classes.
-        lr, momentum, weight_decay: the local SGD optimizer.
+        lr, momentum, weight_decay, lr_milestones, lr_gamma: the local SGD optimizer and its schedule.
     """
 
     def __init__(
@@ -74,8 +74,11 @@ class CNN(Classifier):
         lr: float = 0.01,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        lr_milestones: Sequence[int] = (),
+        lr_gamma: float = 0.1,
     ) -> None:
-        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         lr_milestones=lr_milestones, lr_gamma=lr_gamma)
         self.save_hyperparameters()
         self.net = cnn_layers(in_channels, image_size, conv_channels, kernel_size, padding, hidden, num_classes)
 

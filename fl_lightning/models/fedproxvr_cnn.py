@@ -8,6 +8,8 @@ code declares dropout layers that are never active, so there is none here. The l
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from fl_lightning.models.classifier import Classifier
 from fl_lightning.models.cnn import cnn_layers
 
@@ -19,15 +21,17 @@ class FedProxVRCNN(Classifier):
         in_channels: image channels.
         image_size: input height = width.
         num_classes: number of classes.
-        lr, momentum, weight_decay: the local SGD optimizer (FedAvg's step size; FedProxVR reads ``lr``
+        lr, momentum, weight_decay, lr_milestones, lr_gamma: the local SGD optimizer and its schedule (FedAvg's step size; FedProxVR reads ``lr``
             unless it is given its own).
     """
 
     def __init__(
         self, in_channels: int = 1, image_size: int = 28, num_classes: int = 10, lr: float = 0.01,
         momentum: float = 0.0, weight_decay: float = 0.0,
+        lr_milestones: Sequence[int] = (), lr_gamma: float = 0.1,
     ) -> None:
-        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         lr_milestones=lr_milestones, lr_gamma=lr_gamma)
         self.save_hyperparameters()
         self.net = cnn_layers(in_channels, image_size, (32, 64), kernel_size=5, padding=2, hidden=(512,),
                               out_features=num_classes)

@@ -33,7 +33,7 @@ class LeNet(Classifier):
         conv_channels: output channels of the 5x5 conv layers.
         hidden: widths of the hidden fully connected layers.
         num_classes: number of classes.
-        lr, momentum, weight_decay: the local SGD optimizer.
+        lr, momentum, weight_decay, lr_milestones, lr_gamma: the local SGD optimizer and its schedule.
     """
 
     def __init__(
@@ -46,7 +46,10 @@ class LeNet(Classifier):
         lr: float = 0.01,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        lr_milestones: Sequence[int] = (),
+        lr_gamma: float = 0.1,
     ) -> None:
-        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         lr_milestones=lr_milestones, lr_gamma=lr_gamma)
         self.save_hyperparameters()
         self.net = lenet_layers(in_channels, image_size, conv_channels, hidden, num_classes)

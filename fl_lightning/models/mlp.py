@@ -23,8 +23,11 @@ class MLP(Classifier):
         lr: float = 0.01,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        lr_milestones: Sequence[int] = (),
+        lr_gamma: float = 0.1,
     ) -> None:
-        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         lr_milestones=lr_milestones, lr_gamma=lr_gamma)
         self.save_hyperparameters()
         layers: list[nn.Module] = [nn.Flatten()]
         width = in_features
@@ -41,5 +44,8 @@ class LogisticRegression(MLP):
     def __init__(
         self, in_features: int = 60, num_classes: int = 10, lr: float = 0.01, momentum: float = 0.0,
         weight_decay: float = 0.0,
+        lr_milestones: Sequence[int] = (),
+        lr_gamma: float = 0.1,
     ) -> None:
-        super().__init__(in_features, (), num_classes, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        super().__init__(in_features, (), num_classes, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         lr_milestones=lr_milestones, lr_gamma=lr_gamma)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -51,7 +53,7 @@ class ResNet20(Classifier):
         num_classes: number of classes.
         in_channels: image channels.
         depth: ``6n + 2`` (20 by default; 32, 44, 56 give the deeper CIFAR ResNets).
-        lr, momentum, weight_decay: the local SGD optimizer.
+        lr, momentum, weight_decay, lr_milestones, lr_gamma: the local SGD optimizer and its schedule.
     """
 
     def __init__(
@@ -62,7 +64,10 @@ class ResNet20(Classifier):
         lr: float = 0.1,
         momentum: float = 0.0,
         weight_decay: float = 0.0,
+        lr_milestones: Sequence[int] = (),
+        lr_gamma: float = 0.1,
     ) -> None:
-        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         lr_milestones=lr_milestones, lr_gamma=lr_gamma)
         self.save_hyperparameters()
         self.net = resnet_cifar_layers(depth, in_channels, num_classes)

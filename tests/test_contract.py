@@ -1,0 +1,175 @@
+"""The contract every algorithm keeps: two rounds on tiny data with each of the engine's features
+(local finetuning, client metrics, an update attack, a robust aggregator, bf16-mixed, resume),
+and two processes giving the result of one."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+
+from fl_lightning.algorithms import (
+    RAGA,
+    RFA,
+    SCAFFOLD,
+    ByrdSAGA,
+    CompositionalFedAvg,
+    FedAvg,
+    FedDeper,
+    FedDRO,
+    FedProx,
+    FedProxVR,
+    LocalOnly,
+    PeFLL,
+    PFedHN,
+)
+from fl_lightning.callbacks import ClientMetrics, CoordinateMedian, GaussianAttack, LocalFinetuning
+from fl_lightning.dro import KLDRO
+from fl_lightning.models.hypernetwork import MLPEmbedding
+from fl_lightning.module import FederatedModule
+from tests.helpers import synthetic, tiny_client, trainer
+
+CLIENTS = 6
+
+
+def _client(**kwargs):
+    return tiny_client(hidden=(8,), **kwargs)
+
+
+def _pefll() -> PeFLL:
+    torch.manual_seed(0)
+    return PeFLL(tiny_client(), MLPEmbedding(20, 10, 4, hidden=(8,)), hypernetwork_width=8, clients_per_round=3,
+                 local_steps=2)
+
+
+#: every algorithm of the package, built tiny
+ALGORITHMS: dict[str, Callable[[], FederatedModule]] = {
+    "FedAvg": lambda: FedAvg(_client(), clients_per_round=3, local_steps=2),
+    "FedProx": lambda: FedProx(_client(), mu=0.1, clients_per_round=3, local_steps=2),
+    "SCAFFOLD": lambda: SCAFFOLD(_client(), clients_per_round=3, local_steps=2),
+    "FedDeper": lambda: FedDeper(_client(), rho=0.1, clients_per_round=3, local_steps=2),
+    "FedProxVR-SVRG": lambda: FedProxVR(_client(), estimator="svrg", mu=0.1, local_steps=2, output_iterate="last"),
+    "FedProxVR-SARAH": lambda: FedProxVR(_client(), estimator="sarah", mu=0.1, local_steps=2),
+    "RAGA": lambda: RAGA(_client(), clients_per_round=3, local_steps=2),
+    "RFA": lambda: RFA(_client(), clients_per_round=3, local_steps=2),
+    "ByrdSAGA": lambda: ByrdSAGA(_client(), clients_per_round=3),
+    "FedDRO": lambda: FedDRO(_client(), KLDRO(lam=2.0), beta=0.5, local_steps=2, clients_per_round=CLIENTS),
+    "CompositionalFedAvg": lambda: CompositionalFedAvg(_client(), KLDRO(lam=2.0), case="II", local_steps=2,
+                                                       clients_per_round=CLIENTS),
+    "PeFLL": _pefll,
+    "PFedHN": lambda: PFedHN(tiny_client(), embedding_dim=4, hypernetwork_width=8, new_client_rounds=1,
+                             clients_per_round=3, local_steps=2),
+    "LocalOnly": lambda: LocalOnly(_client(), clients_per_round=CLIENTS, local_steps=2),
+}
+
+
+def build(name: str) -> FederatedModule:
+    torch.manual_seed(0)
+    return ALGORITHMS[name]()
+
+
+def data():
+    return synthetic(CLIENTS, test_fraction=0.3)
+
+
+def outcome(module: FederatedModule) -> dict[str, torch.Tensor]:
+    """Everything a run produced: the module's tensors and every stored client entry."""
+    out = {f"module.{k}": v.detach().cpu().float() for k, v in module.state_dict().items() if v.is_floating_point()}
+    for cid in module.store.clients():
+        for name in module.state_specs:
+            value = module.store.get(cid, name)
+            if value is not None:
+                out[f"store.{cid}.{name}"] = value
+    return out
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert (a[key] - b[key]).abs().max() <= atol, key
+
+
+NAMES = list(ALGORITHMS)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_local_finetuning_and_client_metrics(name):
+    module = build(name)
+    before = module.state.flatten()
+    t = trainer(2, callbacks=[LocalFinetuning(steps=2), ClientMetrics()], check_val_every_n_epoch=2)
+    t.fit(module, data())
+    for metric in ("finetuned/acc_mean", "clients/acc_mean"):
+        assert 0.0 <= float(t.callback_metrics[metric]) <= 1.0
+    after = module.state.flatten()
+    assert torch.isfinite(after).all()
+    t.validate(module, data(), verbose=False)  # finetuning leaves the global model alone
+    assert torch.equal(module.state.flatten(), after)
+    if name not in ("PeFLL", "PFedHN", "LocalOnly"):  # these have no global model to train
+        assert not torch.equal(after, before)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_update_attack_and_a_robust_aggregator(name):
+    module = build(name)
+    t = trainer(2, callbacks=[GaussianAttack(count=1, std=0.1), CoordinateMedian()])
+    t.fit(module, data())
+    assert torch.isfinite(module.state.flatten()).all()
+    assert float(t.callback_metrics["attack/byzantine_fraction"]) > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bf16_mixed(name):
+    module = build(name)
+    trainer(2, precision="bf16-mixed").fit(module, data())
+    assert module.state.flatten().dtype == torch.float32 and torch.isfinite(module.state.flatten()).all()
+    assert all(v.dtype in (torch.float32, torch.float64) for v in outcome(module).values())
+
+
+class StopAfter(pl.Callback):
+    """Stops the run after ``rounds`` rounds (as an interruption would, with the configuration unchanged)."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: FederatedModule) -> None:
+        if trainer.current_epoch + 1 == self.rounds:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resume_is_exact(name, tmp_path):
+    straight = build(name)
+    trainer(2).fit(straight, data())
+    first = build(name)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    trainer(2, callbacks=[checkpoint, StopAfter(1)], enable_checkpointing=True).fit(first, data())
+    assert first.current_epoch == 1
+    resumed = build(name)
+    trainer(2).fit(resumed, data(), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert_same(outcome(straight), outcome(resumed))
+
+
+class Snapshot(pl.Callback):
+    """Saves the outcome of a run from rank 0 (the store does not travel back from spawned processes)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: FederatedModule) -> None:
+        if trainer.global_rank == 0:
+            torch.save(outcome(pl_module), self.path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_two_processes_equal_one(name, tmp_path):
+    results = []
+    for devices in (1, 2):
+        path = str(tmp_path / f"{devices}.pt")
+        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        trainer(2, devices=devices, strategy=strategy, callbacks=[Snapshot(path)]).fit(build(name), data())
+        results.append(torch.load(path))
+    assert_same(*results, atol=1e-5)

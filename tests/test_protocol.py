@@ -1,0 +1,276 @@
+"""The client protocol: hand-computed SCAFFOLD and FedProx rounds, declared uploads and state,
+the client's per-round learning-rate schedule, and the keyed randomness of the client's own draws."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger
+from torch import nn
+
+from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedProx
+from fl_lightning.backends import SequentialBackend
+from fl_lightning.seeding import generator, sample_clients
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+
+def linear_grad(w: torch.Tensor, batch) -> torch.Tensor:
+    """The gradient of the logistic regression's loss (20 inputs, 10 classes) at the flat ``w``."""
+    w = w.clone().requires_grad_(True)
+    logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
+    return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
+
+
+def hand_scaffold(dm, x0, rounds, per_round, steps, lr, seed):
+    """SCAFFOLD (Algorithm 1, option II) written out: server c, client c_i, uniform mean of dc_i."""
+    n = dm.num_clients
+    x, c, ci = x0.clone(), torch.zeros_like(x0), {}
+    for r in range(rounds):
+        chosen = sample_clients(seed, r, list(range(n)), per_round)
+        deltas, controls, sizes = [], [], []
+        for i in chosen:
+            y, own = x.clone(), ci.get(i, torch.zeros_like(x0))
+            for batch in dm.client_data(i).step_batches(steps, generator(seed, "batches", r, i)):
+                y = y - lr * (linear_grad(y, batch) - own + c)
+            new = own - c + (x - y) / (steps * lr)
+            deltas.append(y - x), controls.append(new - own), sizes.append(dm.num_samples(i))
+            ci[i] = new
+        w = torch.tensor(sizes, dtype=torch.float64)
+        x = x + ((torch.stack(deltas).double() * w[:, None]).sum(0) / w.sum()).float()
+        c = c + len(chosen) / n * torch.stack(controls).double().mean(0).float()
+    return x, c, ci
+
+
+def test_scaffold_equals_the_hand_written_algorithm():
+    dm, lr, seed = synthetic(6), 0.1, 4
+    module = SCAFFOLD(tiny_client(lr=lr), clients_per_round=3, local_steps=3, seed=seed)
+    x0 = global_vector(module)
+    trainer(3).fit(module, dm)
+    x, c, ci = hand_scaffold(dm, x0, 3, 3, 3, lr, seed)
+    assert torch.allclose(global_vector(module), x, atol=1e-5)
+    assert torch.allclose(module.server_control.cpu(), c, atol=1e-5)
+    assert sorted(module.store.clients()) == sorted(ci)
+    for i, value in ci.items():
+        assert torch.allclose(module.store.get(i, "control"), value, atol=1e-5)
+
+
+def test_scaffold_server_control_is_the_mean_of_all_client_controls():
+    """Clients of unequal size, partial participation: c == (1/N) sum_i c_i (never-sampled c_i = 0)."""
+    dm = synthetic(8)
+    dm.setup()
+    assert len({dm.num_samples(c) for c in range(8)}) > 4  # unequal sizes
+    module = SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=2, local_steps=4, seed=0)
+    trainer(5).fit(module, dm)
+    total = sum((module.store.get(i, "control") for i in module.store.clients()), torch.zeros(module.state.num_params))
+    assert len(list(module.store.clients())) < 8  # some clients never ran
+    assert module.server_control.norm() > 0.1
+    assert torch.allclose(module.server_control.cpu(), total / 8, atol=1e-6)
+
+
+def test_fedprox_round_by_hand():
+    """Two local steps of every client: y <- y - lr (g(y) + mu (y - x)); x <- weighted mean."""
+    dm, lr, mu, seed = synthetic(4), 0.1, 0.5, 7
+    module = FedProx(tiny_client(lr=lr), mu=mu, clients_per_round=4, local_steps=2, seed=seed)
+    x = global_vector(module)
+    trainer(1).fit(module, dm)
+    ends, sizes = [], []
+    for i in range(4):
+        y = x.clone()
+        for batch in dm.client_data(i).step_batches(2, generator(seed, "batches", 0, i)):
+            y = y - lr * (linear_grad(y, batch) + mu * (y - x))
+        ends.append(y), sizes.append(dm.num_samples(i))
+    w = torch.tensor(sizes, dtype=torch.float64)
+    expected = x + ((torch.stack(ends) - x).double() * w[:, None]).sum(0).float() / w.sum().float()
+    assert torch.allclose(global_vector(module), expected, atol=1e-6)
+
+
+# ------------------------------------------------------------------ declarations
+class WrongUploads(FedAvg):
+    def client_final(self, run):
+        return {"delta": run.end() - run.start, "extra": torch.zeros(3)}
+
+
+def test_undeclared_uploads_are_refused():
+    with pytest.raises(ValueError, match=r"returned uploads \['delta', 'extra'\], but the declared uploads are \['delta'\]"):
+        trainer(1).fit(WrongUploads(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    module = FedAvg(tiny_client())
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        module.add_update("x", 3, reduction="median")
+    with pytest.raises(ValueError, match="no upload named 'y'"):
+        module.remove_update("y")
+
+
+class Summed(FedAvg):
+    """Uploads a constant per client, declared with each linear reduction."""
+
+    def __init__(self, client, **kwargs):
+        super().__init__(client, **kwargs)
+        for reduction in ("weighted_mean", "mean", "sum"):
+            self.add_update(reduction, 1, reduction=reduction)
+
+    def client_final(self, run):
+        value = torch.tensor([float(run.client_id)])
+        return {"delta": run.end() - run.start, "weighted_mean": value, "mean": value, "sum": value}
+
+    def server_update(self, aggregate):
+        self.seen = {k: float(v) for k, v in aggregate.items() if k != "delta"}
+        super().server_update(aggregate)
+
+
+def test_each_declared_reduction():
+    dm = synthetic(4)
+    module = Summed(tiny_client(), clients_per_round=4, local_steps=1)
+    trainer(1).fit(module, dm)
+    n = torch.tensor([dm.num_samples(i) for i in range(4)], dtype=torch.float64)
+    ids = torch.arange(4, dtype=torch.float64)
+    assert module.seen["sum"] == pytest.approx(6.0)
+    assert module.seen["mean"] == pytest.approx(1.5)
+    assert module.seen["weighted_mean"] == pytest.approx(float((n * ids).sum() / n.sum()), rel=1e-6)
+
+
+# ------------------------------------------------------------------ the local LR schedule
+class RecordLR(FedAvg):
+    """Records the learning rate of every client's local optimizer."""
+
+    def client_init(self, run):
+        self.lrs = getattr(self, "lrs", {})
+        self.lrs.setdefault(run.round, set()).add(run.lr)
+
+
+def scheduled_client(**kwargs):
+    torch.manual_seed(0)
+    from fl_lightning.models import LogisticRegression
+
+    return LogisticRegression(in_features=20, num_classes=10, lr=0.1, lr_milestones=[2, 3], lr_gamma=0.5, **kwargs)
+
+
+def test_the_client_scheduler_is_stepped_once_per_round(tmp_path):
+    module = RecordLR(scheduled_client(), clients_per_round=3, local_steps=2)
+    t = trainer(4, logger=CSVLogger(tmp_path), callbacks=[LearningRateMonitor(logging_interval="epoch")])
+    t.fit(module, synthetic(4))
+    assert {r: sorted(v) for r, v in module.lrs.items()} == {0: [0.1], 1: [0.1], 2: [0.05], 3: [0.025]}
+    with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv") as f:
+        logged = [float(row["lr-client"]) for row in csv.DictReader(f) if row.get("lr-client")]
+    assert logged == [0.1, 0.1, 0.05, 0.025]  # LearningRateMonitor shows the client's rate
+
+
+def test_a_resumed_schedule_continues_exactly(tmp_path):
+    straight = RecordLR(scheduled_client(), clients_per_round=3, local_steps=2, seed=3)
+    trainer(4).fit(straight, synthetic(4))
+    first = RecordLR(scheduled_client(), clients_per_round=3, local_steps=2, seed=3)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    trainer(2, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(4))
+    resumed = RecordLR(scheduled_client(), clients_per_round=3, local_steps=2, seed=3)
+    trainer(4).fit(resumed, synthetic(4), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert {r: resumed.lrs[r] for r in (2, 3)} == {r: straight.lrs[r] for r in (2, 3)}
+    assert torch.equal(global_vector(straight), global_vector(resumed))
+
+
+class StepScheduled(pl.LightningModule):
+    def __init__(self, config):
+        super().__init__()
+        self.layer = nn.Linear(20, 10)
+        self.config = config
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.config == "step":
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1),
+                                                             "interval": "step"}}
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)}
+
+
+@pytest.mark.parametrize("config, match", [("step", "interval='step'.*stepped once per round"),
+                                           ("plateau", "ReduceLROnPlateau is not supported")])
+def test_schedules_that_cannot_be_honored_are_refused(config, match):
+    with pytest.raises(ValueError, match=match):
+        trainer(1).fit(FedAvg(StepScheduled(config), clients_per_round=2, local_steps=1), synthetic(4))
+
+
+# ------------------------------------------------------------------ keyed randomness of the client's own draws
+class DropoutClient(pl.LightningModule):
+    """A client whose training step draws random numbers itself (Dropout)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_acc", (self(batch[0]).argmax(-1) == batch[1]).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class ReversedBackend(SequentialBackend):
+    """Runs the round's clients in the reverse order."""
+
+    def start_round(self, module, clients):
+        return list(reversed(super().start_round(module, clients)))
+
+
+def dropout_fedavg(**kwargs):
+    return FedAvg(DropoutClient(), clients_per_round=4, local_steps=3, seed=5, **kwargs)
+
+
+def test_client_draws_do_not_depend_on_the_client_order_or_the_global_rng():
+    a, b = dropout_fedavg(), dropout_fedavg()
+    b.backend = ReversedBackend()
+    torch.manual_seed(1)
+    trainer(3).fit(a, synthetic(6))
+    torch.manual_seed(2)  # another global stream: the clients' draws are keyed, not global
+    trainer(3).fit(b, synthetic(6))
+    assert torch.equal(global_vector(a), global_vector(b))
+    other = FedAvg(DropoutClient(), clients_per_round=4, local_steps=3, seed=6)
+    trainer(3).fit(other, synthetic(6))
+    assert not torch.equal(global_vector(a), global_vector(other))  # the seed does matter
+
+
+def test_local_work_restores_the_global_rng():
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    module = dropout_fedavg()
+    trainer(1).fit(module, synthetic(6))
+    torch.manual_seed(3)
+    with module.local_work(0, "probe"):
+        torch.rand(5)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_dropout_client_resumes_bitwise(tmp_path):
+    straight = dropout_fedavg()
+    trainer(4).fit(straight, synthetic(6))
+    first = dropout_fedavg()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    trainer(2, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(6))
+    resumed = dropout_fedavg()
+    torch.manual_seed(123)  # whatever the global stream is at the resume
+    trainer(4).fit(resumed, synthetic(6), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert torch.equal(global_vector(straight), global_vector(resumed))
+
+
+@pytest.mark.slow
+def test_a_dropout_client_gives_one_process_the_result_of_two():
+    def run(devices):
+        module = dropout_fedavg()
+        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        trainer(3, devices=devices, strategy=strategy).fit(module, synthetic(6))
+        return global_vector(module)
+
+    assert (run(1) - run(2)).abs().max() <= 1e-6
