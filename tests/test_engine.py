@@ -256,3 +256,13 @@ def test_layout_splits_and_flattens_in_state_order():
     assert torch.equal(vector.layout.flatten(parts), flat)
     with pytest.raises(ValueError, match="state vector has 3 entries, the model has 16"):
         vector.layout.split(torch.zeros(3))
+
+
+def test_a_logger_accepts_hyperparameters_the_module_and_the_data_share(tmp_path):
+    """The module's seed differs from the datamodule's (and an algorithm may have an alpha, as
+    Synthetic(alpha, beta) has): Lightning must not refuse to log them."""
+    from pytorch_lightning.loggers import CSVLogger
+
+    t = trainer(1, logger=CSVLogger(tmp_path))
+    t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1, seed=3), synthetic(4, seed=0))
+    assert t.current_epoch == 1

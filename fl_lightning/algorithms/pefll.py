@@ -32,13 +32,9 @@ from fl_lightning.models.hypernetwork import HyperNetwork, HyperNetworkSize, mea
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
+from fl_lightning.vectors import Layout
 
 ServerOptimizer = Literal["adam", "sgd"]
-
-
-def flat(tensors: Sequence[Tensor]) -> Tensor:
-    """The tensors concatenated into one flat fp32 vector."""
-    return torch.cat([t.reshape(-1).float() for t in tensors])
 
 
 def vector_jacobian(output: Tensor, inputs: Sequence[Tensor], vector: Tensor) -> list[Tensor]:
@@ -200,7 +196,7 @@ class HypernetworkFederation(FederatedModule):
         run.metrics["delta_norm"] = float(delta.norm())
         with torch.autocast(self.device.type, enabled=False):
             grads = vector_jacobian(run.scratch["theta"], [*self.hypernetwork.parameters(), run.scratch["leaf"]], delta)
-            return {"hyper": flat(grads[:-1]), **self.code_update(run, grads[-1])}
+            return {"hyper": Layout.flatten(grads[:-1]), **self.code_update(run, grads[-1])}
 
     # ------------------------------------------------------------ server side
     def configure_server_optimizer(self) -> torch.optim.Optimizer:
@@ -214,10 +210,9 @@ class HypernetworkFederation(FederatedModule):
         """``G = -mean(delta) + 2 lambda eta`` per network, joint clipping, one optimizer step."""
         everything: list[nn.Parameter] = []
         for name, (params, lam) in self.server_groups().items():
-            with torch.no_grad():
-                g = regularized_pseudo_gradient(aggregate[name].to(self.device), flat(params), lam)
-            for p, part in zip(params, g.split([p.numel() for p in params])):
-                p.grad = part.view_as(p).to(p.dtype)
+            g = regularized_pseudo_gradient(aggregate[name].to(self.device), Layout.flatten(params), lam)
+            for p, part in zip(params, Layout([p.shape for p in params], len(params)).split(g)):
+                p.grad = part.to(p.dtype)
             everything += params
         if self.server_clip is not None:
             torch.nn.utils.clip_grad_norm_(everything, self.server_clip)
@@ -348,7 +343,7 @@ class PeFLL(HypernetworkFederation):
 
     def code_update(self, run: ClientRun, code_grad: Tensor) -> dict[str, Tensor]:
         """The client's ``deta_v = K^T dv_i`` through its descriptor graph."""
-        return {"embed": flat(vector_jacobian(run.scratch["descriptor"], list(self.embedding.parameters()), code_grad))}
+        return {"embed": Layout.flatten(vector_jacobian(run.scratch["descriptor"], list(self.embedding.parameters()), code_grad))}
 
     @torch.no_grad()
     def descriptor(self, batches: Iterable[tuple[Tensor, Optional[Tensor]]]) -> Tensor:

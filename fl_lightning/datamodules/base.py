@@ -101,7 +101,9 @@ class FederatedDataModule(pl.LightningDataModule):
             raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction + test_fraction}")
         if batch_size < 1 or eval_batch_size < 1:
             raise ValueError(f"batch_size and eval_batch_size must be >= 1, got {batch_size}, {eval_batch_size}")
-        self.save_hyperparameters()
+        # checkpointed, but not merged into the logger's hyperparameters: the names a datamodule and
+        # an algorithm share (seed, alpha) would make Lightning refuse to log them
+        self.save_hyperparameters(logger=False)
         self.num_clients = num_clients
         self.partition = partition
         self.alpha = alpha

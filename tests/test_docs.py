@@ -1,0 +1,35 @@
+"""The code in the docs runs as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from tests.helpers import synthetic, tiny_client, trainer
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def python_blocks(path: Path) -> list[str]:
+    """The ```python blocks of a Markdown file, in order."""
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_the_engine_guide_algorithm_runs_and_keeps_its_invariant(tmp_path, monkeypatch):
+    definition, usage = python_blocks(DOCS / "engine.md")
+    namespace: dict = {}
+    exec(compile(definition, "docs/engine.md", "exec"), namespace)
+    FedDyn = namespace["FedDyn"]
+    module = FedDyn(tiny_client(hidden=(8,)), alpha=0.1, clients_per_round=3, local_steps=3)
+    dm = synthetic(6)
+    t = trainer(4)
+    before = t.validate(module, dm, verbose=False)[0]["val_acc"]
+    t.fit(module, dm)
+    assert t.validate(module, dm, verbose=False)[0]["val_acc"] > before
+    # h accumulates alpha/N of every client's drift, the clients' linear terms alpha of their own
+    linear = sum(module.store.get(c, "linear") for c in module.store.clients())
+    assert module.h.norm() > 0 and torch.allclose(module.h, linear / 6, atol=1e-6)
+    monkeypatch.chdir(tmp_path)  # the usage example writes lightning_logs/ where it runs
+    exec(compile(usage, "docs/engine.md", "exec"), namespace)
