@@ -177,6 +177,7 @@ class FederatedModule(pl.LightningModule):
         self._pending_state: dict[int, Optional[dict[str, Tensor]]] = {}
         self._excluded: list[int] = []
         self._callbacks: list[FederatedCallback] = []
+        self._batch_callbacks: list[FederatedCallback] = []  # those that change local batches
         self._local_logs = LocalLogBuffer()
         self._local_logs.bind(client)
 
@@ -316,6 +317,8 @@ class FederatedModule(pl.LightningModule):
         self.round_start = self.state.flatten()
         self._updates, self._pending_state, self._excluded = [], {}, []
         self._callbacks = [cb for cb in self.trainer.callbacks if isinstance(cb, FederatedCallback)]
+        self._batch_callbacks = [cb for cb in self._callbacks
+                                 if type(cb).on_local_batch is not FederatedCallback.on_local_batch]
         for cb in self._callbacks:
             cb.on_round_start(self.trainer, self, round_idx, self.round_clients)
         self._work = self.backend.start_round(self, self.round_clients[rank::world])
@@ -491,7 +494,7 @@ class FederatedModule(pl.LightningModule):
         device = self.device
         if not (isinstance(batch, tuple) and all(isinstance(t, Tensor) and t.device == device for t in batch)):
             batch = move_data_to_device(batch, device)
-        for cb in self._callbacks:
+        for cb in self._batch_callbacks:
             batch = cb.on_local_batch(self.trainer, self, client_id, batch)
         return batch
 

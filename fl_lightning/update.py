@@ -96,19 +96,20 @@ def linear_sums(
     """The float64 numerators and denominators of linear reductions, as one flat vector.
 
     For each name (in ``reductions`` order) the vector holds ``size`` entries of
-    ``sum_i w_i u_i``, then three totals: ``sum_i n_i``, the update count and 1 (for sums). The
-    updates are summed in client-id order, so the result does not depend on the order clients
-    ran in. Summing these vectors over processes and calling :func:`finish_linear` gives the
-    reductions over all processes' updates: one all-reduce per round.
+    ``sum_i w_i u_i``, then three totals: ``sum_i n_i``, the update count and 1 (for sums). A
+    process sums its updates in fp32, in client-id order (so the result does not depend on the
+    order clients ran in), and hands the sum over in float64: summing these vectors over
+    processes and calling :func:`finish_linear` gives the reductions over all processes'
+    updates, in one all-reduce per round.
     """
     ordered = sorted(updates, key=lambda u: u.client_id)
     parts = []
     for name, (size, reduction) in reductions.items():
-        acc = torch.zeros(size, dtype=torch.float64, device=device)
+        acc = torch.zeros(size, dtype=torch.float32, device=device)
         for u in ordered:
-            acc.add_(u.tensors[name].reshape(-1).to(device, torch.float64),
+            acc.add_(u.tensors[name].reshape(-1).to(device),
                      alpha=float(u.num_samples) if reduction == "weighted_mean" else 1.0)
-        parts.append(acc)
+        parts.append(acc.double())
     totals = [float(sum(u.num_samples for u in ordered)), float(len(ordered)), 1.0]
     parts.append(torch.tensor(totals, dtype=torch.float64, device=device))
     return torch.cat(parts)

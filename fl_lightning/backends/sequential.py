@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
@@ -42,25 +43,43 @@ def training_loss(output: Any) -> Tensor:
     return loss
 
 
+@dataclass(frozen=True)
+class ModuleView:
+    """What local steps need of the federated module, looked up once (per round): the client
+    module's tensors (it does not move during a round) and the precision plugin's forward
+    context and loss scaler."""
+
+    params: list[Tensor]
+    tensors: list[Tensor]
+    forward_context: Callable[[], Any]
+    scaler: Optional[torch.amp.GradScaler]
+
+    @classmethod
+    def of(cls, module: "FederatedModule") -> "ModuleView":
+        return cls(module.state.params, module.state.tensors, module.trainer.precision_plugin.forward_context,
+                   module.grad_scaler)
+
+
 class ModuleRun(ClientRun):
     """A client's round trained in the client module (the sequential backend's run).
 
     Args:
         module: the federated module.
         optimizer: the local optimizer over the client module's parameters.
+        view: the module's tensors and precision context (default: looked up now).
         **fields: the :class:`~fl_lightning.run.ClientRun` fields.
     """
 
-    def __init__(self, module: "FederatedModule", optimizer: torch.optim.Optimizer, **fields: Any) -> None:
+    def __init__(
+        self, module: "FederatedModule", optimizer: torch.optim.Optimizer, view: Optional[ModuleView] = None,
+        **fields: Any,
+    ) -> None:
         super().__init__(**fields)
         self.module = module
         self.optimizer: torch.optim.Optimizer = optimizer
-        # looked up once for the run: the module's tensors (it does not move during the run), the
-        # precision plugin's forward context and loss scaler
-        self._params = module.state.params
-        self._tensors = module.state.tensors
-        self._forward_context = module.trainer.precision_plugin.forward_context
-        self._scaler = module.grad_scaler
+        view = view if view is not None else ModuleView.of(module)
+        self._params, self._tensors = view.params, view.tensors
+        self._forward_context, self._scaler = view.forward_context, view.scaler
         self._active: Model = None  # the model loss_fn's forward uses, if not the module's own
         self._unscaled = False  # the GradScaler unscaled this optimizer's gradients since its last step
         self._parked: Optional[Tensor] = None
@@ -201,6 +220,7 @@ class SequentialBackend(ClientBackend):
         self._runs: list[ModuleRun] = []
         self._steps: list[Iterator[tuple[Any, dict[str, Any]]]] = []
         self._clients: list[int] = []
+        self._view: Optional[ModuleView] = None
 
     # ------------------------------------------------------------ schedule
     def num_work_items(self, module: "FederatedModule") -> int:
@@ -212,6 +232,7 @@ class SequentialBackend(ClientBackend):
 
     def start_round(self, module: "FederatedModule", clients: list[int]) -> list[Any]:
         self._clients, self._runs, self._steps = list(clients), [], []
+        self._view = ModuleView.of(module)
         if module.lockstep:
             return list(range(self.num_work_items(module)))
         return list(clients)
@@ -229,6 +250,7 @@ class SequentialBackend(ClientBackend):
         run = ModuleRun(
             module,
             module.local_optimizer(),
+            self._view,
             client_id=client_id,
             round_idx=module.current_epoch,
             num_samples=module.datamodule.num_samples(client_id),
