@@ -64,12 +64,17 @@ def set_current_hook(module: pl.LightningModule, name: str) -> None:
 
 @contextmanager
 def routed_log(module: pl.LightningModule, log: Callable[..., None]) -> Iterator[None]:
-    """Replace ``module.log`` by ``log`` for the block (the instance attribute shadows the method)."""
+    """Replace ``module.log`` by ``log`` for the block (the instance attribute shadows the method);
+    nested routings restore the outer one."""
+    previous = vars(module).get("log")
     object.__setattr__(module, "log", log)
     try:
         yield
     finally:
-        object.__delattr__(module, "log")
+        if previous is None:
+            object.__delattr__(module, "log")
+        else:
+            object.__setattr__(module, "log", previous)
 
 
 def lightning_log(module: pl.LightningModule, *args: Any, **kwargs: Any) -> None:

@@ -58,12 +58,7 @@ class LocalLogBuffer:
 
     def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         """Stands in for the client's ``self.log``: same signature, buffered for a mean."""
-        if args:  # options given by position: name them as Lightning's signature does
-            options = dict(_LOG_SIGNATURE.bind(None, name, value, *args, **kwargs).arguments)
-            for key in ("self", "name", "value"):
-                options.pop(key)
-        else:
-            options = dict(kwargs)
+        options = call_options(args, kwargs)
         reduce_fx = options.get("reduce_fx", "mean")
         if isinstance(value, Metric) or reduce_fx not in ("mean", torch.mean) or _numel(value) != 1:
             self._log_now(name, value, *args, **kwargs)
@@ -72,12 +67,17 @@ class LocalLogBuffer:
         if batch_size is None:
             batch_size = extract_batch_size(self.batch) if self.batch is not None else 1
         value = torch.as_tensor(value).detach().float().reshape(())
+        self.add(name, value * batch_size, int(batch_size), options)
+
+    def add(self, name: str, total: Tensor, weight: int, options: dict[str, Any]) -> None:
+        """Add ``total`` (a sum of values times their batch sizes) over ``weight`` samples to
+        ``name``'s mean (the batched backend adds a whole block's values at once)."""
         entry = self._entries.get(name)
         if entry is None:
-            self._entries[name] = _Entry(value * batch_size, int(batch_size), options)
+            self._entries[name] = _Entry(total, weight, dict(options))
         else:
-            entry.total = entry.total + value * batch_size
-            entry.weight += int(batch_size)
+            entry.total = entry.total + total
+            entry.weight += weight
 
     def flush(self) -> None:
         """Log each buffered name once (its weighted mean) through Lightning, and empty the buffer."""
@@ -91,6 +91,17 @@ class LocalLogBuffer:
             raise RuntimeError("LocalLogBuffer.bind(client) was not called")
         with current_hook(client, "training_step"), results_batch(client.trainer, self.batch):
             lightning_log(client, name, value, *args, **kwargs)
+
+
+def call_options(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The options of a ``self.log(name, value, *args, **kwargs)`` call, by name (options given by
+    position are named as in Lightning's signature)."""
+    if not args:
+        return dict(kwargs)
+    options = dict(_LOG_SIGNATURE.bind(None, "name", None, *args, **kwargs).arguments)
+    for key in ("self", "name", "value"):
+        options.pop(key)
+    return options
 
 
 def _numel(value: Any) -> int:

@@ -48,7 +48,7 @@ from lightning_fabric.utilities.apply_func import move_data_to_device
 from pytorch_lightning.strategies import DDPStrategy
 from torch import Tensor
 
-from fl_lightning.backends import ClientBackend, ModuleRun, SequentialBackend
+from fl_lightning.backends import BatchedBackend, ClientBackend, ModuleRun, SequentialBackend
 from fl_lightning.backends.functional import FunctionalClient
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.base import Aggregator, FederatedCallback
@@ -63,6 +63,7 @@ from fl_lightning.update import ClientUpdate, Reduction, UpdateSpec, all_finite,
 from fl_lightning.vectors import StateVector
 
 NonFinitePolicy = Literal["skip", "raise"]
+BackendName = Literal["sequential", "batched"]
 
 
 class NonFiniteUpdateError(RuntimeError):
@@ -97,6 +98,11 @@ class FederatedModule(pl.LightningModule):
             stops the run. It is never averaged in.
         seed: the seed of client sampling, of every client's batch order and of the client
             module's own random draws during local work.
+        client_backend: who runs the clients' local work: ``"sequential"`` (one client after
+            another, in the client module; the reference) or ``"batched"`` (blocks of clients
+            advance one local step together, vectorized with ``torch.func``; see
+            :mod:`fl_lightning.backends.batched` for what it supports).
+        clients_per_block: clients per vectorized block of the batched backend (memory grows with it).
     """
 
     #: whether the round's clients move in lock-step: a work item is one local step of all of
@@ -105,6 +111,9 @@ class FederatedModule(pl.LightningModule):
     #: names of keyed batch streams a local step draws from besides the main one; the step's
     #: batch of each is in ``run.extra_batches``
     extra_batch_streams: tuple[str, ...] = ()
+    #: whether the local rule is a function of tensors that the batched backend can vectorize (False
+    #: for rules with a torch optimizer of their own or a start model that carries a graph)
+    batchable: bool = True
 
     def __init__(
         self,
@@ -116,6 +125,8 @@ class FederatedModule(pl.LightningModule):
         server_momentum: float = 0.0,
         nonfinite_updates: NonFinitePolicy = "skip",
         seed: int = 0,
+        client_backend: BackendName = "sequential",
+        clients_per_block: int = 10,
     ) -> None:
         super().__init__()
         if not isinstance(client, pl.LightningModule):
@@ -138,6 +149,9 @@ class FederatedModule(pl.LightningModule):
         if nonfinite_updates not in ("skip", "raise"):
             raise ValueError(f"nonfinite_updates must be 'skip' or 'raise', got {nonfinite_updates!r}")
         _check_int("seed", seed, 0)
+        if client_backend not in ("sequential", "batched"):
+            raise ValueError(f"client_backend must be 'sequential' or 'batched', got {client_backend!r}")
+        _check_int("clients_per_block", clients_per_block, 1)
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
         # that checkpoints hold no pickled object and load with weights_only=True
         self.save_hyperparameters(ignore=["client"])
@@ -162,7 +176,10 @@ class FederatedModule(pl.LightningModule):
         self.add_update("delta", self.state.dim)
         #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's
         self.default_aggregator: Aggregator = WeightedMean()
-        self.backend: ClientBackend = SequentialBackend()
+        self.client_backend = client_backend
+        self.backend: ClientBackend = (
+            BatchedBackend(clients_per_block) if client_backend == "batched" else SequentialBackend()
+        )
         self.functional_client = FunctionalClient(client)
         self.local_schedule = LocalSchedule()
         # the round, as the engine sees it (server side: nothing per client between hooks)
@@ -178,8 +195,10 @@ class FederatedModule(pl.LightningModule):
         self._excluded: list[int] = []
         self._callbacks: list[FederatedCallback] = []
         self._batch_callbacks: list[FederatedCallback] = []  # those that change local batches
-        self._local_logs = LocalLogBuffer()
-        self._local_logs.bind(client)
+        #: the client's ``self.log`` calls of local work, logged once per round
+        #: the client's ``self.log`` calls of local work, logged once per round
+        self.client_logs = LocalLogBuffer()
+        self.client_logs.bind(client)
 
     # ------------------------------------------------------------------ declarations
     def add_update(self, name: str, size: int, reduction: Reduction = "aggregator") -> None:
@@ -244,6 +263,15 @@ class FederatedModule(pl.LightningModule):
                 f"clients_per_round={self.clients_per_round} is above the number of training clients "
                 f"({len(dm.train_clients)})"
             )
+        if self.client_backend == "batched":
+            if not self.batchable:
+                raise ValueError(
+                    f"{type(self).__name__}'s local rule cannot run in the batched client backend (it needs a torch "
+                    "optimizer of its own or a start model with a graph); use client_backend='sequential'"
+                )
+            if self.grad_scaler is not None:
+                raise ValueError("precision '16-mixed' scales each optimizer's loss; the batched client backend runs "
+                                 "the optimizer as a function: use 'bf16-mixed' or client_backend='sequential'")
         _, world = rank_and_world()
         if stage == "fit" and self.lockstep and self.clients_per_round < world:
             raise ValueError(
@@ -365,7 +393,7 @@ class FederatedModule(pl.LightningModule):
         losses = [loss for _, part in parts for loss in part]
         if losses:
             self.log("round/client_loss", sum(losses) / len(losses), on_step=False, on_epoch=True, batch_size=1)
-        self._local_logs.flush()
+        self.client_logs.flush()
         for cb in self._callbacks:
             cb.on_round_end(self.trainer, self, self.current_epoch, aggregate)
         self._updates, self._pending_state = [], {}
@@ -522,7 +550,7 @@ class FederatedModule(pl.LightningModule):
 
     def note_local_batch(self, batch: Any) -> None:
         """The batch of the current local step (the client's ``self.log`` infers batch sizes from it)."""
-        self._local_logs.batch = batch
+        self.client_logs.batch = batch
 
     @contextmanager
     def local_work(self, client_id: int, *keys: Any) -> Iterator[None]:
@@ -540,7 +568,7 @@ class FederatedModule(pl.LightningModule):
         was_training = self.client.training
         with ExitStack() as stack:
             stack.enter_context(keyed_rng(self.seed, "client", client_id, *keys, device=self.device))
-            stack.enter_context(routed_log(self.client, self._local_logs.log if training else _drop_log))
+            stack.enter_context(routed_log(self.client, self.client_logs.log if training else _drop_log))
             if not training:
                 stack.enter_context(torch.inference_mode(False))
                 stack.enter_context(torch.enable_grad())
@@ -551,7 +579,7 @@ class FederatedModule(pl.LightningModule):
             finally:
                 if not was_training:
                     self.client.eval()
-                self._local_logs.batch = None
+                self.client_logs.batch = None
 
     def train_locally(
         self,

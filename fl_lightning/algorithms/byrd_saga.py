@@ -55,6 +55,8 @@ class ByrdSAGA(FederatedModule):
         **kwargs: the ``FederatedModule`` arguments (``local_steps`` is 1).
     """
 
+    batchable = False  # a per-client minibatch index picked in client_init
+
     def __init__(
         self,
         client: pl.LightningModule,

@@ -123,11 +123,12 @@ class LockStepCompositional(FederatedModule):
 
     def inner_mean(self, run: ClientRun, batch: Any, model: Model = None) -> Tensor:
         """``g_k(model; batch)``: the mean g-term (float64, no grad) of ``batch`` at ``model``
-        (None: the client's current model)."""
+        (None: the client's current model). A non-finite value shows in the server's average
+        (``server_share`` stops on it) or in the client's update (the engine excludes it)."""
         with torch.no_grad(), frozen_running_stats(self.client):
             output = run.forward(batch[0], model=model)
         _, g = self.objective.terms(self.sample_losses(output, batch))
-        return check_finite(f"g of client {run.client_id}", g.mean(0))
+        return g.mean(0)
 
     def inner_estimate(self, run: ClientRun, batch: Any) -> Tensor:
         """The estimate ``y`` of ``g`` that client ``run.client_id`` uses in its step on ``batch``."""

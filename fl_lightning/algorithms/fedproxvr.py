@@ -56,6 +56,8 @@ class FedProxVR(FederatedModule):
         **kwargs: the other ``FederatedModule`` arguments (``seed``, ``nonfinite_updates``...).
     """
 
+    batchable = False  # its own proximal optimizer and a per-client number of steps
+
     def __init__(
         self,
         client: pl.LightningModule,

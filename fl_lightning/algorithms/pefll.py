@@ -102,6 +102,8 @@ class HypernetworkFederation(FederatedModule):
         **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps``, ``seed``...).
     """
 
+    batchable = False  # the start model carries the hypernetwork's graph
+
     hypernetwork: HyperNetwork
 
     def __init__(

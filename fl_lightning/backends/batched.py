@@ -1,0 +1,450 @@
+"""The batched backend: a block of clients advances one local step together, vectorized with ``torch.func``.
+
+Every client of a block runs ``client_init`` on its own (eagerly); then the block's runs are
+stacked along a new client dimension (parameters, floating buffers, optimizer state, state
+entries, scratch tensors) and ``client_step`` runs once per local step under ``torch.func.vmap``:
+the client module's ``training_step`` (or forward) is evaluated with ``functional_call`` at each
+client's tensors, gradients come from ``torch.func.grad``, and the local optimizer is a pure
+function (:class:`~fl_lightning.optim.functional.FunctionalSGD`). After the last step the runs
+are unstacked and each client runs ``client_final``; its update goes through the same callbacks
+and aggregation as in the sequential backend.
+
+What it guarantees:
+
+* Each client sees the same mini-batches, in the same order, as in the sequential backend (the
+  engine's keyed streams), so for a client module without random draws the result equals the
+  sequential backend's to float tolerance.
+* Clients whose batches at a step differ in shape (fewer samples than the batch size, the last
+  batch of an epoch) run that step as separate vectorized calls, and clients that have finished
+  their steps sit out: nothing is padded, so a mean loss stays the mean over real samples.
+* A client module that draws random numbers itself (Dropout) gets independent draws for every
+  client (``vmap(randomness="different")``) from the global RNG seeded by the block's key
+  ``(seed, "client", first client, "block", round, last client)``: reproducible for a given seed
+  and block layout, equal to the sequential backend in distribution only.
+* Memory grows with the block size (``clients_per_block``), not with the clients of the round.
+
+What it refuses, with the reason and the way out: local optimizers other than
+``torch.optim.SGD``; ``16-mixed`` (its loss scaler steps one optimizer); algorithms whose local
+rule is not a function of tensors (``batchable = False``: a torch optimizer of their own, a
+start model generated with a graph); a ``training_step`` that changes Python state of the client
+module (a counter, a torchmetrics ``Metric`` updated there), detected at the first step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+
+import torch
+from pytorch_lightning.utilities.data import extract_batch_size
+from torch import Tensor, nn
+from torch.func import grad as func_grad
+from torch.func import vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torchmetrics import Metric
+
+from fl_lightning.backends.base import ClientBackend
+from fl_lightning.backends.sequential import training_loss
+from fl_lightning.distributed import all_reduce_sum, rank_and_world
+from fl_lightning.lightning_compat import routed_log
+from fl_lightning.local_logging import call_options
+from fl_lightning.optim.functional import FunctionalSGD, functional_optimizer
+from fl_lightning.run import ClientRun, Model
+
+if TYPE_CHECKING:
+    from fl_lightning.module import FederatedModule
+
+
+class FunctionalRun(ClientRun):
+    """A client's round as tensors: the batched backend's run.
+
+    In ``client_init`` and ``client_final`` it is one client's run, evaluated eagerly; in
+    ``client_step`` and ``client_share`` (under ``vmap``) it is one client's view of the block
+    (``client_id`` and ``num_samples`` are None there: a step must not depend on them).
+
+    Args:
+        module: the federated module.
+        function: the local optimizer as a function.
+        tensors: the trained model (parameters, then floating buffers).
+        **fields: the :class:`~fl_lightning.run.ClientRun` fields.
+    """
+
+    def __init__(self, module: "FederatedModule", function: FunctionalSGD, tensors: list[Tensor], **fields: Any) -> None:
+        super().__init__(**fields)
+        self.module = module
+        self.function = function
+        self.tensors = tensors
+        self.opt_state: list[Tensor] = []
+        #: ``self.log`` calls of the client during a vectorized step: name -> (value * batch size, batch size)
+        self.logs: dict[str, tuple[Tensor, Tensor]] = {}
+        #: their options, by name
+        self.log_options: dict[str, dict[str, Any]] = {}
+        self._active: Model = None
+
+    @property
+    def params(self) -> list[Tensor]:
+        return self.tensors[: self.layout.num_param_tensors]
+
+    @property
+    def lr(self) -> float:
+        return self.function.lr
+
+    def loss_and_grad(
+        self,
+        batch: Any,
+        model: Model = None,
+        loss_fn: Optional[Callable[[Any], Any]] = None,
+        has_aux: bool = False,
+    ) -> tuple[Any, list[Tensor]]:
+        k = self.layout.num_param_tensors
+        target = list(self.tensors if model is None else model)
+        functional = self.module.functional_client
+
+        def loss_of(params: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> tuple[Tensor, Any]:
+            tensors = [*params, *buffers]
+            logs: dict[str, tuple[Tensor, Tensor]] = {}
+            self._active = tensors
+            try:
+                with routed_log(self.module.client, self._collector(logs, batch)):
+                    if loss_fn is not None:
+                        out = loss_fn(batch)
+                    else:
+                        out = training_loss(functional.training_step(tensors, batch, self.step_index))
+            finally:
+                self._active = None
+            loss, aux = out if has_aux else (out, None)
+            carried = {"loss": loss.detach(), "logs": logs}
+            if has_aux:
+                carried["aux"] = aux
+            return loss, carried
+
+        with self.module.trainer.precision_plugin.forward_context():
+            grads, carried = func_grad(loss_of, has_aux=True)(tuple(target[:k]), tuple(target[k:]))
+        loss, aux, logs = carried["loss"], carried.get("aux"), carried["logs"]
+        for name, (total, size) in logs.items():
+            if name in self.logs:  # a second model of the step logged the same name: both count
+                total, size = total + self.logs[name][0], size + self.logs[name][1]
+            self.logs[name] = (total, size)
+        return ((loss, aux), list(grads)) if has_aux else (loss, list(grads))
+
+    def _collector(self, logs: dict[str, tuple[Tensor, Tensor]], batch: Any) -> Callable[..., None]:
+        """The client's ``self.log`` inside a gradient: values are returned with the loss, with
+        the call's batch size, for the round's buffered mean."""
+
+        def log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+            options = call_options(args, kwargs)
+            if isinstance(value, Metric) or options.get("reduce_fx", "mean") not in ("mean", torch.mean):
+                raise ValueError(
+                    f"the client's training_step logs {name!r} as a torchmetrics Metric or with another reduce_fx "
+                    "than the mean: the batched backend logs per-round means only; use client_backend='sequential'"
+                )
+            size = options.pop("batch_size", None) or extract_batch_size(batch)
+            logs[name] = (torch.as_tensor(value).detach().float().reshape(()) * size, torch.tensor(float(size)))
+            self.log_options[name] = options
+
+        return log
+
+    def forward(self, *args: Any, model: Model = None) -> Any:
+        tensors = model if model is not None else (self._active if self._active is not None else self.tensors)
+        with self.module.trainer.precision_plugin.forward_context():
+            return self.module.functional_client.forward(list(tensors), *args)
+
+    def step(self, grads: Sequence[Tensor]) -> None:
+        k = self.layout.num_param_tensors
+        params, self.opt_state = self.function.update(self.tensors[:k], grads, self.opt_state)
+        self.tensors = [*params, *self.tensors[k:]]
+
+    def end(self) -> Tensor:
+        return self.layout.flatten(self.tensors)
+
+    def restart(self, start: Tensor) -> None:
+        self.start = start
+        self.tensors = [t.clone() for t in self.layout.split(start)]
+
+    def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
+        if vector is not None:
+            return super().copy_model(vector)
+        return [t.clone() for t in self.tensors]
+
+    def fetch(self, positions: Tensor) -> Any:
+        assert self.client_id is not None, "fetch is for client_init and client_final"
+        data = self.module.datamodule.client_data(self.client_id, "train")
+        return self.module.prepare_batch(self.client_id, data.fetch(positions))
+
+    def epoch(self, batch_size: int) -> Iterator[Any]:
+        assert self.client_id is not None, "epoch is for client_init and client_final"
+        data = self.module.datamodule.client_data(self.client_id, "train")
+        for batch in data.epoch_batches(1, batch_size=batch_size):
+            yield self.module.prepare_batch(self.client_id, batch)
+
+    # ------------------------------------------------------------ the carry: what a step reads and writes
+    def carry(self) -> dict[str, Any]:
+        """The run's per-client values (a pytree; its non-tensor leaves must agree over a block)."""
+        return {"tensors": self.tensors, "opt": self.opt_state, "start": self.start, "state": self.state,
+                "scratch": self.scratch}
+
+    def load_carry(self, carry: dict[str, Any]) -> None:
+        """Take the values of :meth:`carry` back."""
+        self.tensors, self.opt_state, self.start = list(carry["tensors"]), list(carry["opt"]), carry["start"]
+        self.state, self.scratch = dict(carry["state"]), dict(carry["scratch"])
+
+    @classmethod
+    def view(cls, template: "FunctionalRun", carry: dict[str, Any], step: int, extras: Any) -> "FunctionalRun":
+        """One client's run inside a vectorized step, built from its carry."""
+        run = cls(template.module, template.function, list(carry["tensors"]), client_id=None,  # type: ignore[arg-type]
+                  round_idx=template.round, num_samples=None, layout=template.layout,  # type: ignore[arg-type]
+                  start=carry["start"], state={}, num_steps=template.num_steps, shared=template.shared)
+        run.load_carry(carry)
+        run.step_index, run.steps_taken, run.extra_batches = step, template.steps_taken, extras
+        return run
+
+
+class _Block:
+    """A block of clients whose runs advance together, and their keyed batch streams."""
+
+    def __init__(self, runs: list[FunctionalRun], streams: list[Iterator[tuple[Any, dict[str, Any]]]]) -> None:
+        self.runs, self.streams = runs, streams
+
+
+class BatchedBackend(ClientBackend):
+    """Runs blocks of ``clients_per_block`` clients, each block's local steps vectorized.
+
+    Args:
+        clients_per_block: how many clients advance together (memory grows with it).
+    """
+
+    name = "batched"
+
+    def __init__(self, clients_per_block: int = 10) -> None:
+        self.clients_per_block = clients_per_block
+        self._blocks: list[_Block] = []
+        self._lockstep_clients: list[list[int]] = []
+        self._checked_state = False
+
+    # ------------------------------------------------------------ schedule
+    def num_work_items(self, module: "FederatedModule") -> int:
+        if module.lockstep:
+            assert module.local_steps is not None
+            return module.local_steps
+        _, world = rank_and_world()
+        return math.ceil(math.ceil(module.clients_per_round / world) / self.clients_per_block)
+
+    def start_round(self, module: "FederatedModule", clients: list[int]) -> list[Any]:
+        self._blocks, self._checked_state = [], False
+        blocks = [clients[i : i + self.clients_per_block] for i in range(0, len(clients), self.clients_per_block)]
+        if module.lockstep:
+            self._lockstep_clients = blocks
+            return list(range(self.num_work_items(module)))
+        return blocks
+
+    def run_work_item(self, module: "FederatedModule", item: Any) -> None:
+        if module.lockstep:
+            self._lockstep_item(module, item)
+            return
+        block = self._init_block(module, item)
+        step = 0
+        while block.runs:
+            items = [next(stream, None) for stream in block.streams]
+            if all(i is None for i in items):
+                break
+            self._advance(module, block, items, step, "step")
+            step += 1
+        self._finish_block(module, block)
+
+    # ------------------------------------------------------------ runs
+    def new_run(self, module: "FederatedModule", client_id: int) -> FunctionalRun:
+        """A run of ``client_id`` from the global model, with its state and the optimizer as a function."""
+        assert module.round_start is not None
+        function = functional_optimizer(module.local_optimizer(), module.state.params)
+        start = module.round_start
+        return FunctionalRun(
+            module, function, [t.clone() for t in module.state.layout.split(start)],
+            client_id=client_id, round_idx=module.current_epoch, num_samples=module.datamodule.num_samples(client_id),
+            layout=module.state.layout, start=start, state=module.load_client_state(client_id),
+            num_steps=module.local_steps, shared=module.shared,
+        )
+
+    def _init_block(self, module: "FederatedModule", clients: list[int]) -> _Block:
+        runs = []
+        for cid in clients:
+            if not module.lockstep and module.upload_is_forged(cid):
+                module.receive(module.forged_placeholder(cid), None)
+                continue
+            run = self.new_run(module, cid)
+            with module.local_work(cid, "round", run.round):
+                module.client_init(run)
+            if run.optimizer is not None:
+                raise ValueError(f"{type(module).__name__}.client_init sets a torch optimizer of its own; the batched "
+                                 "backend runs the client's optimizer as a function: use client_backend='sequential'")
+            runs.append(run)
+        return _Block(runs, [module.step_batches(run) for run in runs])
+
+    def _finish_block(self, module: "FederatedModule", block: _Block) -> None:
+        for run in block.runs:
+            with module.local_work(run.client_id, "final", run.round):
+                uploads = module.client_final(run)
+            module.receive(module.client_update(run, uploads), run.state)
+
+    # ------------------------------------------------------------ lock-step rounds
+    def _lockstep_item(self, module: "FederatedModule", step: int) -> None:
+        if step == 0:
+            self._blocks = [self._init_block(module, clients) for clients in self._lockstep_clients]
+        items = [[next(stream) for stream in block.streams] for block in self._blocks]
+        shares = [self._advance(module, block, its, step, "share") for block, its in zip(self._blocks, items)]
+        if any(s is not None for s in shares):
+            module.shared = module.server_share(self._weighted_mean(module, shares))
+            for block in self._blocks:
+                for run in block.runs:
+                    run.shared = module.shared
+        for block, its in zip(self._blocks, items):
+            self._advance(module, block, its, step, "step")
+        if step == self.num_work_items(module) - 1:
+            for block in self._blocks:
+                self._finish_block(module, block)
+            self._blocks = []
+
+    def _weighted_mean(self, module: "FederatedModule", shares: list[Optional[Tensor]]) -> Tensor:
+        """``sum_k n_k share_k / sum_k n_k`` over all processes' clients of the round (one all-reduce)."""
+        if any(s is None for s in shares):
+            raise RuntimeError("client_share must return a value for every client or for none, at a given step")
+        total = float(sum(module.datamodule.num_samples(c) for c in module.round_clients))
+        acc: Optional[Tensor] = None
+        for block, share in zip(self._blocks, shares):
+            assert share is not None
+            weights = torch.tensor([run.num_samples / total for run in block.runs], dtype=torch.float64,
+                                   device=share.device)
+            part = torch.tensordot(weights, share.to(torch.float64), dims=1)
+            acc = part if acc is None else acc + part
+        assert acc is not None
+        return all_reduce_sum(acc)
+
+    # ------------------------------------------------------------ one vectorized step of a block
+    def _advance(self, module: "FederatedModule", block: _Block, items: list[Any], step: int,
+                 phase: str) -> Optional[Tensor]:
+        """Run ``phase`` (``"step"``: ``client_step``; ``"share"``: ``client_share``) of local step
+        ``step`` for the block's clients that have a batch, one vectorized call per batch shape;
+        returns the stacked shares of the ``"share"`` phase (None if the clients share nothing)."""
+        groups: dict[Any, list[int]] = {}
+        for i, item in enumerate(items):
+            if item is not None:
+                groups.setdefault(_signature(item), []).append(i)
+        shares: dict[int, Tensor] = {}
+        first, last = block.runs[0], block.runs[-1]
+        with module.local_work(first.client_id, "block", first.round, last.client_id, phase, step):
+            for members in groups.values():
+                out = self._call(module, [block.runs[i] for i in members], [items[i] for i in members], step, phase)
+                if out is not None:
+                    shares.update(zip(members, out))
+        if phase == "share" and shares:
+            return torch.stack([shares[i] for i in sorted(shares)])
+        return None
+
+    def _call(self, module: "FederatedModule", runs: list[FunctionalRun], items: list[Any], step: int,
+              phase: str) -> Optional[Tensor]:
+        """One ``vmap`` over ``runs``: stack their carries, run the phase's hook, take the results back."""
+        leaves, spec, static = _stack([run.carry() for run in runs])
+        batch = _stack_tree([item[0] for item in items])
+        extras = _stack_tree([item[1] for item in items])
+        template, side = runs[0], {}
+        hook = module.client_step if phase == "step" else module.client_share
+
+        def one_client(tensors: list[Tensor], batch: Any, extras: Any) -> tuple[list[Tensor], dict[str, Tensor], dict]:
+            run = FunctionalRun.view(template, tree_unflatten(_merge(tensors, static), spec), step, extras)
+            out = hook(run, batch)
+            new_leaves, side["spec"] = tree_flatten(run.carry())
+            new_tensors, side["static"] = _split(new_leaves)
+            side["options"] = run.log_options
+            if phase == "share":
+                return new_tensors, ({} if out is None else {"share": out}), run.logs
+            return new_tensors, _named_outputs(out), run.logs
+
+        guard = None if self._checked_state else _PythonState(module.client)
+        new_tensors, outputs, logs = vmap(one_client, randomness="different")(leaves, batch, extras)
+        if guard is not None:
+            guard.check()
+            self._checked_state = True
+        for i, run in enumerate(runs):
+            run.load_carry(tree_unflatten(_merge([t[i] for t in new_tensors], side["static"]), side["spec"]))
+            if phase == "step":
+                run.record({name: value[i] for name, value in outputs.items()})
+                run.steps_taken += 1
+        for name, (total, size) in logs.items():
+            module.client_logs.add(name, total.sum(), int(size.sum()), side["options"].get(name, {}))
+        return outputs.get("share")
+
+
+# ------------------------------------------------------------------ stacking pytrees over clients
+def _split(leaves: list[Any]) -> tuple[list[Tensor], dict[int, Any]]:
+    """The tensor leaves, and the other leaves by position."""
+    return [x for x in leaves if isinstance(x, Tensor)], {j: x for j, x in enumerate(leaves) if not isinstance(x, Tensor)}
+
+
+def _merge(tensors: Sequence[Tensor], static: dict[int, Any]) -> list[Any]:
+    """The leaves of :func:`_split` put back in order."""
+    out, it = [], iter(tensors)
+    for j in range(len(tensors) + len(static)):
+        out.append(static[j] if j in static else next(it))
+    return out
+
+
+def _stack(carries: list[dict[str, Any]]) -> tuple[list[Tensor], Any, dict[int, Any]]:
+    """The clients' carries stacked leaf by leaf: (stacked tensors, the pytree spec, the shared non-tensor leaves)."""
+    flat = [tree_flatten(c) for c in carries]
+    spec = flat[0][1]
+    if any(s != spec for _, s in flat[1:]):
+        raise ValueError("the clients of a block hold different run values (scratch/state keys or list lengths); "
+                         "the batched backend needs the same structure for every client: use client_backend='sequential'")
+    tensors, static = _split(flat[0][0])
+    for leaves, _ in flat[1:]:
+        if _split(leaves)[1] != static:
+            raise ValueError(f"the clients of a block hold different non-tensor run values ({_split(leaves)[1]} vs "
+                             f"{static}); a batched step reads tensors only: use client_backend='sequential'")
+    columns = [_split(leaves)[0] for leaves, _ in flat]
+    return [torch.stack(column) for column in zip(*columns)], spec, static
+
+
+def _stack_tree(trees: list[Any]) -> Any:
+    """Batches (pytrees of tensors) stacked along a new first dimension."""
+    flat = [tree_flatten(t) for t in trees]
+    return tree_unflatten([torch.stack(column) for column in zip(*(leaves for leaves, _ in flat))], flat[0][1])
+
+
+def _signature(item: tuple[Any, dict[str, Any]]) -> tuple:
+    """The shapes of a step's batches: clients with the same signature run the step together."""
+    return tuple(tuple(x.shape) if isinstance(x, Tensor) else x for x in tree_flatten(item)[0])
+
+
+def _named_outputs(out: Any) -> dict[str, Tensor]:
+    """A step's output as named scalars (``{"loss": out}`` for a tensor; none for None)."""
+    if out is None:
+        return {}
+    return dict(out) if isinstance(out, dict) else {"loss": out}
+
+
+class _PythonState:
+    """Detects a ``training_step`` that changes Python values of the client module (a counter, a
+    torchmetrics Metric's update count): in a vectorized step it runs once for the whole block."""
+
+    def __init__(self, client: nn.Module) -> None:
+        self.client = client
+        self.before = self._snapshot()
+
+    def _snapshot(self) -> dict[tuple[str, str], Any]:
+        values = {}
+        for prefix, mod in self.client.named_modules():
+            for key, value in vars(mod).items():
+                tracked = not key.startswith("_") or (isinstance(mod, Metric) and key == "_update_count")
+                if tracked and isinstance(value, (bool, int, float, str)):
+                    values[(prefix, key)] = value
+        return values
+
+    def check(self) -> None:
+        after = self._snapshot()
+        changed = sorted(f"{p + '.' if p else ''}{k}" for (p, k), v in after.items()
+                         if (p, k) not in self.before or self.before[(p, k)] != v)
+        if changed:
+            raise ValueError(
+                f"the client's training_step changes Python state ({', '.join(changed)}): in the batched backend it runs "
+                "once per block of clients, not once per client; keep such state out of training_step or use "
+                "client_backend='sequential'"
+            )

@@ -1,0 +1,245 @@
+"""The batched client backend: the sequential backend's results for every supported algorithm,
+ragged clients, BatchNorm with per-client statistics, client logs, keyed Dropout, bf16, refusals,
+blocks bounding memory, and two processes giving the result of one."""
+
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fl_lightning.algorithms import (
+    RAGA,
+    RFA,
+    SCAFFOLD,
+    ByrdSAGA,
+    CompositionalFedAvg,
+    FedAvg,
+    FedDeper,
+    FedDRO,
+    FedProx,
+    FedProxVR,
+    LocalOnly,
+)
+from fl_lightning.backends import BatchedBackend
+from fl_lightning.dro import KLDRO
+from fl_lightning.models import MLP
+from tests.helpers import synthetic, trainer
+from tests.test_contract import outcome
+
+
+def mlp(momentum: float = 0.0, weight_decay: float = 0.0) -> MLP:
+    torch.manual_seed(0)
+    return MLP(in_features=20, hidden=(8,), num_classes=10, lr=0.1, momentum=momentum, weight_decay=weight_decay)
+
+
+def common(backend: str, block: int) -> dict:
+    return {"local_steps": 3, "client_backend": backend, "clients_per_block": block, "seed": 1}
+
+
+SUPPORTED = {
+    "FedAvg": lambda b, k: FedAvg(mlp(), clients_per_round=5, **common(b, k)),
+    "FedAvg-momentum-wd": lambda b, k: FedAvg(mlp(0.9, 1e-3), clients_per_round=5, **common(b, k)),
+    "FedAvg-nesterov": lambda b, k: FedAvg(_nesterov(), clients_per_round=5, **common(b, k)),
+    "FedProx": lambda b, k: FedProx(mlp(0.5), mu=0.1, clients_per_round=5, **common(b, k)),
+    "SCAFFOLD": lambda b, k: SCAFFOLD(mlp(), clients_per_round=5, **common(b, k)),
+    "FedDeper": lambda b, k: FedDeper(mlp(), rho=0.1, clients_per_round=5, **common(b, k)),
+    "FedDeper-independent": lambda b, k: FedDeper(mlp(), rho=0.1, independent_batches=True, update_order="gauss_seidel",
+                                                  clients_per_round=5, **common(b, k)),
+    "RAGA": lambda b, k: RAGA(mlp(), clients_per_round=5, **common(b, k)),
+    "RFA": lambda b, k: RFA(mlp(), clients_per_round=5, **common(b, k)),
+    "FedDRO": lambda b, k: FedDRO(mlp(), KLDRO(lam=2.0), beta=0.5, clients_per_round=6, **common(b, k)),
+    "CompositionalFedAvg": lambda b, k: CompositionalFedAvg(mlp(), KLDRO(lam=2.0), case="II", clients_per_round=6,
+                                                            **common(b, k)),
+    "LocalOnly": lambda b, k: LocalOnly(mlp(), clients_per_round=6, **common(b, k)),
+}
+
+
+def _nesterov() -> MLP:
+    client = mlp(0.9)
+    client.configure_optimizers = lambda: torch.optim.SGD(client.parameters(), lr=0.1, momentum=0.9, nesterov=True,
+                                                          dampening=0.0)
+    return client
+
+
+def fitted(make, backend: str, block: int = 4, rounds: int = 3, **data) -> tuple[pl.LightningModule, pl.Trainer]:
+    module = make(backend, block)
+    t = trainer(rounds)
+    t.fit(module, synthetic(6, **data))
+    return module, t
+
+
+def assert_close(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert (a[key] - b[key]).abs().max() <= atol, key
+
+
+@pytest.mark.parametrize("name", list(SUPPORTED))
+def test_batched_equals_sequential(name):
+    """Three rounds, blocks of 4 (a block and a remainder): the global model, server state and
+    every client's state equal the sequential backend's to 1e-5 (fp32, CPU)."""
+    sequential, _ = fitted(SUPPORTED[name], "sequential")
+    batched, _ = fitted(SUPPORTED[name], "batched")
+    assert isinstance(batched.backend, BatchedBackend)
+    assert_close(outcome(sequential), outcome(batched), atol=1e-5)
+
+
+def test_ragged_clients_need_no_padding():
+    """local_epochs (clients with different step counts, a smaller last batch) and clients with fewer
+    samples than the batch size: grouped by batch shape, equal to sequential."""
+    epochs = lambda b, k: FedAvg(mlp(0.9), clients_per_round=5, local_epochs=2, client_backend=b,  # noqa: E731
+                                 clients_per_block=k)
+    assert_close(outcome(fitted(epochs, "sequential")[0]), outcome(fitted(epochs, "batched")[0]), atol=1e-5)
+    small = SUPPORTED["SCAFFOLD"]
+    a, b = fitted(small, "sequential", batch_size=64), fitted(small, "batched", batch_size=64)
+    assert_close(outcome(a[0]), outcome(b[0]), atol=1e-5)
+
+
+class BatchNormClient(pl.LightningModule):
+    """BatchNorm in train mode (per-client running statistics) and a logged loss."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(20, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self(batch[0]), batch[1])
+        self.log("client_loss", loss, prog_bar=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def test_batch_norm_statistics_and_client_logs_follow_each_client():
+    make = lambda b, k: FedAvg(BatchNormClient(), clients_per_round=5, **common(b, k))  # noqa: E731
+    (seq, t_seq), (bat, t_bat) = fitted(make, "sequential"), fitted(make, "batched")
+    assert_close(outcome(seq), outcome(bat), atol=1e-5)  # running means/vars included
+    assert float(t_bat.callback_metrics["client_loss"]) == pytest.approx(float(t_seq.callback_metrics["client_loss"]),
+                                                                          rel=1e-5)
+    assert "client_loss" in t_bat.progress_bar_metrics  # the call's options are kept
+
+
+def test_bf16_mixed():
+    module = SUPPORTED["SCAFFOLD"]("batched", 4)
+    trainer(2, precision="bf16-mixed").fit(module, synthetic(6))
+    assert module.state.flatten().dtype == torch.float32 and torch.isfinite(module.state.flatten()).all()
+
+
+class DropoutClient(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_dropout_is_reproducible_for_a_seed_and_block_layout():
+    def run(seed: int, block: int) -> torch.Tensor:
+        module = FedAvg(DropoutClient(), clients_per_round=6, local_steps=3, seed=seed, client_backend="batched",
+                        clients_per_block=block)
+        torch.manual_seed(123 + seed + block)  # the global stream does not matter
+        trainer(2).fit(module, synthetic(6))
+        return module.state.flatten()
+
+    first = run(0, 3)
+    assert torch.equal(first, run(0, 3))
+    assert not torch.equal(first, run(1, 3))  # another seed, other draws
+    assert not torch.equal(first, run(0, 2))  # another block layout, other draws (equal in distribution only)
+
+
+def test_dropout_draws_are_independent_per_client():
+    """Two clients of one block with the same start, the same batch: different Dropout masks."""
+    module = FedAvg(DropoutClient(), clients_per_round=2, local_steps=1, client_backend="batched")
+    batch = (torch.randn(8, 20), torch.randint(0, 10, (8,)))
+    trainer(1).fit(module, synthetic(2))  # attaches the Trainer
+    backend, runs = module.backend, []
+    module.on_train_epoch_start()
+    for cid in (0, 1):
+        run = backend.new_run(module, cid)
+        runs.append(run)
+    with module.local_work(0, "probe"):
+        backend._call(module, runs, [(batch, {}), (batch, {})], 0, "step")
+    assert not torch.equal(runs[0].end(), runs[1].end())
+
+
+class Counting(DropoutClient):
+    def training_step(self, batch, batch_idx):
+        self.steps_taken = getattr(self, "steps_taken", 0) + 1
+        return super().training_step(batch, batch_idx)
+
+
+class AdamClient(DropoutClient):
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: FedAvg(Counting(), clients_per_round=2, local_steps=2, client_backend="batched"),
+         r"training_step changes Python state \(steps_taken\).*client_backend='sequential'"),
+        (lambda: FedAvg(AdamClient(), clients_per_round=2, local_steps=2, client_backend="batched"),
+         r"supports \['SGD'\].*returned Adam: use client_backend='sequential'"),
+        (lambda: FedProxVR(mlp(), local_steps=2, client_backend="batched"),
+         "FedProxVR's local rule cannot run in the batched client backend"),
+        (lambda: ByrdSAGA(mlp(), clients_per_round=2, client_backend="batched"),
+         "ByrdSAGA's local rule cannot run in the batched client backend"),
+    ],
+)
+def test_what_cannot_be_batched_is_refused_clearly(make, match):
+    with pytest.raises(ValueError, match=match):
+        trainer(1).fit(make(), synthetic(4))
+
+
+def test_bad_backend_arguments():
+    with pytest.raises(ValueError, match="client_backend must be 'sequential' or 'batched', got 'vmap'"):
+        FedAvg(mlp(), client_backend="vmap")
+    with pytest.raises(ValueError, match="clients_per_block must be >= 1 and an integer, got 0"):
+        FedAvg(mlp(), client_backend="batched", clients_per_block=0)
+
+
+def test_blocks_bound_the_stacked_clients():
+    """A round of 6 clients in blocks of 2: no vectorized call holds more than 2 clients, and the
+    round has 3 work items."""
+    sizes = []
+
+    class Recording(BatchedBackend):
+        def _call(self, module, runs, items, step, phase):
+            sizes.append(len(runs))
+            return super()._call(module, runs, items, step, phase)
+
+    module = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", clients_per_block=2)
+    module.backend = Recording(2)
+    trainer(1).fit(module, synthetic(6))
+    assert max(sizes) == 2 and module.num_work_items() == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SCAFFOLD", "FedDRO"])
+def test_two_processes_equal_one(name, tmp_path):
+    from tests.test_contract import Snapshot
+
+    results = []
+    for devices in (1, 2):
+        path = str(tmp_path / f"{devices}.pt")
+        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        module = SUPPORTED[name]("batched", 2)
+        trainer(2, devices=devices, strategy=strategy, callbacks=[Snapshot(path)]).fit(module, synthetic(6))
+        results.append(torch.load(path))
+    assert_close(*results, atol=1e-5)
