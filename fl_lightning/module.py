@@ -541,6 +541,24 @@ class FederatedModule(pl.LightningModule):
         for batch in batches:
             yield self.prepare_batch(client_id, batch)
 
+    def client_indices(
+        self, client_id: int, num_steps: Optional[int], stream: str = "batches", round_idx: Optional[int] = None
+    ) -> Iterator[Tensor]:
+        """The dataset indices of :meth:`client_batches`' batches (the same keyed order), for a
+        backend that gathers many clients' batches at once (then ``on_local_batch`` callbacks do
+        not run: backends use it only when no callback changes local batches)."""
+        data = self.datamodule.client_data(client_id, "train")
+        g = generator(self.seed, stream, self.current_epoch if round_idx is None else round_idx, client_id)
+        if num_steps is not None:
+            return data.step_indices(num_steps, g)
+        assert self.local_epochs is not None
+        return data.epoch_indices(self.local_epochs, g)
+
+    @property
+    def changes_local_batches(self) -> bool:
+        """Whether a callback of the round changes clients' local batches (``on_local_batch``)."""
+        return bool(self._batch_callbacks)
+
     def step_batches(self, run: ClientRun) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Each local step's batch and the batches of the extra streams, for ``run``."""
         main = iter(run.batches) if run.batches is not None else self.client_batches(run.client_id, run.num_steps)

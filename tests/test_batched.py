@@ -168,14 +168,14 @@ def test_dropout_draws_are_independent_per_client():
     module = FedAvg(DropoutClient(), clients_per_round=2, local_steps=1, client_backend="batched")
     batch = (torch.randn(8, 20), torch.randint(0, 10, (8,)))
     trainer(1).fit(module, synthetic(2))  # attaches the Trainer
-    backend, runs = module.backend, []
+    from fl_lightning.backends.batched import _Block
+
+    backend = module.backend
     module.on_train_epoch_start()
-    for cid in (0, 1):
-        run = backend.new_run(module, cid)
-        runs.append(run)
-    with module.local_work(0, "probe"):
-        backend._call(module, runs, [(batch, {}), (batch, {})], 0, "step")
-    assert not torch.equal(runs[0].end(), runs[1].end())
+    block = _Block([backend.new_run(module, cid) for cid in (0, 1)], [])
+    backend._advance(module, block, [(batch, {}), (batch, {})], 0, "step")
+    block.unstack()
+    assert not torch.equal(block.runs[0].end(), block.runs[1].end())
 
 
 class Counting(DropoutClient):
@@ -220,9 +220,9 @@ def test_blocks_bound_the_stacked_clients():
     sizes = []
 
     class Recording(BatchedBackend):
-        def _call(self, module, runs, items, step, phase):
-            sizes.append(len(runs))
-            return super()._call(module, runs, items, step, phase)
+        def _call(self, module, block, tensors, items, step, phase):
+            sizes.append(len(items))
+            return super()._call(module, block, tensors, items, step, phase)
 
     module = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", clients_per_block=2)
     module.backend = Recording(2)

@@ -43,7 +43,10 @@ from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torchmetrics import Metric
 
+from lightning_fabric.utilities.apply_func import move_data_to_device
+
 from fl_lightning.backends.base import ClientBackend
+from fl_lightning.datamodules.client_data import gather
 from fl_lightning.backends.sequential import training_loss
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
 from fl_lightning.lightning_compat import routed_log
@@ -150,9 +153,7 @@ class FunctionalRun(ClientRun):
             return self.module.functional_client.forward(list(tensors), *args)
 
     def step(self, grads: Sequence[Tensor]) -> None:
-        k = self.layout.num_param_tensors
-        params, self.opt_state = self.function.update(self.tensors[:k], grads, self.opt_state)
-        self.tensors = [*params, *self.tensors[k:]]
+        self.opt_state = self.function.step_(self.tensors[: self.layout.num_param_tensors], grads, self.opt_state)
 
     def end(self) -> Tensor:
         return self.layout.flatten(self.tensors)
@@ -199,11 +200,35 @@ class FunctionalRun(ClientRun):
         return run
 
 
+class _Indices:
+    """A client's batch given by its dataset indices (gathered with the block's other clients')."""
+
+    __slots__ = ("indices",)
+
+    def __init__(self, indices: Tensor) -> None:
+        self.indices = indices
+
+
+def _index_stream(module: "FederatedModule", run: FunctionalRun) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """A run's step batches as dataset indices (the engine's keyed order)."""
+    extras = {s: module.client_indices(run.client_id, run.num_steps, s) for s in module.extra_batch_streams}
+    for idx in module.client_indices(run.client_id, run.num_steps):
+        yield _Indices(idx), {name: _Indices(next(it)) for name, it in extras.items()}
+
+
 class _Block:
-    """A block of clients whose runs advance together, and their keyed batch streams."""
+    """A block of clients whose runs advance together: the runs, their keyed batch streams, and
+    while they step, their carries stacked along the client dimension (built once, taken back
+    into the runs once, at the end)."""
 
     def __init__(self, runs: list[FunctionalRun], streams: list[Iterator[tuple[Any, dict[str, Any]]]]) -> None:
         self.runs, self.streams = runs, streams
+        self.tensors, self.spec, self.static = _stack([run.carry() for run in runs]) if runs else ([], None, {})
+
+    def unstack(self) -> None:
+        """Give every run its values back."""
+        for i, run in enumerate(self.runs):
+            run.load_carry(tree_unflatten(_merge([t[i] for t in self.tensors], self.static), self.spec))
 
 
 class BatchedBackend(ClientBackend):
@@ -277,9 +302,12 @@ class BatchedBackend(ClientBackend):
                 raise ValueError(f"{type(module).__name__}.client_init sets a torch optimizer of its own; the batched "
                                  "backend runs the client's optimizer as a function: use client_backend='sequential'")
             runs.append(run)
-        return _Block(runs, [module.step_batches(run) for run in runs])
+        if module.changes_local_batches or any(run.batches is not None for run in runs):
+            return _Block(runs, [module.step_batches(run) for run in runs])
+        return _Block(runs, [_index_stream(module, run) for run in runs])  # gathered a step at a time
 
     def _finish_block(self, module: "FederatedModule", block: _Block) -> None:
+        block.unstack()
         for run in block.runs:
             with module.local_work(run.client_id, "final", run.round):
                 uploads = module.client_final(run)
@@ -328,24 +356,59 @@ class BatchedBackend(ClientBackend):
         for i, item in enumerate(items):
             if item is not None:
                 groups.setdefault(_signature(item), []).append(i)
-        shares: dict[int, Tensor] = {}
+        everyone = len(groups) == 1 and len(next(iter(groups.values()))) == len(block.runs)
+        results = []
         first, last = block.runs[0], block.runs[-1]
         with module.local_work(first.client_id, "block", first.round, last.client_id, phase, step):
             for members in groups.values():
-                out = self._call(module, [block.runs[i] for i in members], [items[i] for i in members], step, phase)
-                if out is not None:
-                    shares.update(zip(members, out))
-        if phase == "share" and shares:
-            return torch.stack([shares[i] for i in sorted(shares)])
-        return None
+                index = None if everyone else torch.tensor(members, device=block.tensors[0].device)
+                tensors = block.tensors if index is None else [t.index_select(0, index) for t in block.tensors]
+                results.append((members, index, self._call(module, block, tensors, [items[i] for i in members], step,
+                                                           phase)))
+        self._take_back(block, results)
+        outputs = {m: {name: value[j] for name, value in out.items()}
+                   for members, _, (_, _, _, out) in results for j, m in enumerate(members)}
+        if phase == "step":
+            for i, run in enumerate(block.runs):
+                if i in outputs:
+                    run.record(outputs[i])
+                    run.steps_taken += 1
+            return None
+        shares = [outputs[i]["share"] for i in sorted(outputs) if "share" in outputs[i]]
+        return torch.stack(shares) if shares else None
 
-    def _call(self, module: "FederatedModule", runs: list[FunctionalRun], items: list[Any], step: int,
-              phase: str) -> Optional[Tensor]:
-        """One ``vmap`` over ``runs``: stack their carries, run the phase's hook, take the results back."""
-        leaves, spec, static = _stack([run.carry() for run in runs])
-        batch = _stack_tree([item[0] for item in items])
-        extras = _stack_tree([item[1] for item in items])
-        template, side = runs[0], {}
+    @staticmethod
+    def _take_back(block: _Block, results: list) -> None:
+        """Write the groups' new carries into the block's stacked carry."""
+        specs = {(repr(spec), repr(static)) for _, _, (_, spec, static, _) in results}
+        if len(specs) > 1:
+            raise ValueError("the clients of a block changed their run values differently at one step; the batched "
+                             "backend needs the same structure for every client: use client_backend='sequential'")
+        _, _, (_, spec, static, _) = results[0]
+        if len(results) == 1 and results[0][1] is None:  # every client, one call: take the new carry as it is
+            block.tensors, block.spec, block.static = results[0][2][0], spec, static
+            return
+        if repr(spec) == repr(block.spec) and static == block.static:  # same structure: overwrite the groups' rows
+            for _, index, (tensors, _, _, _) in results:
+                for t, new in zip(block.tensors, tensors):
+                    t.index_copy_(0, index, new)
+            return
+        if sum(len(members) for members, _, _ in results) < len(block.runs):
+            raise ValueError("a step changed the structure of the run values while some clients of the block had no "
+                             "batch; use client_backend='sequential'")
+        full = [torch.empty((len(block.runs), *t.shape[1:]), dtype=t.dtype, device=t.device) for t in results[0][2][0]]
+        for _, index, (tensors, _, _, _) in results:
+            for t, new in zip(full, tensors):
+                t.index_copy_(0, index, new)
+        block.tensors, block.spec, block.static = full, spec, static
+
+    def _call(self, module: "FederatedModule", block: _Block, tensors: list[Tensor], items: list[Any], step: int,
+              phase: str) -> tuple[list[Tensor], Any, dict[int, Any], dict[str, Tensor]]:
+        """One ``vmap`` of the phase's hook over stacked carries ``tensors`` (the block's structure);
+        returns the new stacked carry, its structure and the hook's outputs, stacked."""
+        batch = _stack_batches(module, [item[0] for item in items])
+        extras = {name: _stack_batches(module, [item[1][name] for item in items]) for name in items[0][1]}
+        template, spec, static, side = block.runs[0], block.spec, block.static, {}
         hook = module.client_step if phase == "step" else module.client_share
 
         def one_client(tensors: list[Tensor], batch: Any, extras: Any) -> tuple[list[Tensor], dict[str, Tensor], dict]:
@@ -359,18 +422,13 @@ class BatchedBackend(ClientBackend):
             return new_tensors, _named_outputs(out), run.logs
 
         guard = None if self._checked_state else _PythonState(module.client)
-        new_tensors, outputs, logs = vmap(one_client, randomness="different")(leaves, batch, extras)
+        new_tensors, outputs, logs = vmap(one_client, randomness="different")(tensors, batch, extras)
         if guard is not None:
             guard.check()
             self._checked_state = True
-        for i, run in enumerate(runs):
-            run.load_carry(tree_unflatten(_merge([t[i] for t in new_tensors], side["static"]), side["spec"]))
-            if phase == "step":
-                run.record({name: value[i] for name, value in outputs.items()})
-                run.steps_taken += 1
         for name, (total, size) in logs.items():
             module.client_logs.add(name, total.sum(), int(size.sum()), side["options"].get(name, {}))
-        return outputs.get("share")
+        return new_tensors, side["spec"], side["static"], outputs
 
 
 # ------------------------------------------------------------------ stacking pytrees over clients
@@ -403,14 +461,26 @@ def _stack(carries: list[dict[str, Any]]) -> tuple[list[Tensor], Any, dict[int, 
     return [torch.stack(column) for column in zip(*columns)], spec, static
 
 
-def _stack_tree(trees: list[Any]) -> Any:
-    """Batches (pytrees of tensors) stacked along a new first dimension."""
-    flat = [tree_flatten(t) for t in trees]
+def _stack_batches(module: "FederatedModule", batches: list[Any]) -> Any:
+    """The clients' batches of a step stacked along a new first dimension: gathered from the
+    dataset in one go when given as indices, else stacked leaf by leaf."""
+    first = batches[0]
+    if isinstance(first, _Indices):
+        stacked = gather(module.datamodule.pool, torch.stack([b.indices for b in batches]))
+        return move_data_to_device(stacked, module.device)
+    if isinstance(first, tuple) and all(isinstance(t, Tensor) for t in first):  # the usual (x, y)
+        return tuple(torch.stack(column) for column in zip(*batches))
+    flat = [tree_flatten(b) for b in batches]
     return tree_unflatten([torch.stack(column) for column in zip(*(leaves for leaves, _ in flat))], flat[0][1])
 
 
 def _signature(item: tuple[Any, dict[str, Any]]) -> tuple:
     """The shapes of a step's batches: clients with the same signature run the step together."""
+    batch, extras = item
+    if isinstance(batch, _Indices):
+        return (len(batch.indices), *(len(e.indices) for e in extras.values()))
+    if not extras and isinstance(batch, tuple) and all(isinstance(t, Tensor) for t in batch):  # the usual (x, y)
+        return tuple(t.shape for t in batch)
     return tuple(tuple(x.shape) if isinstance(x, Tensor) else x for x in tree_flatten(item)[0])
 
 

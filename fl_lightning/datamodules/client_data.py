@@ -3,7 +3,9 @@
 Batches come from a ``torch.Generator`` the caller derives from (seed, round, client), so a
 client's batch order does not depend on anything else. Tensor-backed datasets
 (``TensorDataset``) are sliced directly, which is what makes per-client batching cheap;
-other map-style datasets go through ``default_collate``.
+other map-style datasets go through ``default_collate``. The batch streams are also available as
+the dataset indices of each batch (``step_indices``, ``epoch_indices``), so that a backend can
+gather the batches of many clients at once (:func:`gather`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,15 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset, default_collate
+
+
+def gather(dataset: Dataset, indices: Tensor) -> Any:
+    """The samples of ``dataset`` at ``indices`` (any shape) as one batch whose tensors have
+    ``indices``' shape in front: a ``[clients, batch]`` index gives ``[clients, batch, ...]``."""
+    if isinstance(dataset, TensorDataset):
+        return tuple(t[indices] for t in dataset.tensors)
+    flat = default_collate([dataset[i] for i in indices.reshape(-1).tolist()])
+    return tuple(t.reshape(*indices.shape, *t.shape[1:]) for t in flat) if isinstance(flat, (list, tuple)) else flat
 
 
 class ClientData:
@@ -30,13 +41,10 @@ class ClientData:
 
     def fetch(self, positions: Tensor) -> Any:
         """The batch of the split's samples at ``positions`` (positions within the split)."""
-        idx = self.indices[positions]
-        if isinstance(self.dataset, TensorDataset):
-            return tuple(t[idx] for t in self.dataset.tensors)
-        return default_collate([self.dataset[i] for i in idx.tolist()])
+        return gather(self.dataset, self.indices[positions])
 
-    def step_batches(self, steps: int, generator: torch.Generator) -> Iterator[Any]:
-        """``steps`` batches of ``min(batch_size, len)`` samples, reshuffling at each pass."""
+    def step_indices(self, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
+        """The dataset indices of ``steps`` batches of ``min(batch_size, len)`` samples, reshuffling at each pass."""
         n = len(self)
         if n == 0:
             raise ValueError("the client split is empty")
@@ -45,19 +53,32 @@ class ClientData:
         for _ in range(steps):
             if pos + b > n:
                 perm, pos = torch.randperm(n, generator=generator), 0
-            yield self.fetch(perm[pos : pos + b])
+            yield self.indices[perm[pos : pos + b]]
             pos += b
+
+    def step_batches(self, steps: int, generator: torch.Generator) -> Iterator[Any]:
+        """``steps`` batches of ``min(batch_size, len)`` samples, reshuffling at each pass."""
+        for idx in self.step_indices(steps, generator):
+            yield gather(self.dataset, idx)
+
+    def epoch_indices(
+        self, epochs: int = 1, generator: Optional[torch.Generator] = None, batch_size: Optional[int] = None
+    ) -> Iterator[Tensor]:
+        """The dataset indices of ``epochs`` passes in chunks of ``batch_size`` (default: the
+        split's; the last chunk may be smaller); shuffled if a generator is given."""
+        n, b = len(self), batch_size or self.batch_size
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+            for start in range(0, n, b):
+                yield self.indices[order[start : start + b]]
 
     def epoch_batches(
         self, epochs: int = 1, generator: Optional[torch.Generator] = None, batch_size: Optional[int] = None
     ) -> Iterator[Any]:
         """``epochs`` passes in chunks of ``batch_size`` (default: the split's; the last chunk may
         be smaller); shuffled if a generator is given, in index order otherwise."""
-        n, b = len(self), batch_size or self.batch_size
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
-            for start in range(0, n, b):
-                yield self.fetch(order[start : start + b])
+        for idx in self.epoch_indices(epochs, generator, batch_size):
+            yield gather(self.dataset, idx)
 
     def full(self) -> Any:
         """The whole split as one batch."""

@@ -1,9 +1,11 @@
-"""Local optimizers as pure functions of tensors, for backends that step many clients at once.
+"""Local optimizers as functions of tensors, for backends that step many clients at once.
 
 :class:`FunctionalSGD` reproduces ``torch.optim.SGD`` (learning rate, momentum, dampening,
-Nesterov, weight decay; per parameter group) with the same arithmetic, as a function
-``(params, grads, state) -> (params, state)`` that ``torch.func.vmap`` can batch. The state is
-a list of momentum buffers (empty before the first step, as ``torch.optim.SGD``'s).
+Nesterov, weight decay; per parameter group) with the same arithmetic, as a function of the
+parameters, their gradients and the optimizer state that ``torch.func.vmap`` can batch. Like
+``torch.optim.SGD`` it updates the parameters and momentum buffers in place: for a block of
+clients these are large stacked tensors, and a new allocation per step would cost more than the
+arithmetic. The state is a list of momentum buffers (empty before the first step).
 """
 
 from __future__ import annotations
@@ -44,27 +46,25 @@ class FunctionalSGD:
         """The learning rate of the first parameter."""
         return self.groups[0].lr
 
-    def update(
-        self, params: Sequence[Tensor], grads: Sequence[Tensor], state: Sequence[Tensor]
-    ) -> tuple[list[Tensor], list[Tensor]]:
-        """One step: ``(params, grads, momentum buffers) -> (new params, new buffers)``.
+    def step_(self, params: Sequence[Tensor], grads: Sequence[Tensor], state: Sequence[Tensor]) -> list[Tensor]:
+        """One step, in place on ``params`` (and on the momentum buffers); returns the state.
 
         With ``d = g + weight_decay * p``: ``buf = d`` at the first step, else
         ``momentum * buf + (1 - dampening) d``; the direction is ``buf`` (``d + momentum * buf``
         with Nesterov), and ``p <- p - lr * direction``.
         """
         first = len(state) == 0
-        new_params, new_state = [], []
+        new_state = []
         for i, (p, g, h) in enumerate(zip(params, grads, self.groups)):
             d = g.add(p, alpha=h.weight_decay) if h.weight_decay != 0 else g
             if h.momentum != 0:
-                buf = d.clone() if first else state[i].mul(h.momentum).add(d, alpha=1 - h.dampening)
+                buf = d.clone() if first else state[i].mul_(h.momentum).add_(d, alpha=1 - h.dampening)
                 new_state.append(buf)
                 d = d.add(buf, alpha=h.momentum) if h.nesterov else buf
             else:
                 new_state.append(torch.zeros((), dtype=p.dtype, device=p.device))
-            new_params.append(p.add(d, alpha=-h.lr))
-        return new_params, new_state
+            p.add_(d, alpha=-h.lr)
+        return new_state
 
 
 def functional_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[Tensor]) -> FunctionalSGD:
