@@ -18,13 +18,16 @@ Workloads:
 
     python benchmarks/frameworks.py [--workloads a b10 b100 c] [--threads 2] [--mnist ../shared/data] [--out results.json]
 
-Results are printed as they come and written to ``--out`` (JSON).
+Results are printed as they come and written to ``--out`` (JSON). For fl_lightning's paths the
+peak resident memory that two rounds add to the data's is measured in a spawned process: the
+batched backend's grows with the block size, not with the clients of the round.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import time
@@ -226,6 +229,30 @@ def trainer_per_client(w: Workload, dm: FederatedDataModule, rounds: int) -> flo
     return statistics.mean(seconds)
 
 
+def _rss_kib(field: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process, in KiB (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _peak_rss_child(key: str, backend: str, block: int, threads: int) -> float:
+    """In a fresh process: the peak resident memory (MB) that two fl_lightning rounds add to the data's."""
+    torch.set_num_threads(threads)
+    w = WORKLOADS[key]
+    dm = w.datamodule()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak to the current resident size (Linux >= 4.0)
+    base = _rss_kib("VmRSS")
+    fl_lightning(w, dm, 1, backend, block)
+    return (_rss_kib("VmHWM") - base) / 1024
+
+
+def peak_memory(key: str, backend: str, block: int, threads: int) -> float:
+    """Peak resident memory (MB) of the rounds of one path, measured in a spawned process."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_peak_rss_child, (key, backend, block, threads))
+
+
 # ---------------------------------------------------------------------------------- Flower
 def flower(w: Workload, rounds: int, lightning: bool, threads: int) -> Optional[float]:
     """Flower's simulation engine (Ray): one actor per core; seconds per round (warm-up round not
@@ -268,8 +295,13 @@ def main() -> None:
         entry = {"description": w.description, "flops_per_step": flops, "rounds": w.rounds, "seconds_per_round": rows}
         results["workloads"][key] = entry
 
-        def report(name: str, seconds: Optional[float]) -> None:
+        memory: dict[str, float] = {}
+        entry["peak_rss_mb"] = memory
+
+        def report(name: str, seconds: Optional[float], rss: Optional[float] = None) -> None:
             rows[name] = seconds
+            if rss is not None:
+                memory[name] = rss
             save()
             if seconds is None:
                 print(f"  {name:<34} skipped: flwr[simulation] is not installed (pip install -e '.[bench]')")
@@ -277,14 +309,17 @@ def main() -> None:
             hand = rows.get("hand-written PyTorch")
             speedup = f"{hand / seconds:6.2f}x" if hand else "   -   "
             rate = w.client_steps / seconds
+            extra = f"  peak RSS +{rss:6.0f} MB" if rss is not None else ""
             print(f"  {name:<34} {seconds * 1e3:9.1f} ms/round  {speedup} hand-written  {rate:8.0f} client-steps/s"
-                  f"  {rate * flops / 1e9:6.1f} GFLOP/s", flush=True)
+                  f"  {rate * flops / 1e9:6.1f} GFLOP/s{extra}", flush=True)
 
         best = lambda f: min(f() for _ in range(args.repeats))  # noqa: E731
         report("hand-written PyTorch", best(lambda: hand_written(w, dm, w.rounds)))
-        report("fl_lightning sequential", best(lambda: fl_lightning(w, dm, w.rounds, "sequential")))
+        report("fl_lightning sequential", best(lambda: fl_lightning(w, dm, w.rounds, "sequential")),
+               peak_memory(key, "sequential", 1, args.threads))
         for block in w.blocks:
-            report(f"fl_lightning batched, block {block}", best(lambda: fl_lightning(w, dm, w.rounds, "batched", block)))
+            report(f"fl_lightning batched, block {block}", best(lambda: fl_lightning(w, dm, w.rounds, "batched", block)),
+                   peak_memory(key, "batched", block, args.threads))
         if "trainer" not in args.skip:
             report("Trainer per client per round", trainer_per_client(w, dm, w.slow_rounds))
         if "flower" not in args.skip:
