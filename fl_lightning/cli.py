@@ -19,19 +19,33 @@ strategies are registered on import, so ``--trainer.strategy fl_ddp`` works.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+from jsonargparse import Namespace
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
+from fl_lightning.checkpoints import load_checkpoint
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.module import FederatedModule
 
 
 class FederatedCLI(LightningCLI):
-    """``LightningCLI`` in subclass mode for ``FederatedModule`` and ``FederatedDataModule``."""
+    """``LightningCLI`` in subclass mode for ``FederatedModule`` and ``FederatedDataModule``.
+
+    Two departures from ``LightningCLI``, both for resuming safely:
+
+    * ``fit`` writes a resumable checkpoint after every round (``RoundCheckpoint``) unless the
+      configuration has a checkpoint callback of its own or ``trainer.enable_checkpointing`` is
+      false;
+    * ``--ckpt_path`` never replaces the configured model with the checkpoint's: a checkpoint of
+      another algorithm is refused, and settings that differ from the checkpoint's are used as
+      configured, with a warning naming each (``FederatedModule.on_load_checkpoint``).
+    """
 
     def __init__(self, args: Optional[list[str]] = None, run: bool = True) -> None:
         super().__init__(
@@ -43,6 +57,36 @@ class FederatedCLI(LightningCLI):
             run=run,
             save_config_kwargs={"overwrite": True},
         )
+
+    def before_instantiate_classes(self) -> None:
+        """Add a ``RoundCheckpoint`` to ``fit`` when the configuration has no checkpoint callback."""
+        if self.subcommand != "fit":
+            return
+        trainer = self.config["fit"]["trainer"]
+        if trainer.get("enable_checkpointing") is False:
+            return
+        callbacks = list(trainer.get("callbacks") or [])
+        if not any(_is_checkpoint(c) for c in callbacks):
+            callbacks.append(Namespace(class_path="fl_lightning.callbacks.RoundCheckpoint", init_args=Namespace()))
+            trainer["callbacks"] = callbacks
+
+    def _parse_ckpt_path(self) -> None:
+        """(Replaces ``LightningCLI``'s, which merges the checkpoint's hyperparameters into the
+        configuration.) Check the checkpoint file and refuse one written by another algorithm."""
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        ckpt_path = self.config[subcommand].get("ckpt_path")
+        if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry"):
+            return
+        hparams = load_checkpoint(ckpt_path).get("hyper_parameters", {})
+        saved = hparams.get("_class_path")
+        configured = self.config[subcommand]["model"].get("class_path")
+        if saved is not None and configured is not None and _class_name(saved) != _class_name(configured):
+            raise ValueError(
+                f"--ckpt_path {ckpt_path} was written by {saved}, but the configured model is {configured}; "
+                f"resume with --model.class_path {saved} (and its settings), or start a new run without --ckpt_path"
+            )
 
 
 class PeFLLPredictCLI(FederatedCLI):
@@ -68,7 +112,7 @@ def pefll_predict(args: list[str]) -> dict[int, float]:
     model, dm = cli.model, cli.datamodule
     if not isinstance(model, PeFLL):
         raise ValueError(f"pefll-predict needs a PeFLL model in the config, got {type(model).__name__}")
-    checkpoint = torch.load(options["ckpt_path"], map_location="cpu", weights_only=True)
+    checkpoint = load_checkpoint(options["ckpt_path"])
     model.load_state_dict(checkpoint["state_dict"])
     personal = predict_clients(model.eval(), dm, options["clients"], options["labels_hidden"], options["output_dir"])
     accuracies = {}
@@ -82,6 +126,27 @@ def pefll_predict(args: list[str]) -> dict[int, float]:
             accuracies[cid] = float((client(x).argmax(-1) == y).float().mean())
         print(f"client {cid}: test accuracy {accuracies[cid]:.4f} -> {Path(options['output_dir']) / f'client_{cid}.pt'}")
     return accuracies
+
+
+def _class_name(class_path: str) -> str:
+    """The class name of a class path (``fl_lightning.algorithms.FedAvg`` and
+    ``fl_lightning.algorithms.fedavg.FedAvg`` name the same class)."""
+    return class_path.rsplit(".", 1)[-1]
+
+
+def _is_checkpoint(callback: Any) -> bool:
+    """Whether a configured callback (an instance or a ``class_path`` entry) is a ``ModelCheckpoint``."""
+    if isinstance(callback, ModelCheckpoint):
+        return True
+    class_path = callback.get("class_path") if isinstance(callback, (dict, Namespace)) else None
+    if not isinstance(class_path, str):
+        return False
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, ModelCheckpoint)
 
 
 def main(args: Optional[list[str]] = None) -> None:

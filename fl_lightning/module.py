@@ -36,8 +36,6 @@ server. ``docs/engine.md`` lists them with a complete example; each has one mean
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Literal, Mapping, Optional
@@ -52,6 +50,7 @@ from fl_lightning.backends import BatchedBackend, ClientBackend, ModuleRun, Sequ
 from fl_lightning.backends.functional import FunctionalClient
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.base import Aggregator, FederatedCallback
+from fl_lightning.checkpoints import CheckpointError, install_safe_io
 from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and_world
 from fl_lightning.lightning_compat import count_optimizer_step, raw_optimizer, routed_log, set_current_hook
 from fl_lightning.local_logging import LocalLogBuffer
@@ -60,6 +59,7 @@ from fl_lightning.schedules import LocalSchedule
 from fl_lightning.seeding import generator, keyed_rng, sample_clients
 from fl_lightning.state import ClientStateStore, StateDefault, StateSpec
 from fl_lightning.update import ClientUpdate, Reduction, UpdateSpec, all_finite, finish_linear, linear_sums
+from fl_lightning.validation import check_int, check_number
 from fl_lightning.vectors import StateVector
 
 NonFinitePolicy = Literal["skip", "raise"]
@@ -133,7 +133,7 @@ class FederatedModule(pl.LightningModule):
             raise TypeError(f"client must be a LightningModule, got {type(client).__name__}")
         if local_steps is None and local_epochs is None:
             local_steps = 10
-        _check_int("clients_per_round", clients_per_round, 1)
+        check_int("clients_per_round", clients_per_round, 1)
         if local_steps is not None and local_epochs is not None:
             raise ValueError(
                 f"give exactly one of local_steps and local_epochs, got local_steps={local_steps}, "
@@ -141,17 +141,15 @@ class FederatedModule(pl.LightningModule):
             )
         for name, value in (("local_steps", local_steps), ("local_epochs", local_epochs)):
             if value is not None:
-                _check_int(name, value, 1)
-        if not (isinstance(server_lr, (int, float)) and math.isfinite(server_lr) and server_lr > 0):
-            raise ValueError(f"server_lr must be > 0 and finite, got {server_lr!r}")
-        if not (isinstance(server_momentum, (int, float)) and 0 <= server_momentum < 1):
-            raise ValueError(f"server_momentum must be in [0, 1), got {server_momentum!r}")
+                check_int(name, value, 1)
+        check_number("server_lr", server_lr, 0.0, low_open=True)
+        check_number("server_momentum", server_momentum, 0.0, 1.0)
         if nonfinite_updates not in ("skip", "raise"):
             raise ValueError(f"nonfinite_updates must be 'skip' or 'raise', got {nonfinite_updates!r}")
-        _check_int("seed", seed, 0)
+        check_int("seed", seed, 0)
         if client_backend not in ("sequential", "batched"):
             raise ValueError(f"client_backend must be 'sequential' or 'batched', got {client_backend!r}")
-        _check_int("clients_per_block", clients_per_block, 1)
+        check_int("clients_per_block", clients_per_block, 1)
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
         # that checkpoints hold no pickled object and load with weights_only=True
         self.save_hyperparameters(ignore=["client"])
@@ -252,6 +250,7 @@ class FederatedModule(pl.LightningModule):
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
         strategy = self.trainer.strategy
+        install_safe_io(strategy)  # checkpoints are read with weights_only=True and clear errors
         if isinstance(strategy, DDPStrategy) and not getattr(strategy, "is_federated", False):
             raise ValueError(
                 f"strategy {type(strategy).__name__} all-reduces the gradients of every local step; "
@@ -718,21 +717,62 @@ class FederatedModule(pl.LightningModule):
             "store": self.store.state_dict(),
             "fingerprint": self.fingerprint(),
             "shared": None if self.shared is None else self.shared.cpu(),
+            "client": client_recipe(self.client),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another configuration (algorithm, model size, clients, data,
+        seed) or with non-finite state; warn about every other setting that changed (the run
+        uses the new value: a flag the user typed is never ignored)."""
         saved = checkpoint.get("federated")
         if saved is None:
-            raise ValueError("the checkpoint was not written by a FederatedModule (no 'federated' entry)")
+            raise CheckpointError("the checkpoint was not written by a FederatedModule (no 'federated' entry)")
         if self._trainer is not None and getattr(self._trainer, "datamodule", None) is not None:
             mine = self.fingerprint()
             diff = {k: (saved["fingerprint"].get(k), v) for k, v in mine.items() if saved["fingerprint"].get(k) != v}
             if diff:
                 lines = ", ".join(f"{k}: checkpoint {a!r} vs run {b!r}" for k, (a, b) in diff.items())
-                raise ValueError(f"the checkpoint comes from another configuration ({lines})")
+                raise CheckpointError(
+                    f"the checkpoint comes from another configuration ({lines}); resume it with the configuration "
+                    "that wrote it, or start a new run without ckpt_path"
+                )
+            self._warn_changed_settings(checkpoint, saved)
+        bad = [f"client {cid} entry {name!r}" for cid, entry in saved["store"].items()
+               for name, value in entry.items() if not all_finite([value])]
+        if saved.get("shared") is not None and not all_finite([saved["shared"]]):
+            bad.append("the lock-step shared value")
+        if bad:
+            raise CheckpointError(f"the checkpoint holds NaN or Inf in {', '.join(bad[:5])}"
+                                  f"{' and more' if len(bad) > 5 else ''}; it cannot be resumed")
         self.store.load_state_dict(saved["store"])
         shared = saved.get("shared")
         self.shared = None if shared is None else shared.to(self.device)
+
+    def _warn_changed_settings(self, checkpoint: dict[str, Any], saved: dict[str, Any]) -> None:
+        """Warn about hyperparameters of the module, the client and the data that differ from the checkpoint's."""
+        changes = []
+        groups = [
+            ("model", checkpoint.get("hyper_parameters", {}), dict(self.hparams)),
+            ("client", saved.get("client", {}).get("hparams", {}), client_recipe(self.client)["hparams"]),
+            ("data", checkpoint.get("datamodule_hyper_parameters", {}), dict(getattr(self.datamodule, "hparams", {}))),
+        ]
+        for group, before, now in groups:
+            for key in sorted(set(before) | set(now)):
+                if key.startswith("_") or before.get(key) == now.get(key):
+                    continue
+                changes.append(f"{group}.{key}: checkpoint {before.get(key)!r}, now {now.get(key)!r}")
+        before_class = saved.get("client", {}).get("class_path")
+        if before_class is not None and before_class != client_recipe(self.client)["class_path"]:
+            changes.append(f"client class: checkpoint {before_class}, now {client_recipe(self.client)['class_path']}")
+        if changes:
+            warnings.warn("resuming with changed settings; the run uses the new values: " + "; ".join(changes),
+                          UserWarning, stacklevel=2)
+
+
+def client_recipe(client: pl.LightningModule) -> dict[str, Any]:
+    """The client module's class path and its plain hyperparameters (what rebuilds it)."""
+    hparams = {k: v for k, v in dict(getattr(client, "hparams", {})).items() if _plain(v) and not k.startswith("_")}
+    return {"class_path": f"{type(client).__module__}.{type(client).__qualname__}", "hparams": hparams}
 
 
 def _plain(value: Any) -> bool:
@@ -748,9 +788,3 @@ def _plain(value: Any) -> bool:
 
 def _drop_log(*args: Any, **kwargs: Any) -> None:
     """Stands in for a client's ``self.log`` during local work inside an evaluation hook."""
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    """``value`` must be an integer (not a bool) >= ``minimum``; else a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be >= {minimum} and an integer, got {value!r}")

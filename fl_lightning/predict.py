@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from fl_lightning.algorithms.pefll import PeFLL
+from fl_lightning.checkpoints import load_checkpoint
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.vectors import StateVector
 
@@ -120,10 +121,13 @@ def load_pefll(checkpoint_path: Union[str, Path], map_location: Any = "cpu", **o
         **overrides: constructor arguments the checkpoint does not hold: ``client`` (the client
             module) and ``embedding`` (the embedding network), built as for training.
     """
-    path = Path(checkpoint_path)
-    if not path.is_file():
-        raise ValueError(f"checkpoint_path must be an existing file, got {str(path)!r}")
-    model = PeFLL.load_from_checkpoint(path, map_location=map_location, weights_only=True, **overrides)
+    checkpoint = load_checkpoint(checkpoint_path, map_location, name="checkpoint_path")
+    hparams = {**checkpoint.get("hyper_parameters", {}), **overrides}
+    hparams.pop("_instantiator", None)
+    hparams.pop("_class_path", None)
+    model = PeFLL(**hparams)
+    model.on_load_checkpoint(checkpoint)
+    model.load_state_dict(checkpoint["state_dict"])
     return model.eval()
 
 

@@ -74,7 +74,7 @@ def config(dataset: str, model: str, n: int, m: int, method: str) -> dict[str, A
             },
             "callbacks": [
                 {"class_path": "fl_lightning.callbacks.personalized.PersonalizedAccuracy"},
-                {"class_path": "pytorch_lightning.callbacks.ModelCheckpoint", "init_args": {"save_last": True, "save_top_k": 0}},
+                {"class_path": "fl_lightning.callbacks.RoundCheckpoint"},
             ],
         },
     }

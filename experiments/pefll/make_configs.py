@@ -42,7 +42,8 @@ def metrics(extra: list | None = None) -> list:
         {"class_path": "fl_lightning.callbacks.ClientMetrics", "init_args": {"split": "test", "clients": "unseen"}},
         *(extra or []),
         {"class_path": "pytorch_lightning.callbacks.ModelCheckpoint",
-         "init_args": {"monitor": "clients_val/acc_mean", "mode": "max", "save_last": True}},
+         "init_args": {"monitor": "clients_val/acc_mean", "mode": "max"}},
+        {"class_path": "fl_lightning.callbacks.RoundCheckpoint"},
     ]
 
 

@@ -11,6 +11,7 @@ from fl_lightning.callbacks.attacks import (
     SignFlipAttack,
 )
 from fl_lightning.callbacks.base import Aggregator, FederatedCallback
+from fl_lightning.callbacks.checkpoint import RoundCheckpoint
 from fl_lightning.callbacks.class_metrics import ClassAccuracy
 from fl_lightning.callbacks.client_metrics import ClientMetrics
 from fl_lightning.callbacks.finetune import LocalFinetuning
@@ -41,6 +42,7 @@ __all__ = [
     "LocalFinetuning",
     "PersonalizedAccuracy",
     "RobustAggregator",
+    "RoundCheckpoint",
     "ScalingAttack",
     "SignFlipAttack",
     "TrimmedMean",

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 
 from fl_lightning.datamodules import partition as P
 from fl_lightning.datamodules.client_data import ClientData
+from fl_lightning.validation import check_int, check_number
 
 Split = Literal["train", "val", "test"]
 
@@ -89,18 +90,20 @@ class FederatedDataModule(pl.LightningDataModule):
         super().__init__()
         if partition not in P.PARTITIONS:
             raise ValueError(f"partition must be one of {P.PARTITIONS}, got {partition!r}")
-        if num_clients < 1:
-            raise ValueError(f"num_clients must be >= 1, got {num_clients}")
-        if partition == "dirichlet" and not alpha > 0:
-            raise ValueError(f"alpha must be > 0, got {alpha}")
+        check_int("num_clients", num_clients, 1)
+        if partition == "dirichlet":
+            check_number("alpha", alpha, 0.0, low_open=True)
+        check_int("min_samples", min_samples, 0)
+        check_int("shards_per_client", shards_per_client, 1)
+        check_int("classes_per_client", classes_per_client, 1)
         for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction),
                             ("unseen_fraction", unseen_fraction)):
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value}")
+            check_number(name, value, 0.0, 1.0)
         if val_fraction + test_fraction >= 1.0:
             raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction + test_fraction}")
-        if batch_size < 1 or eval_batch_size < 1:
-            raise ValueError(f"batch_size and eval_batch_size must be >= 1, got {batch_size}, {eval_batch_size}")
+        check_int("batch_size", batch_size, 1)
+        check_int("eval_batch_size", eval_batch_size, 1)
+        check_int("seed", seed, 0)
         # checkpointed, but not merged into the logger's hyperparameters: the names a datamodule and
         # an algorithm share (seed, alpha) would make Lightning refuse to log them
         self.save_hyperparameters(logger=False)
@@ -138,6 +141,9 @@ class FederatedDataModule(pl.LightningDataModule):
             return
         self.pool, self.test_set = self.build_datasets()
         labels = labels_of(self.pool)
+        if self.num_clients > len(labels):
+            raise ValueError(f"num_clients={self.num_clients} is more than the {len(labels)} samples of the data: every "
+                             "client needs at least one")
         parts = self._partition(labels)
         self.num_clients = len(parts)
         fractions = [self.val_fraction, self.test_fraction]
@@ -151,6 +157,9 @@ class FederatedDataModule(pl.LightningDataModule):
         if empty:
             raise ValueError(f"client(s) {empty[:10]} have no training samples after the val/test split")
         num_unseen = int(round(self.unseen_fraction * self.num_clients))
+        if num_unseen >= self.num_clients:
+            raise ValueError(f"unseen_fraction={self.unseen_fraction} holds out {num_unseen} of {self.num_clients} "
+                             "clients, leaving none to train; lower it")
         order = np.random.default_rng(self.seed).permutation(self.num_clients)
         self.unseen_clients = sorted(order[:num_unseen].tolist())
         self.train_clients = sorted(order[num_unseen:].tolist())
@@ -183,8 +192,11 @@ class FederatedDataModule(pl.LightningDataModule):
         return len(self.splits["train"][client_id])
 
     def partition_hash(self) -> str:
-        """A short digest of every client's split indices (identifies the data configuration)."""
-        h = hashlib.sha256()
+        """A short digest of the data configuration: the datamodule's class, the labels of the
+        pool and every client's split indices."""
+        h = hashlib.sha256(type(self).__qualname__.encode())
+        if self.pool is not None:
+            h.update(np.ascontiguousarray(labels_of(self.pool), dtype=np.int64).tobytes())
         for name in ("train", "val", "test"):
             for idx in self.splits.get(name, []):
                 h.update(np.asarray(idx, dtype=np.int64).tobytes())

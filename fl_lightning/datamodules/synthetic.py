@@ -19,6 +19,19 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from fl_lightning.datamodules.base import FederatedDataModule
+from fl_lightning.validation import check_int, check_number
+
+
+def check_synthetic(alpha: float, beta: float, dim: int, num_classes: int, min_samples: int, max_samples: int) -> None:
+    """Refuse Synthetic(alpha, beta) arguments that generate no (or meaningless) data."""
+    if not (isinstance(alpha, (int, float)) and isinstance(beta, (int, float)) and alpha >= 0 and beta >= 0):
+        raise ValueError(f"alpha and beta must be >= 0, got alpha={alpha!r}, beta={beta!r}")
+    check_number("alpha", alpha, 0.0)
+    check_number("beta", beta, 0.0)
+    check_int("dim", dim, 1)
+    check_int("num_classes", num_classes, 2)
+    check_int("min_samples", min_samples, 1)
+    check_int("max_samples", max_samples, min_samples)
 
 
 def synthetic_clients(
@@ -33,10 +46,8 @@ def synthetic_clients(
     seed: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Generate (inputs [N, dim], labels [N], client of each sample [N])."""
-    if alpha < 0 or beta < 0:
-        raise ValueError(f"alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
-    if num_clients < 1:
-        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    check_int("num_clients", num_clients, 1)
+    check_synthetic(alpha, beta, dim, num_classes, min_samples, max_samples)
     rng = np.random.default_rng(seed)
     sizes = np.minimum(rng.lognormal(4, 2, num_clients).astype(int) + min_samples, max_samples)
     sigma = np.array([(j + 1) ** -1.2 for j in range(dim)])
@@ -86,6 +97,7 @@ class SyntheticFederated(FederatedDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(num_clients=num_clients, partition=partition, test_fraction=test_fraction, **kwargs)
+        check_synthetic(alpha, beta, dim, num_classes, min_samples, max_samples)
         self.synthetic = dict(alpha=alpha, beta=beta, iid=iid, dim=dim, num_classes=num_classes,
                               min_samples=min_samples, max_samples=max_samples)
         self._owner: Optional[np.ndarray] = None
