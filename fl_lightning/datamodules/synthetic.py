@@ -12,6 +12,7 @@ min_samples``, capped). Each client is one ``natural`` partition; its test split
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -98,6 +99,13 @@ class SyntheticFederated(FederatedDataModule):
     ) -> None:
         super().__init__(num_clients=num_clients, partition=partition, test_fraction=test_fraction, **kwargs)
         check_synthetic(alpha, beta, dim, num_classes, min_samples, max_samples)
+        check_int("num_clients", num_clients, 1)
+        needed = num_clients * min_samples * (dim + 2) * 4  # bytes of the smallest possible data
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+        if memory is not None and needed > memory:
+            raise ValueError(f"num_clients={num_clients} needs at least {needed / 2**30:.1f} GiB of data "
+                             f"(min_samples={min_samples} samples of dim={dim} each); this machine has "
+                             f"{memory / 2**30:.1f} GiB")
         self.synthetic = dict(alpha=alpha, beta=beta, iid=iid, dim=dim, num_classes=num_classes,
                               min_samples=min_samples, max_samples=max_samples)
         self._owner: Optional[np.ndarray] = None

@@ -1,0 +1,245 @@
+"""Reliability and security: a run killed mid-round (or mid-write) resumes bitwise from
+``last.ckpt``; no load path runs code from a file; the CLI's ``--ckpt_path`` never changes what
+the user configured; non-finite updates and state never persist; bad input fails clearly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO
+from fl_lightning.callbacks import FederatedCallback, RoundCheckpoint, SignFlipAttack
+from fl_lightning.checkpoints import CheckpointError, load_checkpoint
+from fl_lightning.cli import FederatedCLI, main
+from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
+from fl_lightning.dro import KLDRO
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = str(ROOT / "configs" / "quickstart.yaml")
+
+
+def build(name: str) -> pl.LightningModule:
+    """The federations killed in tests/crash_child.py (also built here, to compare)."""
+    torch.manual_seed(0)
+    if name == "FedAvg":
+        return FedAvg(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=3, seed=1, server_momentum=0.5)
+    if name == "SCAFFOLD":
+        return SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=3, seed=1)
+    return FedDRO(tiny_client(hidden=(8,)), KLDRO(lam=2.0), beta=0.5, local_steps=2, clients_per_round=6, seed=1)
+
+
+def data() -> SyntheticFederated:
+    return synthetic(6)
+
+
+def killed_run(name: str, folder: Path, mode: str) -> None:
+    """Run tests/crash_child.py until it hangs in round 3, then SIGKILL it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-m", "tests.crash_child", name, str(folder), mode], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not (folder / "ready").exists():
+        if child.poll() is not None:
+            raise AssertionError(f"the child ended before hanging: {child.stderr.read().decode()[-2000:]}")
+        if time.time() > deadline:
+            child.kill()
+            raise AssertionError("the child did not reach round 3")
+        time.sleep(0.1)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["FedAvg", "SCAFFOLD", "FedDRO"])
+@pytest.mark.parametrize("mode", ["round", "write"])
+def test_a_killed_run_resumes_bitwise_from_last_ckpt(name, mode, tmp_path):
+    killed_run(name, tmp_path, mode)
+    last = tmp_path / "last.ckpt"
+    assert load_checkpoint(last)["global_step"] == 3  # rounds 0-2 kept; round 3 (and its partial write) lost
+    straight = build(name)
+    trainer(5).fit(straight, data())
+    resumed = build(name)
+    trainer(5).fit(resumed, data(), ckpt_path=str(last))
+    assert torch.equal(global_vector(straight), global_vector(resumed))
+    for cid in straight.store.clients():
+        for entry in straight.state_specs:
+            assert torch.equal(straight.store.get(cid, entry), resumed.store.get(cid, entry))
+
+
+def test_round_checkpoint_writes_every_n_rounds_and_the_last(tmp_path):
+    steps = []
+
+    class Spy(pl.Callback):  # what is on disk when each round starts, and at the end
+        def on_train_epoch_start(self, trainer, module):
+            path = tmp_path / "last.ckpt"
+            steps.append(load_checkpoint(path)["global_step"] if path.exists() else None)
+
+        on_train_end = on_train_epoch_start
+
+    checkpoint = RoundCheckpoint(dirpath=str(tmp_path), every_n_rounds=2)
+    trainer(5, callbacks=[checkpoint, Spy()], enable_checkpointing=True).fit(
+        FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    assert steps == [None, None, 2, 2, 4, 5]  # written after rounds 2 and 4, and the last one
+    assert not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(ValueError, match="every_n_rounds must be >= 1 and an integer, got 0"):
+        RoundCheckpoint(every_n_rounds=0)
+
+
+# ------------------------------------------------------------------ no code runs from a file
+class Exploit:
+    """Pickles to a call of ``os.system``: what a crafted checkpoint would carry."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def crafted(tmp_path: Path) -> tuple[Path, Path]:
+    marker, path = tmp_path / "pwned", tmp_path / "crafted.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"x": Exploit(marker)}, "federated": Exploit(marker)}, path)
+    return path, marker
+
+
+def test_no_load_path_runs_code_from_a_crafted_checkpoint(tmp_path, monkeypatch):
+    path, marker = crafted(tmp_path)
+    from fl_lightning.predict import load_pefll
+
+    loads = [
+        lambda: load_checkpoint(path),
+        lambda: trainer(1).fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4), ckpt_path=str(path)),
+        lambda: trainer(1).validate(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4),
+                                    ckpt_path=str(path)),
+        lambda: load_pefll(path),
+        lambda: main(["pefll-predict", "--config", str(ROOT / "configs" / "pefll" / "cifar10_n100_pefll.yaml"),
+                      "--predict.ckpt_path", str(path)]),
+        lambda: main(["fit", "--config", QUICK, "--trainer.max_epochs", "1", "--ckpt_path", str(path)]),
+    ]
+    monkeypatch.chdir(tmp_path)
+    for load in loads:
+        with pytest.raises((CheckpointError, SystemExit), match="could run code|objects") as info:
+            load()
+        assert not marker.exists(), info
+    with pytest.raises(CheckpointError, match="empty \\(0 bytes\\)"):
+        (tmp_path / "empty.ckpt").write_bytes(b"")
+        trainer(1).fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4),
+                       ckpt_path=str(tmp_path / "empty.ckpt"))
+
+
+# ------------------------------------------------------------------ the CLI's --ckpt_path
+def quick_args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", QUICK, "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar",
+            "false", "--trainer.logger", "false", "--data.init_args.print_summary", "false",
+            "--trainer.callbacks", "[]", *extra]
+
+
+def test_cli_resume_never_replaces_what_the_user_configured(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    FederatedCLI(args=quick_args(tmp_path, "--trainer.max_epochs", "2"))
+    last = next(tmp_path.rglob("last.ckpt"))  # written by the CLI's default RoundCheckpoint
+    with pytest.raises(ValueError, match=r"written by fl_lightning\.algorithms\.FedAvg, but the configured model is "
+                                         r"fl_lightning\.algorithms\.SCAFFOLD.*--model\.class_path"):
+        FederatedCLI(args=quick_args(tmp_path, "--model.class_path", "fl_lightning.algorithms.SCAFFOLD",
+                                     "--trainer.max_epochs", "3", "--ckpt_path", str(last)))
+    with pytest.warns(UserWarning, match="changed settings; the run uses the new values: model.local_steps: "
+                                         "checkpoint 20, now 5"):
+        cli = FederatedCLI(args=quick_args(tmp_path, "--model.init_args.local_steps", "5", "--trainer.max_epochs", "3",
+                                           "--ckpt_path", str(last)))
+    assert cli.model.local_steps == 5 and cli.trainer.current_epoch == 3
+
+
+# ------------------------------------------------------------------ non-finite updates and state
+class PoisonState(FederatedCallback):
+    """Turns the update of the round's first client into NaN."""
+
+    def on_client_update(self, trainer, module, update):
+        if update.client_id == module.round_clients[0]:
+            update.tensors["delta"] = update.tensors["delta"] * float("nan")
+        return update
+
+
+def test_a_poisoned_round_does_not_poison_client_state():
+    module = SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=2, seed=1)
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        trainer(3, callbacks=[PoisonState()]).fit(module, synthetic(6))
+    for cid in module.store.clients():
+        assert torch.isfinite(module.store.get(cid, "control")).all()
+    poisoned = {module.sample_round(r)[0] for r in range(3)}
+    kept_elsewhere = {c for r in range(3) for c in module.sample_round(r)[1:]}
+    assert poisoned - kept_elsewhere <= set(range(6)) - set(module.store.clients())  # never stored from a NaN round
+
+
+def test_an_attack_that_overflows_is_caught_after_the_round_transforms():
+    module = FedAvg(tiny_client(), clients_per_round=6, local_steps=1, seed=1)
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        t = trainer(2, callbacks=[SignFlipAttack(scale=1e39, count=1)])
+        t.fit(module, synthetic(6))
+    assert torch.isfinite(global_vector(module)).all()
+    assert float(t.callback_metrics["round/excluded"]) >= 1
+
+
+def test_a_checkpoint_with_non_finite_client_state_is_refused(tmp_path):
+    checkpoint = RoundCheckpoint(dirpath=str(tmp_path))
+    trainer(1, callbacks=[checkpoint], enable_checkpointing=True).fit(build("SCAFFOLD"), data())
+    saved = load_checkpoint(tmp_path / "last.ckpt")
+    cid = next(iter(saved["federated"]["store"]))
+    saved["federated"]["store"][cid]["control"][0] = float("inf")
+    torch.save(saved, tmp_path / "bad.ckpt")
+    with pytest.raises(CheckpointError, match=f"NaN or Inf in client {cid} entry 'control'"):
+        trainer(2).fit(build("SCAFFOLD"), data(), ckpt_path=str(tmp_path / "bad.ckpt"))
+
+
+# ------------------------------------------------------------------ clear errors
+class HundredSamples(FederatedDataModule):
+    def build_datasets(self):
+        return TensorDataset(torch.randn(100, 20), torch.randint(0, 10, (100,))), None
+
+
+class DictWithoutLoss(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(20, 10)
+
+    def training_step(self, batch, batch_idx):
+        return {"value": F.cross_entropy(self.layer(batch[0]), batch[1])}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: trainer(1).fit(FedAvg(DictWithoutLoss(), clients_per_round=2, local_steps=1), synthetic(4)),
+         TypeError, r"training_step must return a loss tensor or a dict with a 'loss' tensor, got a dict with keys \['value'\]"),
+        (lambda: SyntheticFederated(num_clients="20"), ValueError, "num_clients must be >= 1 and an integer, got '20'"),
+        (lambda: SyntheticFederated(batch_size=None), ValueError, "batch_size must be >= 1 and an integer, got None"),
+        (lambda: SyntheticFederated(seed=-1), ValueError, "seed must be >= 0 and an integer, got -1"),
+        (lambda: synthetic(10, unseen_fraction=0.99).setup(), ValueError,
+         r"unseen_fraction=0.99 holds out 10 of 10 clients, leaving none to train"),
+        (lambda: SyntheticFederated(dim=0), ValueError, "dim must be >= 1 and an integer, got 0"),
+        (lambda: SyntheticFederated(num_classes=0), ValueError, "num_classes must be >= 2 and an integer, got 0"),
+        (lambda: SyntheticFederated(min_samples=50, max_samples=10), ValueError,
+         "max_samples must be >= 50 and an integer, got 10"),
+        (lambda: SyntheticFederated(min_samples=-5), ValueError, "min_samples must be >= 1 and an integer, got -5"),
+        (lambda: synthetic(10 ** 9), ValueError, r"num_clients=1000000000 needs at least 1639\.1 GiB of data"),
+        (lambda: HundredSamples(num_clients=10 ** 9).setup(), ValueError,
+         "num_clients=1000000000 is more than the 100 samples of the data"),
+    ],
+)
+def test_bad_input_fails_naming_the_parameter(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
