@@ -1,75 +1,116 @@
-"""Per-round time and memory against the total number of clients, at 10 clients per round.
+"""Memory and time against the number of clients, at 10 clients per round: the client state
+store keeps at most its budget in RAM and spills the rest to disk.
 
-SCAFFOLD (it keeps per-client state) on generated MNIST-shaped data with 100, 1,000 and
-10,000 clients: the per-round time and the client-state memory should follow the clients
-per round, not the total. Prints one row per federation size and the time ratio to the
-smallest one.
+SCAFFOLD (a control variate per client) and FedDeper (a personal model per client), MLP
+784-200-200-10 (0.76 MB of state per client), MNIST-shaped random data with 2 samples per client,
+10 clients per round, 10 local steps. For each federation size, the same run with the store's
+budget at 64 MiB (bounded) and unbounded (everything in RAM): the resident memory of the process
+over the data's after rounds 10, 100 and 300, and ms per round (bounded / unbounded).
 
-    python benchmarks/scale.py [--rounds 10]
+    python benchmarks/scale.py [--clients 10000 100000] [--rounds 300] [--budget-mib 64] [--out scale.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import json
+import multiprocessing
+import tempfile
 import time
 
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_lightning.algorithms import SCAFFOLD
+from fl_lightning.algorithms import SCAFFOLD, FedDeper
 from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.models import MLP
 
-SAMPLES = 60_000
+CHECKPOINTS = (10, 100, 300)
 
 
 class RandomMNIST(FederatedDataModule):
-    """MNIST-shaped random data (60,000 samples)."""
+    """MNIST-shaped random data, 2 samples per client."""
 
     def build_datasets(self):
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(SAMPLES, 1, 28, 28, generator=g)
-        return TensorDataset(x, torch.randint(0, 10, (SAMPLES,), generator=g)), None
+        n = 2 * self.num_clients
+        return TensorDataset(torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)), None
 
 
-class Timer(pl.Callback):
-    """Seconds per round, excluding the first (warm-up) round."""
+def rss_mib() -> float:
+    """The process's resident memory now (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
-    def on_train_epoch_start(self, trainer, pl_module):
+
+class Probe(pl.Callback):
+    """Resident memory after the rounds of ``CHECKPOINTS``, and seconds per round after the first."""
+
+    def __init__(self, base: float) -> None:
+        self.base, self.rss, self.start = base, {}, 0.0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.current_epoch == 1:
             self.start = time.perf_counter()
 
-    def on_train_end(self, trainer, pl_module):
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        done = trainer.current_epoch + 1
+        if done in CHECKPOINTS:
+            self.rss[done] = rss_mib() - self.base
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.per_round = (time.perf_counter() - self.start) / (trainer.current_epoch - 1)
 
 
-def run(num_clients: int, rounds: int) -> tuple[float, int]:
+def run(algorithm: str, num_clients: int, rounds: int, budget: int) -> dict:
+    """One run in a fresh process (so that its memory is its own)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_run, (algorithm, num_clients, rounds, budget))
+
+
+def _run(algorithm: str, num_clients: int, rounds: int, budget: int) -> dict:
+    torch.set_num_threads(1)
+    dm = RandomMNIST(num_clients=num_clients, partition="iid", batch_size=2)
+    dm.setup()
     torch.manual_seed(0)
-    dm = RandomMNIST(num_clients=num_clients, partition="iid", batch_size=4)
-    module = SCAFFOLD(MLP(hidden=(200, 200), lr=0.05), clients_per_round=10, local_steps=10)
-    timer = Timer()
-    pl.Trainer(max_epochs=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, limit_val_batches=0, callbacks=[timer]).fit(module, dm)
-    return timer.per_round, module.store.nbytes()
+    client = MLP(hidden=(200, 200), lr=0.05)
+    cls = SCAFFOLD if algorithm == "SCAFFOLD" else FedDeper
+    with tempfile.TemporaryDirectory() as folder:
+        module = cls(client, clients_per_round=10, local_steps=10, client_state_memory=budget, client_state_dir=folder)
+        probe = Probe(rss_mib())
+        pl.Trainer(max_epochs=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, limit_val_batches=0, callbacks=[probe], accelerator="cpu").fit(module, dm)
+        return {"ms_per_round": probe.per_round * 1e3, "rss_mib": probe.rss, "clients_stored": len(module.store),
+                "ram_mib": module.store.nbytes() / 2**20}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--clients", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--algorithms", nargs="+", default=["SCAFFOLD", "FedDeper"])
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--budget-mib", type=int, default=64)
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = []
-    for n in (100, 1_000, 10_000):
-        per_round, store = run(n, args.rounds)
-        rows.append((n, per_round, store))
-    base = rows[0][1]
-    print(f"SCAFFOLD, MLP 784-200-200-10, 10 clients/round x 10 steps, {args.rounds} rounds")
-    print(f"{'clients':>8} {'ms/round':>9} {'ratio':>6} {'client state MB':>16}")
-    for n, per_round, store in rows:
-        print(f"{n:>8} {per_round * 1e3:>9.1f} {per_round / base:>6.2f} {store / 2**20:>16.1f}")
-    print(f"peak RSS of the process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    results = {}
+    print(f"10 clients/round x 10 local steps, MLP 784-200-200-10, {args.rounds} rounds, 1 thread; "
+          f"RSS over the data's, in MiB, after rounds {', '.join(map(str, CHECKPOINTS))}")
+    for n in args.clients:
+        for algorithm in args.algorithms:
+            row = {}
+            for name, budget in (("bounded", args.budget_mib * 2**20), ("unbounded", 2**50)):
+                row[name] = run(algorithm, n, args.rounds, budget)
+                rss = " ".join(f"{row[name]['rss_mib'].get(r, float('nan')):7.0f}" for r in CHECKPOINTS)
+                print(f"{algorithm:>8} {n:>7} clients, {name:<9}: RSS {rss}   {row[name]['ms_per_round']:7.1f} ms/round, "
+                      f"{row[name]['clients_stored']} clients stored, {row[name]['ram_mib']:.0f} MiB in RAM", flush=True)
+            ratio = row["bounded"]["ms_per_round"] / row["unbounded"]["ms_per_round"]
+            print(f"{'':>8} time bounded / unbounded: {ratio:.2f}")
+            results[f"{algorithm}-{n}"] = row
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

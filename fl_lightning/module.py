@@ -36,6 +36,7 @@ server. ``docs/engine.md`` lists them with a complete example; each has one mean
 
 from __future__ import annotations
 
+import os
 import warnings
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Literal, Mapping, Optional
@@ -103,6 +104,10 @@ class FederatedModule(pl.LightningModule):
             advance one local step together, vectorized with ``torch.func``; see
             :mod:`fl_lightning.backends.batched` for what it supports).
         clients_per_block: clients per vectorized block of the batched backend (memory grows with it).
+        client_state_memory: bytes of per-client state (control variates, personal models) kept
+            in RAM; beyond it the least recently written clients' entries are spilled to disk.
+        client_state_dir: where spilled client state goes (default: ``client_state`` in the run's
+            log folder); with several processes, a folder they all reach.
     """
 
     #: whether the round's clients move in lock-step: a work item is one local step of all of
@@ -127,6 +132,8 @@ class FederatedModule(pl.LightningModule):
         seed: int = 0,
         client_backend: BackendName = "sequential",
         clients_per_block: int = 10,
+        client_state_memory: int = 2**30,
+        client_state_dir: Optional[str] = None,
     ) -> None:
         super().__init__()
         if not isinstance(client, pl.LightningModule):
@@ -165,7 +172,7 @@ class FederatedModule(pl.LightningModule):
         self.nonfinite_updates = nonfinite_updates
         self.seed = seed
         self.automatic_optimization = False
-        self.store = ClientStateStore()
+        self.store = ClientStateStore(client_state_memory, client_state_dir)
         self.state = StateVector(client)
         #: declared uploads (:meth:`add_update`); FedAvg's model delta unless an algorithm says otherwise
         self.update_specs: dict[str, UpdateSpec] = {}
@@ -251,6 +258,8 @@ class FederatedModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         strategy = self.trainer.strategy
         install_safe_io(strategy)  # checkpoints are read with weights_only=True and clear errors
+        if self.store.directory is None:
+            self.store.directory = os.path.join(self.trainer.log_dir or self.trainer.default_root_dir, "client_state")
         if isinstance(strategy, DDPStrategy) and not getattr(strategy, "is_federated", False):
             raise ValueError(
                 f"strategy {type(strategy).__name__} all-reduces the gradients of every local step; "
@@ -376,7 +385,7 @@ class FederatedModule(pl.LightningModule):
         kept = [u for u in updates if self._is_kept(u)]
         for u in kept:
             for name, value in (self._pending_state.get(u.client_id) or {}).items():
-                self.store.set(u.client_id, name, value)
+                self.store.set(u.client_id, name, value, version=self.current_epoch)
         self.store.sync()
         aggregate = self.aggregate(kept)
         self.state.load(self.round_start)
@@ -737,8 +746,9 @@ class FederatedModule(pl.LightningModule):
                     "that wrote it, or start a new run without ckpt_path"
                 )
             self._warn_changed_settings(checkpoint, saved)
-        bad = [f"client {cid} entry {name!r}" for cid, entry in saved["store"].items()
-               for name, value in entry.items() if not all_finite([value])]
+        store = ClientStateStore(self.store.memory_budget, self.store.directory)
+        store.load_state_dict(saved["store"])
+        bad = [f"client {cid} entry {name!r}" for cid, name, value in store.memory_entries() if not all_finite([value])]
         if saved.get("shared") is not None and not all_finite([saved["shared"]]):
             bad.append("the lock-step shared value")
         if bad:

@@ -195,8 +195,8 @@ def test_a_checkpoint_with_non_finite_client_state_is_refused(tmp_path):
     checkpoint = RoundCheckpoint(dirpath=str(tmp_path))
     trainer(1, callbacks=[checkpoint], enable_checkpointing=True).fit(build("SCAFFOLD"), data())
     saved = load_checkpoint(tmp_path / "last.ckpt")
-    cid = next(iter(saved["federated"]["store"]))
-    saved["federated"]["store"][cid]["control"][0] = float("inf")
+    cid = next(iter(saved["federated"]["store"]["memory"]))
+    saved["federated"]["store"]["memory"][cid]["control"][0] = float("inf")
     torch.save(saved, tmp_path / "bad.ckpt")
     with pytest.raises(CheckpointError, match=f"NaN or Inf in client {cid} entry 'control'"):
         trainer(2).fit(build("SCAFFOLD"), data(), ckpt_path=str(tmp_path / "bad.ckpt"))

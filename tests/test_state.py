@@ -68,3 +68,78 @@ def test_sample_clients():
     assert sample_clients(0, 0, [4, 7], 2) == [4, 7]
     with pytest.raises(ValueError, match="clients_per_round"):
         sample_clients(0, 0, [1, 2], 3)
+
+
+# ------------------------------------------------------------------ a bounded store: RAM budget, spilled to disk
+from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
+
+from fl_lightning.algorithms import SCAFFOLD  # noqa: E402
+from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
+from tests.helpers import global_vector, synthetic, tiny_client, trainer  # noqa: E402
+
+ENTRY = 210 * 4  # bytes of one SCAFFOLD control of the tiny client
+
+
+def scaffold(tmp_path, budget: int) -> SCAFFOLD:
+    return SCAFFOLD(tiny_client(), clients_per_round=2, local_steps=2, seed=4, client_state_memory=budget,
+                    client_state_dir=str(tmp_path / "state"))
+
+
+def outcome(module) -> dict:
+    return {cid: module.store.get(cid, "control").clone() for cid in module.store.clients()}
+
+
+def test_a_small_budget_spills_to_disk_and_changes_nothing(tmp_path):
+    straight = scaffold(tmp_path / "a", 2**30)
+    trainer(6).fit(straight, synthetic(8))
+    bounded = scaffold(tmp_path / "b", 3 * ENTRY)
+    trainer(6).fit(bounded, synthetic(8))
+    assert bounded.store.nbytes() <= 3 * ENTRY < 8 * ENTRY
+    assert len(list((tmp_path / "b" / "state").glob("*.pt"))) >= 2  # spilled entries live in files
+    assert torch.equal(global_vector(straight), global_vector(bounded))
+    a, b = outcome(straight), outcome(bounded)
+    assert a.keys() == b.keys() and all(torch.equal(a[c], b[c]) for c in a)
+
+
+def test_a_checkpoint_names_spilled_files_and_resumes_exactly(tmp_path):
+    straight = scaffold(tmp_path / "straight", 3 * ENTRY)
+    trainer(6).fit(straight, synthetic(8))
+    first = scaffold(tmp_path / "run", 3 * ENTRY)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)
+    trainer(3, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(8))
+    store = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["federated"]["store"]
+    assert store["spilled"] and sum(len(e) for e in store["memory"].values()) <= 3  # only the RAM part is in it
+    resumed = scaffold(tmp_path / "other", 3 * ENTRY)  # the checkpoint says where the files are
+    trainer(6).fit(resumed, synthetic(8), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert torch.equal(global_vector(straight), global_vector(resumed))
+    a, b = outcome(straight), outcome(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[c], b[c]) for c in a)
+
+
+def test_files_no_recent_checkpoint_names_are_removed(tmp_path):
+    store = ClientStateStore(memory_budget=8, directory=str(tmp_path), keep_checkpoints=1)
+    for version in range(3):
+        store.set(0, "v", torch.full((2,), float(version)), version=version)
+        store.set(1, "v", torch.zeros(2), version=version)  # client 0 is now the least recently written
+        store.sync()
+        store.state_dict()  # a checkpoint
+    files = sorted(p.name for p in tmp_path.glob("*.pt"))
+    assert files == ["0.v.2.pt"]  # versions 0 and 1 of client 0 were superseded and no checkpoint names them
+    assert torch.equal(store.get(0, "v"), torch.full((2,), 2.0))
+    with pytest.raises(ValueError, match="memory_budget must be >= 0 and an integer, got -1"):
+        ClientStateStore(memory_budget=-1)
+
+
+@pytest.mark.slow
+def test_two_processes_spill_the_same_entries_as_one(tmp_path):
+    from tests.test_contract import Snapshot, assert_same
+
+    results = []
+    for devices in (1, 2):
+        path = str(tmp_path / f"{devices}.pt")
+        module = scaffold(tmp_path / str(devices), 3 * ENTRY)
+        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        trainer(5, devices=devices, strategy=strategy, callbacks=[Snapshot(path)]).fit(module, synthetic(8))
+        results.append(torch.load(path))
+    assert_same(*results, atol=1e-5)
+    assert len(list((tmp_path / "2" / "state").glob("*.pt"))) >= 2
