@@ -2,8 +2,8 @@
 store keeps at most its budget in RAM and spills the rest to disk.
 
 SCAFFOLD (a control variate per client) and FedDeper (a personal model per client), MLP
-784-200-200-10 (0.76 MB of state per client), MNIST-shaped random data with 2 samples per client,
-10 clients per round, 10 local steps. For each federation size, the same run with the store's
+784-200-200-10 (0.76 MB of state per client, SGD lr 0.05; FedDeper with rho = 0, see ``_run``),
+MNIST-shaped random data with 2 samples per client, 10 clients per round, 10 local steps. For each federation size, the same run with the store's
 budget at 64 MiB (bounded) and unbounded (everything in RAM): the resident memory of the process
 over the data's after rounds 10, 100 and 300, and ms per round (bounded / unbounded).
 
@@ -75,9 +75,14 @@ def _run(algorithm: str, num_clients: int, rounds: int, budget: int) -> dict:
     dm.setup()
     torch.manual_seed(0)
     client = MLP(hidden=(200, 200), lr=0.05)
+    # FedDeper with rho = 0: the same two models and personal state per client, no pull. With
+    # rho > 0 and 10,000 clients rarely sampled twice, personal models stay at x^0 and the pull
+    # toward 2x - x^0 makes ||x|| grow ~30% per round (diverged by round 30 here, before Engine v2 too)
+    extra = {"rho": 0.0} if algorithm == "FedDeper" else {}
     cls = SCAFFOLD if algorithm == "SCAFFOLD" else FedDeper
     with tempfile.TemporaryDirectory() as folder:
-        module = cls(client, clients_per_round=10, local_steps=10, client_state_memory=budget, client_state_dir=folder)
+        module = cls(client, clients_per_round=10, local_steps=10, client_state_memory=budget, client_state_dir=folder,
+                     **extra)
         probe = Probe(rss_mib())
         pl.Trainer(max_epochs=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                    enable_model_summary=False, limit_val_batches=0, callbacks=[probe], accelerator="cpu").fit(module, dm)

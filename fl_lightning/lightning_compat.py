@@ -100,3 +100,15 @@ def results_batch(trainer: pl.Trainer, batch: Optional[Any]) -> Iterator[None]:
 def sync_module_states(module: nn.Module) -> None:
     """Broadcast rank 0's parameters and buffers to every process (DDP's start, without its wrapper)."""
     _sync_module_states(module)
+
+
+def progress_bar_leave(bar: Any) -> bool:
+    """Whether a Lightning progress bar leaves its finished bars on screen (its ``leave`` argument)."""
+    return bool(bar._leave)
+
+
+def rich_train_description(bar: Any, description: str) -> str:
+    """``description`` padded as ``RichProgressBar._get_train_description`` pads its own (the bar
+    calls that method, which ``RichRoundProgressBar`` overrides, for each training epoch)."""
+    width = len(bar.validation_description)
+    return f"{description:{width}}" if width > len(description) else description

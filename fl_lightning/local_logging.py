@@ -80,10 +80,16 @@ class LocalLogBuffer:
             entry.weight += weight
 
     def flush(self) -> None:
-        """Log each buffered name once (its weighted mean) through Lightning, and empty the buffer."""
+        """Log each buffered name once (its weighted mean) through Lightning, and empty the buffer.
+
+        The mean is the round's value: it is logged with ``on_epoch=True, on_step=False`` (so it
+        reaches the loggers every round, whatever ``log_every_n_steps`` is, under the name the
+        client gave it), with the call's other options.
+        """
         entries, self._entries = self._entries, {}
         for name, entry in entries.items():
-            self._log_now(name, entry.total / entry.weight, batch_size=entry.weight, **entry.options)
+            options = {**entry.options, "on_step": False, "on_epoch": True}
+            self._log_now(name, entry.total / entry.weight, batch_size=entry.weight, **options)
 
     def _log_now(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         client = self._client

@@ -51,6 +51,7 @@ from fl_lightning.backends import BatchedBackend, ClientBackend, ModuleRun, Sequ
 from fl_lightning.backends.functional import FunctionalClient
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.base import Aggregator, FederatedCallback
+from fl_lightning.callbacks.progress import round_progress_bar
 from fl_lightning.checkpoints import CheckpointError, install_safe_io
 from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and_world
 from fl_lightning.lightning_compat import count_optimizer_step, raw_optimizer, routed_log, set_current_hook
@@ -258,6 +259,8 @@ class FederatedModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         strategy = self.trainer.strategy
         install_safe_io(strategy)  # checkpoints are read with weights_only=True and clear errors
+        # rounds are logged per epoch: Lightning's advice to lower log_every_n_steps does not apply
+        warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
         if self.store.directory is None:
             self.store.directory = os.path.join(self.trainer.log_dir or self.trainer.default_root_dir, "client_state")
         if isinstance(strategy, DDPStrategy) and not getattr(strategy, "is_federated", False):
@@ -306,6 +309,11 @@ class FederatedModule(pl.LightningModule):
         server = self.configure_server_optimizer()
         template, scheduler = self.local_schedule.build(self.client.configure_optimizers(), self.local_lr_scheduler)
         return [server, template], [{"scheduler": scheduler, "interval": "epoch", "name": "lr-client"}]
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        """A progress bar counting rounds and clients in place of the Trainer's (TQDM or Rich)."""
+        bar = round_progress_bar(self.trainer.progress_bar_callback)
+        return [bar] if bar is not None else []
 
     def configure_server_optimizer(self) -> torch.optim.Optimizer:
         """The server optimizer over the global model: SGD on the pseudo-gradient ``-delta``."""
@@ -402,6 +410,7 @@ class FederatedModule(pl.LightningModule):
         if losses:
             self.log("round/client_loss", sum(losses) / len(losses), on_step=False, on_epoch=True, batch_size=1)
         self.client_logs.flush()
+        self.log_round_step()
         for cb in self._callbacks:
             cb.on_round_end(self.trainer, self, self.current_epoch, aggregate)
         self._updates, self._pending_state = [], {}
@@ -698,6 +707,15 @@ class FederatedModule(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._client_hook("on_validation_epoch_end")
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            self.log_round_step()
+
+    def log_round_step(self) -> None:
+        """Make the round the loggers' step for the metrics logged with this epoch's (Lightning
+        takes a logged ``step`` as the x-axis): plots read rounds, not work items. ``epoch`` (the
+        same number) is kept beside it, as Lightning logs it."""
+        for name in ("step", "epoch"):
+            self.log(name, float(self.current_epoch), on_step=False, on_epoch=True, batch_size=1)
 
     def on_test_epoch_start(self) -> None:
         self._client_hook("on_test_epoch_start")

@@ -1,0 +1,56 @@
+"""Progress bars that count rounds and clients, not epochs and batches.
+
+Lightning's bars read "Epoch 15: 10/10 ... 0.45it/s": in a federation the epoch is a round and a
+training batch is a work item (a client, a block of clients, or a lock-step local step). These
+bars read "Round 16/30: 10/10 clients". ``FederatedModule.configure_callbacks`` puts the right
+one in place of the Trainer's TQDM or Rich bar, so nothing needs configuring.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
+
+from fl_lightning.lightning_compat import progress_bar_leave, rich_train_description
+
+
+def round_description(trainer: pl.Trainer) -> str:
+    """``Round r/R`` of the current epoch (1-based)."""
+    total = f"/{trainer.max_epochs}" if trainer.max_epochs is not None and trainer.max_epochs > 0 else ""
+    return f"Round {trainer.current_epoch + 1}{total}"
+
+
+def work_unit(module: Any) -> str:
+    """What one work item of ``module``'s rounds is: ``client``, ``block`` or ``step``."""
+    if getattr(module, "lockstep", False):
+        return "step"
+    return "block" if getattr(module, "client_backend", "sequential") == "batched" else "client"
+
+
+class RoundProgressBar(TQDMProgressBar):
+    """Lightning's TQDM bar, reading "Round r/R" and counting clients (or blocks, or lock-step steps)."""
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        self.train_progress_bar.unit = work_unit(trainer.lightning_module)
+        self.train_progress_bar.set_description(round_description(trainer))
+
+
+class RichRoundProgressBar(RichProgressBar):
+    """Lightning's Rich bar, reading "Round r/R"."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return rich_train_description(self, round_description(self.trainer))
+
+
+def round_progress_bar(current: Any) -> Any:
+    """The round-counting bar replacing ``current`` (the Trainer's bar), or None to keep it."""
+    if isinstance(current, (RoundProgressBar, RichRoundProgressBar)) or current is None:
+        return None
+    if isinstance(current, RichProgressBar):
+        return RichRoundProgressBar(refresh_rate=current.refresh_rate, leave=progress_bar_leave(current), theme=current.theme)
+    if isinstance(current, TQDMProgressBar):
+        return RoundProgressBar(refresh_rate=current.refresh_rate, leave=progress_bar_leave(current))
+    return None
