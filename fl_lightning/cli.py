@@ -34,6 +34,13 @@ from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.module import FederatedModule
 
 
+DESCRIPTION = """fl-lightning: federated learning with one Lightning Trainer (a Trainer epoch is a round).
+
+Besides the subcommands below, `fl-lightning pefll-predict --config <PeFLL training config>
+--predict.ckpt_path <checkpoint>` writes each client's personalized model with PeFLL-predict
+(see `fl-lightning pefll-predict --help`)."""
+
+
 class FederatedCLI(LightningCLI):
     """``LightningCLI`` in subclass mode for ``FederatedModule`` and ``FederatedDataModule``.
 
@@ -56,6 +63,7 @@ class FederatedCLI(LightningCLI):
             args=args,
             run=run,
             save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": DESCRIPTION},
         )
 
     def before_instantiate_classes(self) -> None:

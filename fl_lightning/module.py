@@ -36,6 +36,8 @@ server. ``docs/engine.md`` lists them with a complete example; each has one mean
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
 import warnings
 from contextlib import ExitStack, contextmanager
@@ -52,7 +54,7 @@ from fl_lightning.backends.functional import FunctionalClient
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.base import Aggregator, FederatedCallback
 from fl_lightning.callbacks.progress import round_progress_bar
-from fl_lightning.checkpoints import CheckpointError, install_safe_io
+from fl_lightning.checkpoints import CheckpointError, install_safe_io, load_checkpoint
 from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and_world
 from fl_lightning.lightning_compat import count_optimizer_step, raw_optimizer, routed_log, set_current_hook
 from fl_lightning.local_logging import LocalLogBuffer
@@ -268,6 +270,8 @@ class FederatedModule(pl.LightningModule):
                 f"strategy {type(strategy).__name__} all-reduces the gradients of every local step; "
                 "use strategy='fl_ddp' (or 'fl_ddp_spawn'), fl_lightning's DDP strategy for federations"
             )
+        if stage != "fit" and not hasattr(getattr(self.trainer, "datamodule", None), "client_data"):
+            return  # validate / test / predict with plain dataloaders: the global model, no federation
         dm = self.datamodule
         if stage == "fit" and self.clients_per_round > len(dm.train_clients):
             raise ValueError(
@@ -728,6 +732,26 @@ class FederatedModule(pl.LightningModule):
         return getattr(self.client, name)(*args)
 
     # ------------------------------------------------------------ checkpoint
+    @classmethod
+    def load_from_checkpoint(  # type: ignore[override]
+        cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None, strict: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> "FederatedModule":
+        """The module of a checkpoint, read with ``weights_only=True`` (loading runs no code).
+
+        The client module is rebuilt from the class path and hyperparameters the checkpoint
+        holds (its weights come from the checkpoint) unless given as ``client=...``; other
+        constructor arguments that are objects (an embedding network, an objective) must be given.
+        """
+        if "client" not in kwargs:
+            recipe = load_checkpoint(checkpoint_path, name="checkpoint_path").get("federated", {}).get("client")
+            if recipe is None:
+                raise CheckpointError(f"{checkpoint_path} holds no client recipe (written before it was saved): "
+                                      "pass client=<the client module>")
+            kwargs["client"] = build_client(recipe)
+        return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict, weights_only=True,
+                                            **kwargs)
+
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed by this run."""
         dm = self.datamodule
@@ -795,6 +819,21 @@ class FederatedModule(pl.LightningModule):
         if changes:
             warnings.warn("resuming with changed settings; the run uses the new values: " + "; ".join(changes),
                           UserWarning, stacklevel=2)
+
+
+def build_client(recipe: dict[str, Any]) -> pl.LightningModule:
+    """A client module from :func:`client_recipe`'s output: its class (which must be a
+    ``LightningModule``) called with the hyperparameters its constructor takes."""
+    module_name, _, name = recipe["class_path"].rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as error:
+        raise CheckpointError(f"the client class {recipe['class_path']} of the checkpoint cannot be imported: {error}")
+    if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
+        raise CheckpointError(f"the checkpoint's client class {recipe['class_path']} is not a LightningModule")
+    parameters = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return cls(**{k: v for k, v in recipe["hparams"].items() if takes_any or k in parameters})
 
 
 def client_recipe(client: pl.LightningModule) -> dict[str, Any]:

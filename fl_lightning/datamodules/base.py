@@ -247,3 +247,7 @@ class FederatedDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.global_test_set(), batch_size=self.eval_batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The global test set (``trainer.predict(module, datamodule=dm)``: the global model's outputs)."""
+        return DataLoader(self.global_test_set(), batch_size=self.eval_batch_size)

@@ -70,6 +70,11 @@ class Classifier(pl.LightningModule):
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
+    def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """The logits of the inputs (``batch`` is ``(x, y)`` or ``x``)."""
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self(x)
+
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
         if not self.lr_milestones:
