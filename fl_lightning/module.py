@@ -46,6 +46,7 @@ from typing import Any, Iterator, Literal, Mapping, Optional
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
+from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.strategies import DDPStrategy
 from torch import Tensor
 
@@ -90,13 +91,21 @@ class FederatedModule(pl.LightningModule):
             (created fresh for each client each round) and, optionally, a learning-rate
             scheduler stepped once per round; its ``validation_step``/``test_step`` the
             metrics of the global model.
-        clients_per_round: clients sampled (uniformly, without replacement) each round.
+        clients_per_round: clients sampled (uniformly, without replacement) each round (10 when
+            ``clients_fraction`` is not given). Exclusive with ``clients_fraction``.
+        clients_fraction: the share of the training clients sampled each round instead (Flower's
+            ``fraction_fit``): ``max(min_clients, int(fraction * training clients))``.
+        min_clients: the fewest clients a round samples with ``clients_fraction`` (Flower's
+            ``min_fit_clients``).
         local_steps: local optimizer steps per client per round (default 10 when
             ``local_epochs`` is not given). Exclusive with ``local_epochs``.
         local_epochs: passes over the client's training split per round, instead of steps.
-        server_lr: learning rate of the server optimizer (SGD on the pseudo-gradient
+        server_lr: learning rate of the default server optimizer (SGD on the pseudo-gradient
             ``-mean(delta)``); 1.0 with no momentum is plain FedAvg.
-        server_momentum: momentum of the server optimizer (FedAvgM).
+        server_momentum: momentum of the default server optimizer (FedAvgM).
+        server_optimizer: any ``torch.optim`` optimizer class (a callable taking the global
+            model's parameters; YAML: ``class_path`` + ``init_args``) in place of SGD, e.g.
+            :class:`~fl_lightning.optim.FedAdam`, ``FedYogi``, ``FedAdagrad`` (Reddi et al., 2021).
         nonfinite_updates: what to do with an update holding NaN/Inf: ``"skip"`` excludes it
             from the round and reports it (warning + ``round/excluded`` metric), ``"raise"``
             stops the run. It is never averaged in.
@@ -126,13 +135,16 @@ class FederatedModule(pl.LightningModule):
     def __init__(
         self,
         client: pl.LightningModule,
-        clients_per_round: int = 10,
+        clients_per_round: Optional[int] = None,
         local_steps: Optional[int] = None,
         local_epochs: Optional[int] = None,
         server_lr: float = 1.0,
         server_momentum: float = 0.0,
+        server_optimizer: Optional[OptimizerCallable] = None,
         nonfinite_updates: NonFinitePolicy = "skip",
         seed: int = 0,
+        clients_fraction: Optional[float] = None,
+        min_clients: int = 1,
         client_backend: BackendName = "sequential",
         clients_per_block: int = 10,
         client_state_memory: int = 2**30,
@@ -143,7 +155,16 @@ class FederatedModule(pl.LightningModule):
             raise TypeError(f"client must be a LightningModule, got {type(client).__name__}")
         if local_steps is None and local_epochs is None:
             local_steps = 10
-        check_int("clients_per_round", clients_per_round, 1)
+        if clients_per_round is not None and clients_fraction is not None:
+            raise ValueError(f"give at most one of clients_per_round and clients_fraction, got clients_per_round="
+                             f"{clients_per_round}, clients_fraction={clients_fraction}")
+        if clients_fraction is not None:
+            check_number("clients_fraction", clients_fraction, 0.0, 1.0, low_open=True, high_open=False)
+        elif clients_per_round is None:
+            clients_per_round = 10
+        if clients_per_round is not None:
+            check_int("clients_per_round", clients_per_round, 1)
+        check_int("min_clients", min_clients, 1)
         if local_steps is not None and local_epochs is not None:
             raise ValueError(
                 f"give exactly one of local_steps and local_epochs, got local_steps={local_steps}, "
@@ -167,7 +188,11 @@ class FederatedModule(pl.LightningModule):
         if objects:
             self.save_hyperparameters(ignore=["client", *objects])
         self.client = client
-        self.clients_per_round = clients_per_round
+        #: clients per round (with ``clients_fraction``: known from ``setup`` on)
+        self.clients_per_round: int = clients_per_round if clients_per_round is not None else min_clients
+        self.clients_fraction = clients_fraction
+        self.min_clients = min_clients
+        self.make_server_optimizer = server_optimizer
         self.local_steps = local_steps
         self.local_epochs = local_epochs
         self.server_lr = server_lr
@@ -273,6 +298,8 @@ class FederatedModule(pl.LightningModule):
         if stage != "fit" and not hasattr(getattr(self.trainer, "datamodule", None), "client_data"):
             return  # validate / test / predict with plain dataloaders: the global model, no federation
         dm = self.datamodule
+        if self.clients_fraction is not None and dm.train_clients:
+            self.clients_per_round = max(self.min_clients, int(self.clients_fraction * len(dm.train_clients)))
         if stage == "fit" and self.clients_per_round > len(dm.train_clients):
             raise ValueError(
                 f"clients_per_round={self.clients_per_round} is above the number of training clients "
@@ -320,7 +347,10 @@ class FederatedModule(pl.LightningModule):
         return [bar] if bar is not None else []
 
     def configure_server_optimizer(self) -> torch.optim.Optimizer:
-        """The server optimizer over the global model: SGD on the pseudo-gradient ``-delta``."""
+        """The server optimizer over the global model (the pseudo-gradient is ``-delta``):
+        ``server_optimizer`` if given, else SGD with ``server_lr`` and ``server_momentum``."""
+        if self.make_server_optimizer is not None:
+            return self.make_server_optimizer(self.client.parameters())
         return torch.optim.SGD(self.client.parameters(), lr=self.server_lr, momentum=self.server_momentum)
 
     def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[torch.optim.lr_scheduler.LRScheduler]:

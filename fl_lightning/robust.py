@@ -170,6 +170,34 @@ def krum(points: Tensor, num_byzantine: int, num_selected: int = 1) -> Tensor:
     return points.double()[order].mean(dim=0)
 
 
+def bulyan(points: Tensor, num_byzantine: int) -> Tensor:
+    """Bulyan (El Mhamdi, Guerraoui and Rouault, 2018) over Krum: Krum picks ``theta = n - 2f``
+    uploads one at a time, each from the ones not picked yet; then, per coordinate, the mean of
+    the ``beta = theta - 2f`` picked values closest to their median. Requires ``n >= 4 f + 3``.
+
+    Krum on the shrinking set scores each upload by its ``max(1, m - f - 2)`` nearest others
+    (``m`` uploads left), as Flower's ``aggregate_bulyan``; ties go to the lower row index.
+    """
+    z, _ = _check_points(points, None)
+    n, f = z.shape[0], num_byzantine
+    if f < 0 or n < 4 * f + 3:
+        raise ValueError(f"bulyan needs n >= 4 * num_byzantine + 3; got n={n}, num_byzantine={f}")
+    d2 = torch.cdist(z, z).pow(2)
+    d2.fill_diagonal_(float("inf"))
+    remaining, picked = list(range(n)), []
+    for _ in range(n - 2 * f):
+        sub = d2[remaining][:, remaining]
+        k = max(1, len(remaining) - f - 2)
+        scores = sub.topk(min(k, len(remaining)), dim=1, largest=False).values.sum(dim=1)
+        best = remaining[int(torch.sort(scores, stable=True).indices[0])]
+        picked.append(best)
+        remaining.remove(best)
+    chosen = z[picked]
+    center = coordinate_median(chosen)
+    closest = (chosen - center).abs().topk(n - 4 * f, dim=0, largest=False).indices
+    return chosen.gather(0, closest).mean(dim=0)
+
+
 def centered_clipping(points: Tensor, center: Tensor, tau: float, iterations: int = 1) -> Tensor:
     """``v <- v + (1/n) sum_i (z_i - v) min(1, tau / ||z_i - v||)``, ``iterations`` times from ``center``.
 

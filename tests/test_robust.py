@@ -9,6 +9,7 @@ import torch
 
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.robust_aggregation import (
+    Bulyan,
     CenteredClipping,
     CoordinateMedian,
     GeometricMedian,
@@ -16,6 +17,7 @@ from fl_lightning.callbacks.robust_aggregation import (
     TrimmedMean,
 )
 from fl_lightning.robust import (
+    bulyan,
     centered_clipping,
     coordinate_median,
     geometric_median,
@@ -167,6 +169,18 @@ def test_krum_picks_the_most_central_point_and_multi_krum_averages():
         krum(z, 2)
 
 
+def test_bulyan_by_hand():
+    """n = 7, f = 1: Krum picks 2, 1, 3, 0, then 50 (with one neighbour, the outlier pair wins);
+    per coordinate, the 3 picked values closest to their median 2 are 2, 1, 3."""
+    z = torch.tensor([[0.0], [1.0], [2.0], [3.0], [4.0], [50.0], [60.0]])
+    assert bulyan(z, 1).tolist() == [2.0]
+    two = torch.cat([z, -z], dim=1)  # coordinates are trimmed independently
+    assert bulyan(two, 1).tolist() == [2.0, -2.0]
+    assert bulyan(z[:3], 0).tolist() == [1.0]  # f = 0: the mean of all (Krum picks everything)
+    with pytest.raises(ValueError, match="n >= 4 \\* num_byzantine \\+ 3; got n=6, num_byzantine=1"):
+        bulyan(z[:6], 1)
+
+
 def test_centered_clipping_by_hand():
     z = torch.tensor([[1.0, 0.0], [0.0, 1.0], [100.0, 0.0]])
     v = centered_clipping(z, torch.zeros(2), tau=1.0)
@@ -193,6 +207,7 @@ def _updates():
         (TrimmedMean(num_trimmed=1), {"a": [3.0, 20.0], "b": [2.0]}),
         (TrimmedMean(trim_fraction=0.2), {"a": [3.0, 20.0], "b": [2.0]}),
         (Krum(num_byzantine=1), {"a": [2.0, 20.0], "b": [1.0]}),
+        (Bulyan(num_byzantine=0), {"a": [22.0, 0.0], "b": [2001.199951171875]}),  # f = 0: the mean
     ],
 )
 def test_aggregator_callbacks_concatenate_names_and_split_back(aggregator, expected):

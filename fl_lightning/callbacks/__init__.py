@@ -17,6 +17,7 @@ from fl_lightning.callbacks.client_metrics import ClientMetrics
 from fl_lightning.callbacks.finetune import LocalFinetuning
 from fl_lightning.callbacks.personalized import PersonalizedAccuracy
 from fl_lightning.callbacks.robust_aggregation import (
+    Bulyan,
     CenteredClipping,
     CoordinateMedian,
     GeometricMedian,
@@ -28,6 +29,7 @@ from fl_lightning.callbacks.robust_aggregation import (
 __all__ = [
     "ALIEAttack",
     "Aggregator",
+    "Bulyan",
     "ByzantineAttack",
     "CenteredClipping",
     "ClassAccuracy",

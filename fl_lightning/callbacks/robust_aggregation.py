@@ -24,6 +24,7 @@ from fl_lightning.distributed import gather_updates
 from fl_lightning.robust import (
     STOP_RULES,
     StopRule,
+    bulyan,
     centered_clipping,
     coordinate_median,
     geometric_median,
@@ -163,6 +164,24 @@ class Krum(RobustAggregator):
 
     def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
         return krum(points, self.num_byzantine, self.num_selected)
+
+
+class Bulyan(RobustAggregator):
+    """Bulyan over Krum (El Mhamdi, Guerraoui and Rouault, 2018): ``n - 2f`` uploads picked by
+    Krum one at a time, then per coordinate the mean of the ``n - 4f`` picked values closest to
+    their median. Needs ``n >= 4 f + 3`` uploads in the round.
+
+    Args:
+        num_byzantine: ``f``, the number of Byzantine uploads assumed per round.
+    """
+
+    def __init__(self, num_byzantine: int) -> None:
+        if num_byzantine < 0:
+            raise ValueError(f"num_byzantine must be >= 0, got {num_byzantine}")
+        self.num_byzantine = num_byzantine
+
+    def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
+        return bulyan(points, self.num_byzantine)
 
 
 class CenteredClipping(RobustAggregator):
