@@ -430,6 +430,9 @@ class FederatedModule(pl.LightningModule):
                 self.store.set(u.client_id, name, value, version=self.current_epoch)
         self.store.sync()
         aggregate = self.aggregate(kept)
+        if aggregate is not None:
+            for cb in self._callbacks:
+                aggregate = cb.on_aggregate(self.trainer, self, aggregate)
         self.state.load(self.round_start)
         if aggregate is not None:
             self.server_update(aggregate)

@@ -16,6 +16,7 @@ from fl_lightning.callbacks.class_metrics import ClassAccuracy
 from fl_lightning.callbacks.client_metrics import ClientMetrics
 from fl_lightning.callbacks.finetune import LocalFinetuning
 from fl_lightning.callbacks.personalized import PersonalizedAccuracy
+from fl_lightning.callbacks.privacy import DifferentialPrivacy
 from fl_lightning.callbacks.robust_aggregation import (
     Bulyan,
     CenteredClipping,
@@ -35,6 +36,7 @@ __all__ = [
     "ClassAccuracy",
     "ClientMetrics",
     "CoordinateMedian",
+    "DifferentialPrivacy",
     "FederatedCallback",
     "GaussianAttack",
     "GeometricMedian",

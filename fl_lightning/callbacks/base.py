@@ -14,6 +14,8 @@ hook and keeps its state in ``state_dict``) plus four hooks the engine calls eac
   at the same point on every process (collectives allowed): attacks that read the honest
   uploads (ALIE, IPM, a colluding sign flip) forge theirs here;
 * ``aggregate`` (aggregators only): combine all of the round's updates;
+* ``on_aggregate``: once per round with the aggregate, before the server update (server-side
+  noise of differential privacy); the same on every process;
 * ``on_round_end``: after the server update.
 """
 
@@ -60,6 +62,13 @@ class FederatedCallback(pl.Callback):
         Called on every process at the same point of the round, so it may use collectives.
         """
         return updates
+
+    def on_aggregate(
+        self, trainer: pl.Trainer, module: "FederatedModule", aggregate: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """Return the aggregate the server update applies (default: unchanged). Called on every
+        process with the same aggregate; a change must be the same on every process."""
+        return aggregate
 
     def on_round_end(
         self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Optional[dict[str, Tensor]]

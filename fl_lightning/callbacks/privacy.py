@@ -1,0 +1,137 @@
+"""``DifferentialPrivacy``: client-level differential privacy with clipping and Gaussian noise.
+
+DP-FedAvg (McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private Recurrent Language
+Models", ICLR 2018): every client's update is clipped to L2 norm ``C`` (all its uploads together),
+and Gaussian noise of standard deviation ``z C`` (``z`` the noise multiplier) protects each
+client's participation:
+
+* ``mode="central"`` (the trusted server adds it): the server averages the ``m`` clipped updates
+  uniformly and adds ``N(0, (z C / m)^2)`` per coordinate to the mean;
+* ``mode="local"`` (each client adds it): every client adds ``N(0, (z C)^2)`` to its clipped
+  update before sending it.
+
+The callback logs ``privacy/noise_multiplier`` and, when Opacus is installed
+(``pip install -e ".[privacy]"``), ``privacy/epsilon`` for ``delta`` from Opacus' RDP accountant:
+central mode with sampling rate ``clients per round / training clients`` and one step per round
+(the accountant assumes Poisson sampling; with a fixed number of clients per round the figure is
+an approximation), local mode as if a client took part in every round (sampling rate 1). Noise is
+drawn from generators keyed by (seed, round[, client]), so runs are reproducible and processes agree.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import TYPE_CHECKING, Any, Literal, Optional
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from fl_lightning.callbacks.aggregation import WeightedMean
+from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.seeding import generator
+from fl_lightning.update import ClientUpdate
+from fl_lightning.validation import check_number
+
+if TYPE_CHECKING:
+    from fl_lightning.module import FederatedModule
+
+Mode = Literal["central", "local"]
+
+
+def clip_update(tensors: dict[str, Tensor], clip_norm: float) -> dict[str, Tensor]:
+    """``tensors`` scaled so that their joint L2 norm is at most ``clip_norm``."""
+    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors.values()))
+    scale = min(1.0, clip_norm / norm) if norm > 0 else 1.0
+    return {name: t * scale for name, t in tensors.items()}
+
+
+def gaussian_noise(like: Tensor, std: float, g: torch.Generator) -> Tensor:
+    """``N(0, std^2)`` noise shaped like ``like``, from ``g`` (drawn on the CPU, so every device agrees)."""
+    return (torch.randn(like.shape, generator=g, dtype=torch.float32) * std).to(like.device, like.dtype)
+
+
+def dp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
+    """Epsilon of ``steps`` Gaussian-mechanism steps by Opacus' RDP accountant (NaN without Opacus)."""
+    try:
+        from opacus.accountants import RDPAccountant
+    except ImportError:
+        return float("nan")
+    if steps == 0:
+        return 0.0
+    accountant = RDPAccountant()
+    accountant.history = [(noise_multiplier, sample_rate, steps)]
+    return float(accountant.get_epsilon(delta))
+
+
+class DifferentialPrivacy(FederatedCallback):
+    """Clip every client's update and add Gaussian noise (central or local), and account the privacy.
+
+    Args:
+        clip_norm: ``C``, the bound on each client's update's L2 norm (> 0).
+        noise_multiplier: ``z``: the noise's standard deviation is ``z C`` (>= 0).
+        mode: ``"central"`` (the server's mean gets ``N(0, (z C / m)^2)``) or ``"local"``
+            (each update gets ``N(0, (z C)^2)``).
+        delta: the ``delta`` of the reported ``(epsilon, delta)``.
+        seed: the noise's seed (default: the module's).
+    """
+
+    def __init__(self, clip_norm: float, noise_multiplier: float, mode: Mode = "central", delta: float = 1e-5,
+                 seed: Optional[int] = None) -> None:
+        self.clip_norm = check_number("clip_norm", clip_norm, 0.0, low_open=True)
+        self.noise_multiplier = check_number("noise_multiplier", noise_multiplier, 0.0)
+        if mode not in ("central", "local"):
+            raise ValueError(f"mode must be 'central' or 'local', got {mode!r}")
+        self.mode = mode
+        self.delta = check_number("delta", delta, 0.0, 1.0, low_open=True)
+        self.seed = seed
+        self.rounds = 0
+        self._warned = False
+
+    def _seed(self, module: "FederatedModule") -> int:
+        return self.seed if self.seed is not None else module.seed
+
+    def setup(self, trainer: pl.Trainer, pl_module: "FederatedModule", stage: str) -> None:
+        if stage != "fit":
+            return
+        specs = pl_module.update_specs
+        aggregator = pl_module.aggregator
+        uniform = isinstance(aggregator, WeightedMean) and aggregator.linear_reduction == "mean"
+        bad = [n for n, s in specs.items() if s.reduction != "mean" and not (s.reduction == "aggregator" and uniform)]
+        if bad:
+            raise ValueError(
+                f"DifferentialPrivacy needs every upload averaged uniformly (its noise is calibrated to C / m); "
+                f"{type(pl_module).__name__}'s {bad} are not: add the aggregator WeightedMean('uniform')"
+            )
+
+    def on_client_update(self, trainer: pl.Trainer, module: "FederatedModule", update: ClientUpdate) -> ClientUpdate:
+        tensors = clip_update(update.tensors, self.clip_norm)
+        if self.mode == "local" and self.noise_multiplier > 0:
+            g = generator(self._seed(module), "dp-local", module.current_epoch, update.client_id)
+            std = self.noise_multiplier * self.clip_norm
+            tensors = {name: t + gaussian_noise(t, std, g) for name, t in tensors.items()}
+        return ClientUpdate(update.client_id, update.num_samples, tensors, dict(update.metrics))
+
+    def on_aggregate(self, trainer: pl.Trainer, module: "FederatedModule", aggregate: dict[str, Tensor]) -> dict[str, Tensor]:
+        if self.mode != "central" or self.noise_multiplier == 0:
+            return aggregate
+        g = generator(self._seed(module), "dp-central", module.current_epoch)
+        std = self.noise_multiplier * self.clip_norm / max(module.round_num_updates, 1)
+        return {name: t + gaussian_noise(t, std, g) for name, t in aggregate.items()}
+
+    def on_round_end(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Any) -> None:
+        self.rounds += 1
+        rate = 1.0 if self.mode == "local" else module.clients_per_round / len(module.datamodule.train_clients)
+        epsilon = dp_epsilon(self.noise_multiplier, rate, self.rounds, self.delta)
+        if math.isnan(epsilon) and not self._warned:
+            warnings.warn("privacy/epsilon needs Opacus' accountant: pip install -e '.[privacy]'", stacklevel=2)
+            self._warned = True
+        module.log("privacy/noise_multiplier", self.noise_multiplier, on_step=False, on_epoch=True, batch_size=1)
+        module.log("privacy/epsilon", epsilon, on_step=False, on_epoch=True, batch_size=1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rounds": self.rounds}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rounds = int(state_dict.get("rounds", 0))

@@ -1,0 +1,92 @@
+"""DifferentialPrivacy: clipping, central and local Gaussian noise keyed by (seed, round[, client]),
+the uniform mean it needs, and the reported (epsilon, delta)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from fl_lightning.algorithms import SCAFFOLD, FedAvg
+from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, WeightedMean
+from fl_lightning.callbacks.privacy import clip_update, dp_epsilon, gaussian_noise
+from fl_lightning.seeding import generator
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+HAS_OPACUS = importlib.util.find_spec("opacus") is not None
+
+
+class Uploads(FederatedCallback):
+    """Records the updates as the aggregator receives them (after the other callbacks)."""
+
+    def on_round_updates(self, trainer, module, updates):
+        self.updates = {u.client_id: u.tensors["delta"].clone() for u in updates}
+        return updates
+
+
+def test_clip_update_bounds_the_joint_norm():
+    tensors = {"a": torch.tensor([3.0, 0.0]), "b": torch.tensor([4.0])}
+    clipped = clip_update(tensors, 1.0)
+    assert math.isclose(float(torch.cat(list(clipped.values())).norm()), 1.0, rel_tol=1e-6)
+    assert torch.equal(clip_update(tensors, 10.0)["a"], tensors["a"])  # within the bound: unchanged
+
+
+def run(dp, rounds=1, seed=3):
+    recorder = Uploads()
+    module = FedAvg(tiny_client(), clients_per_round=4, local_steps=3, seed=seed)
+    x0 = global_vector(module)
+    t = trainer(rounds, callbacks=[dp, recorder, WeightedMean("uniform")])
+    t.fit(module, synthetic(6))
+    return x0, global_vector(module), recorder.updates, t
+
+
+def test_central_noise_is_added_to_the_uniform_mean_of_clipped_updates():
+    clip, z = 0.05, 2.0
+    x0, x, uploads, _ = run(DifferentialPrivacy(clip_norm=clip, noise_multiplier=z))
+    assert all(float(u.norm()) <= clip * (1 + 1e-5) for u in uploads.values())
+    mean = torch.stack(list(uploads.values())).double().mean(0).float()
+    noise = gaussian_noise(mean, z * clip / len(uploads), generator(3, "dp-central", 0))
+    assert torch.allclose(x, x0 + mean + noise, atol=1e-6)
+
+
+def test_local_noise_is_added_by_each_client():
+    clip, z = 0.05, 0.5
+    x0, x, uploads, _ = run(DifferentialPrivacy(clip_norm=clip, noise_multiplier=z, mode="local"))
+    _, _, clean, _ = run(DifferentialPrivacy(clip_norm=clip, noise_multiplier=0.0, mode="local"))
+    for cid, upload in uploads.items():
+        noise = gaussian_noise(upload, z * clip, generator(3, "dp-local", 0, cid))
+        assert torch.allclose(upload, clean[cid] + noise, atol=1e-6)
+
+
+def test_the_noise_needs_a_uniform_mean():
+    with pytest.raises(ValueError, match=r"needs every upload averaged uniformly.*\['delta'\].*WeightedMean\('uniform'\)"):
+        trainer(1, callbacks=[DifferentialPrivacy(1.0, 1.0)]).fit(
+            FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    trainer(1, callbacks=[DifferentialPrivacy(1.0, 1.0), WeightedMean("uniform")]).fit(  # control is a uniform mean
+        SCAFFOLD(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    with pytest.raises(ValueError, match="noise_multiplier must be >= 0 and finite, got -1.0"):
+        DifferentialPrivacy(1.0, -1.0)
+    with pytest.raises(ValueError, match="mode must be 'central' or 'local', got 'both'"):
+        DifferentialPrivacy(1.0, 1.0, mode="both")
+
+
+def test_the_privacy_spent_is_logged_per_round():
+    dp = DifferentialPrivacy(clip_norm=0.1, noise_multiplier=1.1, delta=1e-5)
+    if HAS_OPACUS:
+        _, _, _, t = run(dp, rounds=3)
+        expected = dp_epsilon(1.1, 4 / 6, 3, 1e-5)
+        assert float(t.callback_metrics["privacy/epsilon"]) == pytest.approx(expected, rel=1e-5)
+        assert 0 < dp_epsilon(1.1, 4 / 6, 1, 1e-5) < expected  # more rounds, more privacy spent
+    else:
+        with pytest.warns(UserWarning, match="pip install -e '.\\[privacy\\]'"):
+            _, _, _, t = run(dp, rounds=3)
+        assert math.isnan(float(t.callback_metrics["privacy/epsilon"]))
+    assert float(t.callback_metrics["privacy/noise_multiplier"]) == pytest.approx(1.1)
+    assert dp.state_dict() == {"rounds": 3}
+
+
+def test_epsilon_is_nan_without_opacus(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "opacus.accountants", None)  # as if Opacus were not installed
+    assert math.isnan(dp_epsilon(1.0, 0.1, 10, 1e-5))
