@@ -29,6 +29,7 @@ from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
+from fl_lightning.callbacks.history import RoundHistory
 from fl_lightning.checkpoints import load_checkpoint
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.module import FederatedModule
@@ -44,11 +45,13 @@ Besides the subcommands below, `fl-lightning pefll-predict --config <PeFLL train
 class FederatedCLI(LightningCLI):
     """``LightningCLI`` in subclass mode for ``FederatedModule`` and ``FederatedDataModule``.
 
-    Two departures from ``LightningCLI``, both for resuming safely:
+    Departures from ``LightningCLI``:
 
     * ``fit`` writes a resumable checkpoint after every round (``RoundCheckpoint``) unless the
       configuration has a checkpoint callback of its own or ``trainer.enable_checkpointing`` is
       false;
+    * ``fit`` writes the run's per-round history and prints a summary at the end
+      (``RoundHistory``) unless the configuration has one;
     * ``--ckpt_path`` never replaces the configured model with the checkpoint's: a checkpoint of
       another algorithm is refused, and settings that differ from the checkpoint's are used as
       configured, with a warning naming each (``FederatedModule.on_load_checkpoint``).
@@ -67,16 +70,17 @@ class FederatedCLI(LightningCLI):
         )
 
     def before_instantiate_classes(self) -> None:
-        """Add a ``RoundCheckpoint`` to ``fit`` when the configuration has no checkpoint callback."""
+        """Add a ``RoundCheckpoint`` to ``fit`` when the configuration has no checkpoint callback,
+        and a ``RoundHistory`` when it has none."""
         if self.subcommand != "fit":
             return
         trainer = self.config["fit"]["trainer"]
-        if trainer.get("enable_checkpointing") is False:
-            return
         callbacks = list(trainer.get("callbacks") or [])
-        if not any(_is_checkpoint(c) for c in callbacks):
+        if trainer.get("enable_checkpointing") is not False and not any(_configured_is(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(Namespace(class_path="fl_lightning.callbacks.RoundCheckpoint", init_args=Namespace()))
-            trainer["callbacks"] = callbacks
+        if not any(_configured_is(c, RoundHistory) for c in callbacks):
+            callbacks.append(Namespace(class_path="fl_lightning.callbacks.RoundHistory", init_args=Namespace()))
+        trainer["callbacks"] = callbacks
 
     def _parse_ckpt_path(self) -> None:
         """(Replaces ``LightningCLI``'s, which merges the checkpoint's hyperparameters into the
@@ -142,19 +146,19 @@ def _class_name(class_path: str) -> str:
     return class_path.rsplit(".", 1)[-1]
 
 
-def _is_checkpoint(callback: Any) -> bool:
-    """Whether a configured callback (an instance or a ``class_path`` entry) is a ``ModelCheckpoint``."""
-    if isinstance(callback, ModelCheckpoint):
+def _configured_is(callback: Any, cls: type) -> bool:
+    """Whether a configured callback (an instance or a ``class_path`` entry) is a ``cls``."""
+    if isinstance(callback, cls):
         return True
     class_path = callback.get("class_path") if isinstance(callback, (dict, Namespace)) else None
     if not isinstance(class_path, str):
         return False
     module, _, name = class_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
+        configured = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return False
-    return isinstance(cls, type) and issubclass(cls, ModelCheckpoint)
+    return isinstance(configured, type) and issubclass(configured, cls)
 
 
 def main(args: Optional[list[str]] = None) -> None:

@@ -748,11 +748,11 @@ class FederatedModule(pl.LightningModule):
             self.log_round_step()
 
     def log_round_step(self) -> None:
-        """Make the round the loggers' step for the metrics logged with this epoch's (Lightning
-        takes a logged ``step`` as the x-axis): plots read rounds, not work items. ``epoch`` (the
-        same number) is kept beside it, as Lightning logs it."""
-        for name in ("step", "epoch"):
-            self.log(name, float(self.current_epoch), on_step=False, on_epoch=True, batch_size=1)
+        """Make the number of rounds done the loggers' step for the metrics logged with this
+        epoch's (Lightning takes a logged ``step`` as the x-axis): plots read rounds, not work
+        items. ``epoch`` (the 0-based index) is kept beside it, as Lightning logs it."""
+        self.log("step", float(self.current_epoch + 1), on_step=False, on_epoch=True, batch_size=1)
+        self.log("epoch", float(self.current_epoch), on_step=False, on_epoch=True, batch_size=1)
 
     def on_test_epoch_start(self) -> None:
         self._client_hook("on_test_epoch_start")

@@ -36,9 +36,9 @@ def test_metrics_are_logged_per_round_with_the_round_as_step(tmp_path):
     t.fit(FedAvg(tiny_client(), clients_per_round=3, local_steps=2), synthetic(4))
     with open(f"{logger.log_dir}/metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert sorted(int(r["step"]) for r in rows if r.get("train_loss")) == [0, 1, 2, 3]  # the client's own log
-    assert sorted(int(r["step"]) for r in rows if r.get("round/client_loss")) == [0, 1, 2, 3]
-    assert sorted(int(r["step"]) for r in rows if r.get("val_acc")) == [1, 3]
+    assert sorted(int(r["step"]) for r in rows if r.get("train_loss")) == [1, 2, 3, 4]  # the client's own log
+    assert sorted(int(r["step"]) for r in rows if r.get("round/client_loss")) == [1, 2, 3, 4]
+    assert sorted(int(r["step"]) for r in rows if r.get("val_acc")) == [2, 4]  # after rounds 2 and 4
 
 
 def test_the_progress_bar_counts_rounds_and_clients():

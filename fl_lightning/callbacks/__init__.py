@@ -15,6 +15,7 @@ from fl_lightning.callbacks.checkpoint import RoundCheckpoint
 from fl_lightning.callbacks.class_metrics import ClassAccuracy
 from fl_lightning.callbacks.client_metrics import ClientMetrics
 from fl_lightning.callbacks.finetune import LocalFinetuning
+from fl_lightning.callbacks.history import RoundHistory
 from fl_lightning.callbacks.personalized import PersonalizedAccuracy
 from fl_lightning.callbacks.privacy import DifferentialPrivacy
 from fl_lightning.callbacks.robust_aggregation import (
@@ -47,6 +48,7 @@ __all__ = [
     "PersonalizedAccuracy",
     "RobustAggregator",
     "RoundCheckpoint",
+    "RoundHistory",
     "ScalingAttack",
     "SignFlipAttack",
     "TrimmedMean",

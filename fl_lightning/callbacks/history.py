@@ -1,0 +1,128 @@
+"""``RoundHistory``: the run's per-round history on disk, and a summary at the end.
+
+After every round the callback appends one row to ``history.csv`` and ``history.json`` in the
+run's log folder: the round (1-based: the loggers' step), the sampled clients, the updates left out for NaN/Inf, the mean
+client loss, and every scalar metric logged for that round (training, validation, client
+metrics). The files are rewritten each round, so a crash keeps the rounds done. At the start it
+writes ``partition.json``: every client's label counts (train split) and which clients are held
+out. When the run ends it prints a table of each metric's first, last and best value.
+``fl-lightning plot RUN_DIR`` (:mod:`fl_lightning.plotting`) draws the files.
+``fl-lightning fit`` adds this callback unless the configuration has one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from typing import TYPE_CHECKING, Any, Optional
+
+import pytorch_lightning as pl
+from torch import Tensor
+
+from fl_lightning.callbacks.base import FederatedCallback
+
+if TYPE_CHECKING:
+    from fl_lightning.module import FederatedModule
+
+#: metrics whose best value is the smallest
+LOWER_IS_BETTER = ("loss", "excluded", "epsilon")
+
+
+class RoundHistory(FederatedCallback):
+    """Writes ``history.csv``, ``history.json`` and ``partition.json`` into ``dirpath`` and
+    prints a summary when the fit ends.
+
+    Args:
+        dirpath: the folder (default: the Trainer's ``log_dir``, else its ``default_root_dir``).
+        summary: print the end-of-run table.
+    """
+
+    def __init__(self, dirpath: Optional[str] = None, summary: bool = True) -> None:
+        self.dirpath = dirpath
+        self.summary = summary
+        self.rows: list[dict[str, Any]] = []
+        self._open: Optional[dict[str, Any]] = None
+
+    def folder(self, trainer: pl.Trainer) -> str:
+        """Where the files go."""
+        return self.dirpath or trainer.log_dir or trainer.default_root_dir
+
+    # ------------------------------------------------------------ collecting
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
+        dm = pl_module.datamodule
+        if trainer.is_global_zero:
+            partition = {
+                "datamodule": type(dm).__name__,
+                "clients": [dm.label_histogram(c).tolist() for c in range(dm.num_clients)],
+                "train_sizes": [dm.num_samples(c) for c in range(dm.num_clients)],
+                "unseen_clients": list(dm.unseen_clients),
+            }
+            os.makedirs(self.folder(trainer), exist_ok=True)
+            with open(os.path.join(self.folder(trainer), "partition.json"), "w") as f:
+                json.dump(partition, f)
+
+    def on_round_end(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Any) -> None:
+        self._open = {"round": round_idx + 1, "clients": list(module.round_clients),
+                      "updates": module.round_num_updates}
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close(trainer)  # the previous round's metrics (its validation included) are in by now
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close(trainer)
+        if self.summary and trainer.is_global_zero and self.rows:
+            print(summary_table(self.rows))
+
+    def _close(self, trainer: pl.Trainer) -> None:
+        if self._open is None:
+            return
+        row, self._open = self._open, None
+        for name, value in sorted(trainer.callback_metrics.items()):
+            if name in ("step", "epoch"):
+                continue
+            if isinstance(value, Tensor) and value.numel() == 1:
+                row[name] = float(value)
+            elif isinstance(value, (int, float)):
+                row[name] = float(value)
+        row.setdefault("round/excluded", 0.0)
+        self.rows.append(row)
+        if trainer.is_global_zero:
+            self._write(trainer)
+
+    def _write(self, trainer: pl.Trainer) -> None:
+        folder = self.folder(trainer)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "history.json"), "w") as f:
+            json.dump(self.rows, f)
+        columns = ["round", "updates"] + sorted({k for row in self.rows for k in row} - {"round", "updates", "clients"})
+        with open(os.path.join(folder, "history.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns + ["clients"])
+            writer.writeheader()
+            for row in self.rows:
+                writer.writerow({**{k: row.get(k, "") for k in columns}, "clients": " ".join(map(str, row["clients"]))})
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rows = list(state_dict.get("rows", []))
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """A table of every metric's first, last and best value over ``rows`` (the best's round in brackets)."""
+    names = sorted({k for row in rows for k, v in row.items() if isinstance(v, float)} - {"updates"})
+    excluded = int(sum(row.get("round/excluded", 0.0) for row in rows))
+    lines = [f"fl_lightning: {len(rows)} rounds, {len(rows[-1]['clients'])} clients in the last, "
+             f"{excluded} updates left out for NaN/Inf",
+             f"{'metric':<28} {'first':>10} {'last':>10} {'best':>10}  round"]
+    for name in names:
+        series = [(row["round"], row[name]) for row in rows if name in row and not math.isnan(row[name])]
+        if not series:
+            continue
+        lower = any(word in name for word in LOWER_IS_BETTER)
+        best_round, best = (min if lower else max)(series, key=lambda item: item[1])
+        lines.append(f"{name:<28} {series[0][1]:>10.4g} {series[-1][1]:>10.4g} {best:>10.4g}  {best_round}")
+    return "\n".join(lines)
