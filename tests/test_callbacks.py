@@ -101,7 +101,16 @@ def test_client_metrics_match_a_direct_evaluation():
         for cid in range(6):
             x, y = dm.client_data(cid, "test").full()
             direct.append(float((module.client(x).argmax(-1) == y).float().mean()))
-    assert float(t.callback_metrics["clients/acc_mean"]) == pytest.approx(sum(direct) / 6, abs=1e-6)
-    assert float(t.callback_metrics["clients/acc_worst"]) == pytest.approx(min(direct), abs=1e-6)
+    assert float(t.callback_metrics["clients_test/acc_mean"]) == pytest.approx(sum(direct) / 6, abs=1e-6)
+    assert float(t.callback_metrics["clients_test/acc_worst"]) == pytest.approx(min(direct), abs=1e-6)
     with pytest.raises(ValueError, match="split"):
         ClientMetrics(split="holdout")
+
+
+def test_client_metrics_name_their_split_and_warn_when_it_is_empty():
+    assert ClientMetrics(split="val").prefix == "clients_val"
+    assert ClientMetrics(split="train", clients="unseen").prefix == "clients_unseen_train"
+    t = trainer(1, callbacks=[ClientMetrics(split="test")])
+    with pytest.warns(UserWarning, match=r"split='test'.*splits are empty \(set the datamodule's test_fraction > 0"):
+        t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4, test_fraction=0.0))
+    assert not any(name.startswith("clients_test/") for name in t.callback_metrics)

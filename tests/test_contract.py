@@ -101,7 +101,7 @@ def test_local_finetuning_and_client_metrics(name):
     before = module.state.flatten()
     t = trainer(2, callbacks=[LocalFinetuning(steps=2), ClientMetrics()], check_val_every_n_epoch=2)
     t.fit(module, data())
-    for metric in ("finetuned/acc_mean", "clients/acc_mean"):
+    for metric in ("finetuned_test/acc_mean", "clients_test/acc_mean"):
         assert 0.0 <= float(t.callback_metrics[metric]) <= 1.0
     after = module.state.flatten()
     assert torch.isfinite(after).all()

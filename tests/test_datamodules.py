@@ -63,7 +63,7 @@ def test_same_seed_same_partition():
 
 
 def test_summary_lists_samples_and_histograms():
-    dm = Blobs(num_clients=4, partition="shards", shards_per_client=1, test_fraction=0.25)
+    dm = Blobs(num_clients=4, partition="shards", shards_per_client=1, val_fraction=0.0, test_fraction=0.25)
     dm.setup()
     text = dm.summary()
     assert "4 clients" in text and "partition=shards" in text
@@ -116,7 +116,7 @@ def test_client_with_no_training_samples():
             return TensorDataset(torch.zeros(4, 2), torch.tensor([0, 0, 1, 1])), None
 
     with pytest.raises(ValueError, match="no training samples"):
-        Tiny(num_clients=4, partition="iid", test_fraction=0.9).setup()
+        Tiny(num_clients=4, partition="iid", val_fraction=0.0, test_fraction=0.9).setup()
 
 
 def test_synthetic_is_deterministic_and_heterogeneous():
@@ -193,3 +193,22 @@ def test_femnist_reads_leaf_json_one_client_per_writer(tmp_path):
         FEMNISTFederated(root=str(tmp_path), num_clients=5).setup()
     with pytest.raises(RuntimeError, match="LEAF"):
         FEMNISTFederated(root=str(tmp_path / "nowhere")).setup()
+
+
+def test_validation_set_is_the_clients_val_splits_never_the_test_set():
+    dm = Blobs(num_clients=4, partition="iid", test_fraction=0.2)
+    dm.setup()
+    val = set(dm.val_dataloader().dataset.indices)
+    assert val == set(np.concatenate(dm.splits["val"]).tolist()) and len(val) > 0
+    assert not val & set(np.concatenate(dm.splits["test"]).tolist())
+    assert not val & set(np.concatenate(dm.splits["train"]).tolist())
+
+
+def test_the_default_gives_a_validation_set_and_zero_warns():
+    dm = Blobs(num_clients=4)
+    dm.setup()
+    assert len(dm.val_dataloader().dataset) > 0
+    dm = Blobs(num_clients=4, val_fraction=0.0)
+    dm.setup()
+    with pytest.warns(UserWarning, match=r"val_fraction=0.0\) has no validation data"):
+        assert len(dm.val_dataloader().dataset) == 0

@@ -277,7 +277,7 @@ class _FakePowerLaw(TwoLabelPowerLaw, TorchvisionFederated):
 
 
 def test_power_law_datamodule_pools_train_and_test_and_splits_each_client_75_25():
-    dm = _FakePowerLaw(num_clients=10, test_fraction=0.25, min_per_label=5, seed=0)
+    dm = _FakePowerLaw(num_clients=10, val_fraction=0.0, test_fraction=0.25, min_per_label=5, seed=0)
     dm.setup("fit")
     assert len(dm.pool) == 500 and dm.test_set is None
     train = sum(len(s) for s in dm.splits["train"])

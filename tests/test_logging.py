@@ -22,7 +22,7 @@ def test_csv_and_tensorboard_get_global_and_client_metrics(tmp_path):
         rows = list(csv.DictReader(f))
     evaluated = sorted({int(float(r["epoch"])) for r in rows if r.get("val_acc")})
     assert evaluated == [1, 3]  # every 2 rounds
-    assert any(r.get("clients/acc_worst") for r in rows)
+    assert any(r.get("clients_test/acc_worst") for r in rows)
     losses = [float(r["round/client_loss"]) for r in rows if r.get("round/client_loss")]
     assert len(losses) == 4 and losses[-1] < losses[0]  # one mean local loss per round, decreasing
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").rglob("*"))

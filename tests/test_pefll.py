@@ -198,7 +198,7 @@ class _Curve(pl.Callback):
         self.values: list[float] = []
 
     def on_validation_epoch_end(self, trainer, module):
-        self.values.append(float(trainer.callback_metrics["clients/acc_mean"]))
+        self.values.append(float(trainer.callback_metrics["clients_test/acc_mean"]))
 
 
 def test_pefll_learns_personalized_models():
@@ -281,7 +281,7 @@ def test_pfedhn_keeps_one_embedding_per_client_and_fits_new_ones():
     tr = trainer(2, callbacks=[ClientMetrics(), ClientMetrics(clients="unseen")], check_val_every_n_epoch=2)
     tr.fit(module, dm)
     assert module.client_embeddings.weight.shape == (10, 4)  # grows with the clients, unlike PeFLL
-    assert {"clients/acc_mean", "clients_unseen/acc_mean"} <= set(tr.callback_metrics)
+    assert {"clients_test/acc_mean", "clients_unseen_test/acc_mean"} <= set(tr.callback_metrics)
     cid = dm.unseen_clients[0]
     torch.testing.assert_close(module.fit_new_client(cid), module.fit_new_client(cid))
 
@@ -296,7 +296,7 @@ def test_local_only_trains_each_client_alone():
     torch.testing.assert_close(module.state.flatten(), initial)  # no global model is trained
     unseen = module.client_eval_state(dm.unseen_clients[0])
     assert (unseen - initial).abs().max() > 0 and dm.unseen_clients[0] not in module.store
-    assert {"clients/acc_mean", "clients_unseen/acc_mean"} <= set(tr.callback_metrics)
+    assert {"clients_test/acc_mean", "clients_unseen_test/acc_mean"} <= set(tr.callback_metrics)
 
 
 def test_local_finetuning_restores_the_global_model():
@@ -309,7 +309,7 @@ def test_local_finetuning_restores_the_global_model():
     accuracies = finetune.evaluate(module)
     torch.testing.assert_close(module.state.flatten(), before)
     assert set(accuracies) == set(dm.unseen_clients)
-    assert float(tr.callback_metrics["finetuned_unseen/acc_mean"]) > float(tr.callback_metrics["clients_unseen/acc_mean"])
+    assert float(tr.callback_metrics["finetuned_unseen_test/acc_mean"]) > float(tr.callback_metrics["clients_unseen_test/acc_mean"])
     with pytest.raises(ValueError, match="steps"):
         LocalFinetuning(steps=0)
 

@@ -3,8 +3,10 @@
 After each validation run, every client's model (the global model, or the algorithm's
 personalized model for that client, see ``FederatedModule.client_eval_state``) is evaluated
 on the client's own split; the callback logs the mean, the worst and the 10th percentile
-of client accuracy. Under DDP the clients are divided over processes and the accuracies
-gathered, so the figures equal the single-process ones.
+of client accuracy, under names that say the split (``clients_test/acc_mean``,
+``clients_unseen_val/acc_worst``...). Under DDP the clients are divided over processes and the
+accuracies gathered, so the figures equal the single-process ones. When every selected client's
+split is empty (``test_fraction=0``, say) it warns once instead of logging nothing silently.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Literal, Optional
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from fl_lightning.callbacks.base import FederatedCallback
@@ -32,13 +35,19 @@ def accuracy_summary(accuracies: Tensor, prefix: str) -> dict[str, float]:
     }
 
 
+def default_prefix(name: str, split: str, clients: str) -> str:
+    """A metric prefix naming the evaluated split and, for unseen clients, that they are unseen."""
+    return f"{name}_unseen_{split}" if clients == "unseen" else f"{name}_{split}"
+
+
 class ClientMetrics(FederatedCallback):
     """Log per-client accuracy statistics after validation.
 
     Args:
-        split: the clients' split to evaluate (``test`` or ``val``).
+        split: the clients' split to evaluate (``test``, ``val``, or ``train``: the data they
+            train on, which is large and optimistic).
         clients: ``train`` (clients that take part in training), ``unseen`` or ``all``.
-        prefix: metric name prefix (default ``clients`` or ``clients_unseen``).
+        prefix: metric name prefix (default ``clients_<split>`` or ``clients_unseen_<split>``).
     """
 
     def __init__(
@@ -53,7 +62,8 @@ class ClientMetrics(FederatedCallback):
             raise ValueError(f"clients must be 'train', 'unseen' or 'all', got {clients!r}")
         self.split = split
         self.clients = clients
-        self.prefix = prefix or ("clients" if clients != "unseen" else "clients_unseen")
+        self.prefix = prefix or default_prefix("clients", split, clients)
+        self._warned = False
 
     def _client_ids(self, module: "FederatedModule") -> list[int]:
         dm = module.datamodule
@@ -67,6 +77,13 @@ class ClientMetrics(FederatedCallback):
         if trainer.sanity_checking:
             return
         results = self.evaluate(pl_module)
+        if not results and not self._warned:
+            self._warned = True
+            rank_zero_warn(
+                f"{type(self).__name__}(split={self.split!r}, clients={self.clients!r}) has nothing to evaluate: "
+                f"the selected clients' {self.split!r} splits are empty (set the datamodule's "
+                f"{self.split}_fraction > 0, or choose another split)"
+            )
         if results:
             accs = torch.tensor([a for _, a in sorted(results.items())])
             for name, value in accuracy_summary(accs, self.prefix).items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, Optional
 
-from fl_lightning.callbacks.client_metrics import ClientMetrics
+from fl_lightning.callbacks.client_metrics import ClientMetrics, default_prefix
 from fl_lightning.distributed import map_clients
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class LocalFinetuning(ClientMetrics):
             drawn from (seed, "finetune", client)).
         split: the clients' split to evaluate.
         clients: ``train``, ``unseen`` or ``all``.
-        prefix: metric name prefix (default ``finetuned`` or ``finetuned_unseen``).
+        prefix: metric name prefix (default ``finetuned_<split>`` or ``finetuned_unseen_<split>``).
     """
 
     def __init__(
@@ -38,7 +38,7 @@ class LocalFinetuning(ClientMetrics):
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        super().__init__(split, clients, prefix or ("finetuned" if clients != "unseen" else "finetuned_unseen"))
+        super().__init__(split, clients, prefix or default_prefix("finetuned", split, clients))
         self.steps = steps
 
     def finetuned_accuracy(self, module: "FederatedModule", client_id: int) -> float:

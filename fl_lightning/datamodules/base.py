@@ -9,7 +9,10 @@ Loaders:
 
 * ``train_dataloader`` yields the round's work items (the federated module decides how many);
   clients' mini-batches come from :meth:`client_data`, not from a DataLoader per client;
-* ``val_dataloader`` / ``test_dataloader``: the global test set (or, when the dataset has
+* ``val_dataloader``: the validation set, the union of the clients' val splits (held out of
+  the training pool: ``val_fraction`` of every client's data, 10% by default). Never test data,
+  so ``ModelCheckpoint`` and ``EarlyStopping`` select on data the reported figures do not use;
+* ``test_dataloader`` / ``predict_dataloader``: the global test set (or, when the dataset has
   none, the union of the clients' test splits).
 """
 
@@ -21,6 +24,7 @@ from typing import Literal, Optional, Sequence
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 from fl_lightning.datamodules import partition as P
@@ -62,7 +66,8 @@ class FederatedDataModule(pl.LightningDataModule):
         min_samples: smallest client size accepted by ``dirichlet``.
         shards_per_client: label-sorted shards per client (``shards``; 1 is the sorted split).
         classes_per_client: distinct classes per client (``classes``).
-        val_fraction: fraction of each client's data held out as its validation split.
+        val_fraction: fraction of each client's data held out as its validation split; their
+            union is the validation set (``val_dataloader``). 0 runs without validation.
         test_fraction: fraction of each client's data held out as its test split.
         unseen_fraction: fraction of clients never sampled for training (evaluated as unseen).
         batch_size: clients' local mini-batch size.
@@ -79,7 +84,7 @@ class FederatedDataModule(pl.LightningDataModule):
         min_samples: int = 1,
         shards_per_client: int = 2,
         classes_per_client: int = 2,
-        val_fraction: float = 0.0,
+        val_fraction: float = 0.1,
         test_fraction: float = 0.0,
         unseen_fraction: float = 0.0,
         batch_size: int = 32,
@@ -242,8 +247,16 @@ class FederatedDataModule(pl.LightningDataModule):
             raise ValueError(f"{type(self).__name__} has no test set: set test_fraction > 0")
         return Subset(self.pool, idx.tolist())
 
+    def validation_set(self) -> Dataset:
+        """The union of the clients' val splits (empty, with a warning, when ``val_fraction=0``)."""
+        idx = np.concatenate(self.splits["val"])
+        if len(idx) == 0:
+            rank_zero_warn(f"{type(self).__name__}(val_fraction={self.val_fraction}) has no validation data: "
+                           "validation is skipped; set val_fraction > 0 to validate (and select checkpoints)")
+        return Subset(self.pool, idx.tolist())
+
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.global_test_set(), batch_size=self.eval_batch_size)
+        return DataLoader(self.validation_set(), batch_size=self.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.global_test_set(), batch_size=self.eval_batch_size)
