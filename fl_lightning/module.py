@@ -301,10 +301,9 @@ class FederatedModule(pl.LightningModule):
         if self.clients_fraction is not None and dm.train_clients:
             self.clients_per_round = max(self.min_clients, int(self.clients_fraction * len(dm.train_clients)))
         if stage == "fit" and self.clients_per_round > len(dm.train_clients):
-            raise ValueError(
-                f"clients_per_round={self.clients_per_round} is above the number of training clients "
-                f"({len(dm.train_clients)})"
-            )
+            asked = (f"min_clients={self.min_clients} (with clients_fraction={self.clients_fraction})"
+                     if self.clients_fraction is not None else f"clients_per_round={self.clients_per_round}")
+            raise ValueError(f"{asked} is above the number of training clients ({len(dm.train_clients)})")
         if self.client_backend == "batched":
             if not self.batchable:
                 raise ValueError(

@@ -1,0 +1,122 @@
+"""Server optimizers (FedAdam, FedYogi, FedAdagrad: Reddi et al. 2021, Algorithm 2; any
+torch.optim optimizer) and client sampling by fraction (Flower's fraction_fit, min_fit_clients)."""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import partial
+
+import pytest
+import torch
+
+from fl_lightning.algorithms import FedAvg
+from fl_lightning.callbacks import FederatedCallback
+from fl_lightning.cli import FederatedCLI
+from fl_lightning.optim import FedAdagrad, FedAdam, FedYogi
+from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+ETA, TAU, B1, B2 = 0.1, 0.05, 0.9, 0.99
+DELTAS = ([0.5, -0.1, 0.0], [-0.2, 0.3, 0.04])  # two rounds' mean model deltas Delta_t
+
+
+def hand_steps(rule: str) -> list[float]:
+    """Algorithm 2 of Reddi et al. written out per coordinate, m_{-1} = 0, v_{-1} = tau^2."""
+    out = []
+    for i in range(3):
+        x, m, v = 1.0, 0.0, TAU**2
+        for delta in DELTAS:
+            d = delta[i]
+            m = B1 * m + (1 - B1) * d
+            if rule == "adagrad":
+                v = v + d * d
+            elif rule == "adam":
+                v = B2 * v + (1 - B2) * d * d
+            else:  # yogi
+                v = v - (1 - B2) * d * d * math.copysign(1.0, v - d * d) if v != d * d else v
+            x = x + ETA * m / (math.sqrt(v) + TAU)
+        out.append(x)
+    return out
+
+
+@pytest.mark.parametrize("cls, rule", [(FedAdagrad, "adagrad"), (FedAdam, "adam"), (FedYogi, "yogi")])
+def test_adaptive_server_step_matches_the_paper_by_hand(cls, rule):
+    x = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    opt = cls([x], lr=ETA, betas=(B1, B2), tau=TAU)
+    for delta in DELTAS:
+        x.grad = -torch.tensor(delta, dtype=torch.float64)  # the engine's pseudo-gradient is -Delta_t
+        opt.step()
+    assert x.detach().tolist() == pytest.approx(hand_steps(rule), abs=1e-12)
+
+
+def test_fedadam_on_the_engine_applies_its_step_to_the_mean_delta():
+    x0 = global_vector(FedAvg(tiny_client(), clients_per_round=4, local_steps=3))
+    plain = FedAvg(tiny_client(), clients_per_round=4, local_steps=3)
+    trainer(1).fit(plain, synthetic(4))
+    delta = global_vector(plain) - x0  # FedAvg with server SGD(lr=1): x1 = x0 + Delta
+    adam = FedAvg(tiny_client(), clients_per_round=4, local_steps=3,
+                  server_optimizer=partial(FedAdam, lr=ETA, betas=(B1, B2), tau=TAU))
+    trainer(1).fit(adam, synthetic(4))
+    m, v = (1 - B1) * delta, B2 * TAU**2 + (1 - B2) * delta**2
+    torch.testing.assert_close(global_vector(adam), x0 + ETA * m / (v.sqrt() + TAU), rtol=1e-5, atol=1e-6)
+
+
+def test_any_torch_optimizer_is_a_server_optimizer_from_the_cli(tmp_path):
+    cli = FederatedCLI(args=[
+        "--model=fl_lightning.algorithms.FedAvg",
+        "--model.client=fl_lightning.models.LogisticRegression",
+        "--model.client.in_features=20",
+        "--model.server_optimizer=torch.optim.SGD",
+        "--model.server_optimizer.lr=0.5",
+        "--model.server_optimizer.momentum=0.9",
+        "--data=fl_lightning.datamodules.SyntheticFederated",
+        f"--trainer.default_root_dir={tmp_path}",
+    ], run=False)
+    opt = cli.model.configure_server_optimizer()
+    assert isinstance(opt, torch.optim.SGD)
+    assert opt.param_groups[0]["lr"] == 0.5 and opt.param_groups[0]["momentum"] == 0.9
+    cli = FederatedCLI(args=[
+        "--model=fl_lightning.algorithms.FedAvg",
+        "--model.client=fl_lightning.models.LogisticRegression",
+        "--model.server_optimizer=fl_lightning.optim.FedYogi",
+        "--model.server_optimizer.tau=0.01",
+        "--data=fl_lightning.datamodules.SyntheticFederated",
+        f"--trainer.default_root_dir={tmp_path}",
+    ], run=False)
+    opt = cli.model.configure_server_optimizer()
+    assert isinstance(opt, FedYogi) and opt.param_groups[0]["tau"] == 0.01
+
+
+@pytest.mark.parametrize("bad", [{"tau": 0.0}, {"lr": -1.0}, {"betas": (1.5, 0.9)}])
+def test_adaptive_optimizers_refuse_bad_settings(bad):
+    name = "betas[0]" if "betas" in bad else next(iter(bad))
+    with pytest.raises(ValueError, match=rf"{re.escape(name)}"):
+        FedAdam([torch.nn.Parameter(torch.zeros(1))], **bad)
+
+
+class RecordClients(FederatedCallback):
+    """Keeps each round's sampled clients."""
+
+    def __init__(self) -> None:
+        self.rounds: list[list[int]] = []
+
+    def on_round_end(self, trainer, module, round_idx, aggregate) -> None:
+        self.rounds.append(list(module.round_clients))
+
+
+@pytest.mark.parametrize("fraction, min_clients, expected", [(0.5, 1, 5), (0.25, 1, 2), (0.1, 3, 3), (1.0, 1, 10)])
+def test_sampling_by_fraction_takes_max_of_min_clients_and_the_share(fraction, min_clients, expected):
+    record = RecordClients()
+    module = FedAvg(tiny_client(), clients_fraction=fraction, min_clients=min_clients, local_steps=1)
+    trainer(3, callbacks=[record]).fit(module, synthetic(10))
+    assert [len(c) for c in record.rounds] == [expected] * 3
+    assert all(len(set(c)) == expected for c in record.rounds)
+
+
+def test_sampling_settings_are_checked():
+    with pytest.raises(ValueError, match="at most one of clients_per_round and clients_fraction"):
+        FedAvg(tiny_client(), clients_per_round=3, clients_fraction=0.5)
+    with pytest.raises(ValueError, match="clients_fraction"):
+        FedAvg(tiny_client(), clients_fraction=0.0)
+    with pytest.raises(ValueError, match="min_clients=20 \\(with clients_fraction=0.5\\) is above the number of training clients \\(10\\)"):
+        trainer(1).fit(FedAvg(tiny_client(), clients_fraction=0.5, min_clients=20, local_steps=1), synthetic(10))
