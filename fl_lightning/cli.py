@@ -7,6 +7,9 @@
     fl-lightning validate --config configs/quickstart.yaml --ckpt_path last.ckpt
     fl-lightning fit --config configs/quickstart.yaml --print_config
     fl-lightning pefll-predict --config configs/pefll/<run>.yaml --predict.ckpt_path last.ckpt
+    fl-lightning plot runs/quickstart
+
+``plot`` draws a run's history (``fl_lightning.plotting``).
 
 ``pefll-predict`` takes the training config (model and data) and a trained PeFLL checkpoint and
 writes each client's personalized model, generated with no finetuning (by default for the
@@ -29,6 +32,7 @@ from jsonargparse import Namespace
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
+from fl_lightning import plotting
 from fl_lightning.callbacks.history import RoundHistory
 from fl_lightning.checkpoints import load_checkpoint
 from fl_lightning.datamodules.base import FederatedDataModule
@@ -37,9 +41,11 @@ from fl_lightning.module import FederatedModule
 
 DESCRIPTION = """fl-lightning: federated learning with one Lightning Trainer (a Trainer epoch is a round).
 
-Besides the subcommands below, `fl-lightning pefll-predict --config <PeFLL training config>
---predict.ckpt_path <checkpoint>` writes each client's personalized model with PeFLL-predict
-(see `fl-lightning pefll-predict --help`)."""
+Besides the subcommands below, `fl-lightning plot RUN_DIR [RUN_DIR ...]` draws runs' metrics
+per round and the label distribution of their clients (see `fl-lightning plot --help`), and
+`fl-lightning pefll-predict --config <PeFLL training config> --predict.ckpt_path <checkpoint>`
+writes each client's personalized model with PeFLL-predict (see `fl-lightning pefll-predict
+--help`)."""
 
 
 class FederatedCLI(LightningCLI):
@@ -166,6 +172,9 @@ def main(args: Optional[list[str]] = None) -> None:
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["pefll-predict"]:
         pefll_predict(argv[1:])
+        return
+    if argv[:1] == ["plot"]:
+        plotting.main(argv[1:])
         return
     FederatedCLI(args=args)
 

@@ -44,6 +44,9 @@ class RoundHistory(FederatedCallback):
         self.summary = summary
         self.rows: list[dict[str, Any]] = []
         self._open: Optional[dict[str, Any]] = None
+        self._before_validation: dict[str, float] = {}
+        self._validation_names: set[str] = set()
+        self._validated = False
 
     def folder(self, trainer: pl.Trainer) -> str:
         """Where the files go."""
@@ -63,6 +66,20 @@ class RoundHistory(FederatedCallback):
             with open(os.path.join(self.folder(trainer), "partition.json"), "w") as f:
                 json.dump(partition, f)
 
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._before_validation = _scalars(trainer.callback_metrics)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        # Lightning keeps a metric's last value until it is logged again: a row takes the
+        # validation metrics only in the rounds that validated, and the metrics that appear or
+        # change while validating are the validation metrics
+        after = _scalars(trainer.callback_metrics)
+        self._validation_names |= {k for k, v in after.items() if self._before_validation.get(k) != v}
+        self._validated = True
+
     def on_round_end(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Any) -> None:
         self._open = {"round": round_idx + 1, "clients": list(module.round_clients),
                       "updates": module.round_num_updates}
@@ -79,13 +96,10 @@ class RoundHistory(FederatedCallback):
         if self._open is None:
             return
         row, self._open = self._open, None
-        for name, value in sorted(trainer.callback_metrics.items()):
-            if name in ("step", "epoch"):
-                continue
-            if isinstance(value, Tensor) and value.numel() == 1:
-                row[name] = float(value)
-            elif isinstance(value, (int, float)):
-                row[name] = float(value)
+        for name, value in sorted(_scalars(trainer.callback_metrics).items()):
+            if name not in ("step", "epoch") and (self._validated or name not in self._validation_names):
+                row[name] = value
+        self._validated = False
         row.setdefault("round/excluded", 0.0)
         self.rows.append(row)
         if trainer.is_global_zero:
@@ -109,6 +123,17 @@ class RoundHistory(FederatedCallback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rows = list(state_dict.get("rows", []))
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The scalar entries of a metrics dict, as floats."""
+    out = {}
+    for name, value in metrics.items():
+        if isinstance(value, Tensor) and value.numel() == 1:
+            out[name] = float(value)
+        elif isinstance(value, (int, float)):
+            out[name] = float(value)
+    return out
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:

@@ -1,0 +1,137 @@
+"""RoundHistory (per-round history.csv/json, partition.json, the end-of-run summary) and the
+plots drawn from it (``fl-lightning plot``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fl_lightning.algorithms import FedAvg
+from fl_lightning.callbacks import ClientMetrics, FederatedCallback, RoundHistory
+from fl_lightning.cli import FederatedCLI, main
+from fl_lightning.plotting import load_run, plot_label_distribution, plot_metrics
+from tests.helpers import synthetic, tiny_client, trainer
+
+PNG = b"\x89PNG\r\n\x1a\n"
+QUICKSTART = str(Path(__file__).parents[1] / "configs" / "quickstart.yaml")
+
+
+class PoisonRound2(FederatedCallback):
+    """Turns the first update of round 2 into NaN; records what validation logged."""
+
+    def __init__(self) -> None:
+        self.validated: dict[int, float] = {}
+
+    def on_client_update(self, trainer, module, update):
+        if module.current_epoch == 1 and update.client_id == module.round_clients[0]:
+            update.tensors["delta"] = update.tensors["delta"] * float("nan")
+        return update
+
+    def on_validation_end(self, trainer, module):
+        self.validated[module.current_epoch + 1] = float(trainer.callback_metrics["val_acc"])
+
+
+def fit(tmp_path, rounds=4, **kwargs):
+    record, history = PoisonRound2(), RoundHistory(dirpath=str(tmp_path))
+    module = FedAvg(tiny_client(), clients_per_round=3, local_steps=2, seed=1)
+    t = trainer(rounds, callbacks=[record, history, ClientMetrics(split="val")], check_val_every_n_epoch=2, **kwargs)
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        t.fit(module, synthetic(6))
+    return t, record, history
+
+
+def test_history_has_a_row_per_round_with_fresh_metrics_only(tmp_path, capsys):
+    _, record, history = fit(tmp_path)
+    rows = json.loads((tmp_path / "history.json").read_text())
+    assert rows == history.rows
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert [r["updates"] for r in rows] == [3, 2, 3, 3] and [r["round/excluded"] for r in rows] == [0, 1, 0, 0]
+    assert all(len(r["clients"]) == 3 and r["clients"] == sorted(r["clients"]) for r in rows)
+    # validation ran after rounds 2 and 4: its metrics are in those rows, with the logged values, and nowhere else
+    assert {r["round"]: r["val_acc"] for r in rows if "val_acc" in r} == record.validated == pytest.approx(
+        {2: rows[1]["val_acc"], 4: rows[3]["val_acc"]})
+    assert ["clients_val/acc_mean" in r for r in rows] == [False, True, False, True]
+    assert all("round/client_loss" in r and "train_loss" in r for r in rows)
+    with open(tmp_path / "history.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [int(r["round"]) for r in table] == [1, 2, 3, 4] and table[0]["val_acc"] == ""
+    assert float(table[3]["val_acc"]) == pytest.approx(rows[3]["val_acc"])
+    out = capsys.readouterr().out
+    assert "4 rounds, 3 clients in the last, 1 updates left out for NaN/Inf" in out
+    best = max((2, 4), key=lambda r: record.validated[r])
+    line = next(line for line in out.splitlines() if line.startswith("val_acc "))
+    assert line.split()[1:] == [f"{record.validated[2]:.4g}", f"{record.validated[4]:.4g}",
+                               f"{record.validated[best]:.4g}", str(best)]
+
+
+def test_partition_file_holds_every_clients_label_counts(tmp_path):
+    dm = synthetic(6)
+    history = RoundHistory(dirpath=str(tmp_path), summary=False)
+    trainer(1, callbacks=[history]).fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), dm)
+    partition = json.loads((tmp_path / "partition.json").read_text())
+    assert partition["datamodule"] == "SyntheticFederated" and partition["unseen_clients"] == []
+    assert partition["train_sizes"] == [dm.num_samples(c) for c in range(6)]
+    assert [sum(counts) for counts in partition["clients"]] == partition["train_sizes"]
+    assert partition["clients"][3] == dm.label_histogram(3).tolist()
+
+
+def test_history_resumes_with_the_checkpoint(tmp_path):
+    history = RoundHistory(dirpath=str(tmp_path / "a"), summary=False)
+    module = FedAvg(tiny_client(), clients_per_round=2, local_steps=1)
+    t = trainer(2, callbacks=[history], enable_checkpointing=True, default_root_dir=str(tmp_path))
+    t.fit(module, synthetic(4))
+    ckpt = tmp_path / "two.ckpt"
+    t.save_checkpoint(ckpt)
+    resumed = RoundHistory(dirpath=str(tmp_path / "b"), summary=False)
+    trainer(4, callbacks=[resumed]).fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4),
+                                        ckpt_path=str(ckpt))
+    straight = RoundHistory(dirpath=str(tmp_path / "c"), summary=False)
+    trainer(4, callbacks=[straight]).fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    assert [r["round"] for r in resumed.rows] == [1, 2, 3, 4]
+    assert [r["clients"] for r in resumed.rows] == [r["clients"] for r in straight.rows]
+    assert resumed.rows[3]["round/client_loss"] == pytest.approx(straight.rows[3]["round/client_loss"], abs=1e-6)
+
+
+def test_plots_are_written_for_several_runs(tmp_path):
+    fit(tmp_path / "a")
+    fit(tmp_path / "b")
+    runs = [load_run(tmp_path / "a", "A"), load_run(tmp_path / "b", "B")]
+    for path in (plot_metrics(runs, tmp_path / "m.png", ["val_acc", "round/client_loss"]),
+                 plot_label_distribution(runs[0].partition, tmp_path / "p.png")):
+        assert path.read_bytes()[:8] == PNG and path.stat().st_size > 5000
+    with pytest.raises(ValueError, match=r"metrics \['test_acc'\] were not logged by these runs; logged: \["):
+        plot_metrics(runs, tmp_path / "x.png", ["test_acc"])
+
+
+def test_plot_command_finds_the_newest_run_below_a_folder(tmp_path, capsys):
+    fit(tmp_path / "root" / "lightning_logs" / "version_0")
+    main(["plot", str(tmp_path / "root"), "--out", str(tmp_path / "plots")])
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"metrics.png", "partition.png"}
+    assert "wrote" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="no history.json in or below"):
+        main(["plot", str(tmp_path / "nothing")])
+    with pytest.raises(SystemExit):
+        main(["plot", str(tmp_path / "root"), "--labels", "a", "b"])
+    assert "--labels needs one label per run" in capsys.readouterr().err
+
+
+def cli_args(tmp_path, callbacks: str) -> list[str]:
+    return ["fit", "--config", QUICKSTART, "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+            "--data.init_args.print_summary", "false", "--trainer.callbacks", callbacks]
+
+
+def test_the_cli_adds_a_history_unless_one_is_configured(tmp_path, capsys):
+    cli = FederatedCLI(args=cli_args(tmp_path / "a", "[]"))
+    assert sum(isinstance(c, RoundHistory) for c in cli.trainer.callbacks) == 1
+    assert [r["round"] for r in json.loads((tmp_path / "a" / "history.json").read_text())] == [1, 2]
+    assert "fl_lightning: 2 rounds, 10 clients in the last" in capsys.readouterr().out
+    own = '[{"class_path": "fl_lightning.callbacks.RoundHistory", "init_args": {"dirpath": "%s", "summary": false}}]'
+    cli = FederatedCLI(args=cli_args(tmp_path / "b", own % (tmp_path / "mine")))
+    assert sum(isinstance(c, RoundHistory) for c in cli.trainer.callbacks) == 1
+    assert (tmp_path / "mine" / "history.json").is_file() and not (tmp_path / "b" / "history.json").exists()
+    assert "fl_lightning:" not in capsys.readouterr().out
