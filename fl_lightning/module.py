@@ -48,7 +48,8 @@ import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.strategies import DDPStrategy
-from torch import Tensor
+from pytorch_lightning.utilities import rank_zero_warn
+from torch import Tensor, nn
 
 from fl_lightning.backends import BatchedBackend, ClientBackend, ModuleRun, SequentialBackend
 from fl_lightning.backends.functional import FunctionalClient
@@ -294,6 +295,15 @@ class FederatedModule(pl.LightningModule):
             raise ValueError(
                 f"strategy {type(strategy).__name__} all-reduces the gradients of every local step; "
                 "use strategy='fl_ddp' (or 'fl_ddp_spawn'), fl_lightning's DDP strategy for federations"
+            )
+        cumulative = [name for name, m in self.client.named_modules()
+                      if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.momentum is None]
+        if stage == "fit" and cumulative:
+            rank_zero_warn(
+                f"BatchNorm layer(s) {cumulative[:5]} have momentum=None (a cumulative average weighted by "
+                "num_batches_tracked): integer buffers are not federated (local work leaves them at the global model's "
+                "value), so these cumulative averages restart in every client's local work; give the layers a momentum "
+                "(e.g. 0.1) for running statistics that federate"
             )
         if stage != "fit" and not hasattr(getattr(self.trainer, "datamodule", None), "client_data"):
             return  # validate / test / predict with plain dataloaders: the global model, no federation
@@ -633,10 +643,13 @@ class FederatedModule(pl.LightningModule):
         ``self.log`` calls are buffered and logged once per round as their batch-size-weighted
         mean (:mod:`fl_lightning.local_logging`); in an evaluation hook (finetuning, fitting an
         unseen client) gradients are enabled, inference mode is left, and the client's
-        ``self.log`` calls are dropped: they would land in the evaluation's results.
+        ``self.log`` calls are dropped: they would land in the evaluation's results. Integer
+        buffers (BatchNorm's ``num_batches_tracked``) are not federated state: local work leaves
+        them at the global model's values, whatever the backend.
         """
         training = self.trainer.training
         was_training = self.client.training
+        counters = [(b, b.clone()) for b in self.client.buffers() if not b.is_floating_point()]
         with ExitStack() as stack:
             stack.enter_context(keyed_rng(self.seed, "client", client_id, *keys, device=self.device))
             stack.enter_context(routed_log(self.client, self.client_logs.log if training else _drop_log))
@@ -651,6 +664,9 @@ class FederatedModule(pl.LightningModule):
                 if not was_training:
                     self.client.eval()
                 self.client_logs.batch = None
+                with torch.no_grad():
+                    for buffer, value in counters:
+                        buffer.copy_(value)
 
     def train_locally(
         self,

@@ -125,6 +125,15 @@ def test_batch_norm_statistics_and_client_logs_follow_each_client():
     assert float(t_bat.callback_metrics["client_loss"]) == pytest.approx(float(t_seq.callback_metrics["client_loss"]),
                                                                           rel=1e-5)
     assert "client_loss" in t_bat.progress_bar_metrics  # the call's options are kept
+    # integer buffers are not federated: both backends leave the counter at the global model's value
+    assert [int(m.client.net[1].num_batches_tracked) for m in (seq, bat)] == [0, 0]
+
+
+def test_cumulative_batch_norm_is_warned_about():
+    client = BatchNormClient()
+    client.net[1].momentum = None
+    with pytest.warns(UserWarning, match=r"BatchNorm layer\(s\) \['net.1'\] have momentum=None"):
+        trainer(1).fit(FedAvg(client, clients_per_round=2, local_steps=1), synthetic(4))
 
 
 def test_bf16_mixed():
