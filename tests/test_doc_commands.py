@@ -1,0 +1,103 @@
+"""Every command in the README and the docs works as written.
+
+The ```bash blocks of ``README.md`` and ``docs/**/*.md`` are run in document order, one
+temporary working folder per page (holding links to the checkout's ``configs/``, ``benchmarks/``
+and ``experiments/``), and so are the ``python`` blocks of ``docs/guide.md``:
+
+* ``fl-lightning`` commands on the quickstart's configuration run for real (it is small and
+  generated); on any other configuration (real datasets, long runs) they are parsed and
+  checked with ``--print_config``;
+* ``python benchmarks/...`` and ``python experiments/...`` scripts answer ``--help``;
+* the set-up lines (``python3 -m venv``, ``pip install``, ``pytest``) are what CI runs
+  (``.ci/run``: the README's test command), so they are not repeated here.
+
+A block preceded by ``<!-- doc-test: skip (reason) -->`` is not run (it needs GPUs, say).
+A command of any other kind fails the test: give it a handler here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fl_lightning.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCK = re.compile(r"(<!-- doc-test: skip[^>]*-->\s*)?```(bash|python)\n(.*?)```", re.S)
+SETUP = ("python3 -m venv", "pip install", "pytest", ". .venv/bin/activate", "source .venv/bin/activate")
+FAST_CONFIGS = ("configs/quickstart.yaml",)
+
+
+def blocks(page: Path) -> list[tuple[str, str]]:
+    """The page's (language, code) blocks to run, in order."""
+    return [(lang, code) for skip, lang, code in BLOCK.findall(page.read_text()) if not skip]
+
+
+def commands(code: str) -> list[str]:
+    """The commands of a bash block: continuation lines joined, comments dropped, ``&&`` split."""
+    out = []
+    for line in code.replace("\\\n", " ").splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if line and not line.startswith("#"):
+            out += [part.strip() for part in line.split("&&")]
+    return out
+
+
+def run_fl_lightning(argv: list[str]) -> None:
+    real = any(c in argv for c in FAST_CONFIGS) and argv[0] != "pefll-predict"
+    if argv[0] == "plot" or real or "--print_config" in argv:
+        with pytest.raises(SystemExit) if "--print_config" in argv else contextlib.nullcontext():
+            main(argv)
+        return
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as done:
+        main([*argv, "--print_config"])
+    assert done.value.code == 0, f"fl-lightning {shlex.join(argv)} --print_config exited with {done.value.code}"
+
+
+def run_command(command: str) -> None:
+    if command.startswith(SETUP):
+        return  # CI runs the set-up (.ci/run)
+    argv = shlex.split(command)
+    if argv[0] == "fl-lightning":
+        run_fl_lightning(argv[1:])
+    elif argv[0] == "python" and argv[1].startswith(("benchmarks/", "experiments/")):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        result = subprocess.run([sys.executable, argv[1], "--help"], capture_output=True, text=True, env=env)
+        assert result.returncode == 0, f"{argv[1]} --help failed:\n{result.stderr[-2000:]}"
+    else:
+        raise AssertionError(f"no handler for the documented command {command!r}: add one to {__file__}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_the_commands_of_a_page_work_as_written(page, tmp_path, monkeypatch):
+    for name in ("configs", "benchmarks", "experiments"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for lang, code in blocks(page):
+        if lang == "bash":
+            for command in commands(code):
+                run_command(command)
+        elif page.name == "guide.md":
+            exec(compile(code, str(page), "exec"), namespace)
+
+
+def test_every_page_is_collected_and_every_command_has_a_handler():
+    assert {"README.md", "guide.md", "engine.md"} <= {p.name for p in PAGES}
+    for page in PAGES:
+        for lang, code in blocks(page):
+            for command in commands(code) if lang == "bash" else []:
+                first = shlex.split(command)[0]
+                assert command.startswith(SETUP) or first == "fl-lightning" or (
+                    first == "python" and shlex.split(command)[1].startswith(("benchmarks/", "experiments/"))
+                ), f"{page.name}: no handler for {command!r}"
