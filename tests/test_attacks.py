@@ -1,4 +1,4 @@
-"""Attacks (fl_lightning.attacks) and attack callbacks: outputs, Byzantine choice, data-mass check."""
+"""Attacks (fl_lightning.functional.attacks) and attack callbacks: outputs, Byzantine choice, data-mass check."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.attacks import (
+from fl_lightning.functional.attacks import (
     alie_attack,
     alie_z,
     data_fraction,

@@ -18,7 +18,7 @@ from fl_lightning.algorithms.feddro import CompositionalFedAvg, FedDRO, frozen_r
 from fl_lightning.callbacks.class_metrics import ClassAccuracy, class_accuracy_summary
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.datamodules.imbalanced import st_indices
-from fl_lightning.dro import (
+from fl_lightning.functional.dro import (
     ChiSquareDRO,
     CompositionalObjective,
     KLDRO,

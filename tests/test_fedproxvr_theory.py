@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fl_lightning.fedproxvr_theory import (
+from fl_lightning.functional.fedproxvr_theory import (
     local_accuracy,
     optimal_parameters,
     rate_constant,

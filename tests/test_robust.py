@@ -1,4 +1,4 @@
-"""Robust statistics (fl_lightning.robust) and the aggregator callbacks on hand-made examples."""
+"""Robust statistics (fl_lightning.functional.robust) and the aggregator callbacks on hand-made examples."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fl_lightning.callbacks.robust_aggregation import (
     Krum,
     TrimmedMean,
 )
-from fl_lightning.robust import (
+from fl_lightning.functional.robust import (
     bulyan,
     centered_clipping,
     coordinate_median,

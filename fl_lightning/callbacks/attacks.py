@@ -26,7 +26,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.attacks import (
+from fl_lightning.functional.attacks import (
     alie_attack,
     alie_z,
     data_fraction,
