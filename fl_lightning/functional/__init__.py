@@ -5,6 +5,10 @@ value object) of tensors and numbers: no Lightning, no module state, no communic
 algorithms, callbacks and optimizers of ``fl_lightning`` are thin layers over these functions,
 which are tested on their own against hand-computed values.
 
+* :mod:`~fl_lightning.functional.prox`: proximal terms, their gradients (FedProx, FedDeper)
+  and their proximal map (FedProxVR);
+* :mod:`~fl_lightning.functional.variance_reduction`: the SVRG, SARAH and SAGA estimators and
+  the full gradient over chunks;
 * :mod:`~fl_lightning.functional.robust`: robust statistics of a stack of updates (geometric
   median, coordinate median, trimmed mean, Krum, Bulyan, centered clipping);
 * :mod:`~fl_lightning.functional.attacks`: Byzantine attack formulas and the choice of Byzantine clients;
@@ -34,6 +38,12 @@ from fl_lightning.functional.dro import (
     storm_estimate,
     surrogate,
 )
+from fl_lightning.functional.prox import (
+    depersonalization_gradient,
+    depersonalization_strength,
+    prox_step,
+    proximal_gradient,
+)
 from fl_lightning.functional.robust import (
     GeometricMedianResult,
     bulyan,
@@ -45,12 +55,18 @@ from fl_lightning.functional.robust import (
     trimmed_mean,
     weiszfeld_objective,
 )
+from fl_lightning.functional.variance_reduction import (
+    full_gradient,
+    saga_direction,
+    sarah_direction,
+    svrg_direction,
+)
 
 __all__ = [
-    "KLDRO",
     "ChiSquareDRO",
     "CompositionalObjective",
     "GeometricMedianResult",
+    "KLDRO",
     "NonFiniteEstimateError",
     "alie_attack",
     "alie_z",
@@ -59,18 +75,26 @@ __all__ = [
     "check_finite",
     "coordinate_median",
     "data_fraction",
+    "depersonalization_gradient",
+    "depersonalization_strength",
     "flip_labels",
+    "full_gradient",
     "gaussian_attack",
     "geometric_median",
     "ipm_attack",
     "krum",
     "krum_scores",
     "objective_value",
+    "prox_step",
+    "proximal_gradient",
+    "saga_direction",
+    "sarah_direction",
     "scaling_attack",
     "select_byzantine",
     "sign_flip_attack",
     "storm_estimate",
     "surrogate",
+    "svrg_direction",
     "trimmed_mean",
     "weiszfeld_objective",
 ]
