@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.callbacks.attacks import (
     ALIEAttack,
     GaussianAttack,
@@ -18,7 +19,6 @@ from fl_lightning.callbacks.attacks import (
     ScalingAttack,
     SignFlipAttack,
 )
-from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.functional.attacks import alie_z, gaussian_attack
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate

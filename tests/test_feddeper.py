@@ -11,7 +11,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.feddeper import FedDeper, check_plain_sgd, mix_personal
-from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.callbacks.personalized import PersonalizedAccuracy, add_extra_classes, local_test_indices
 from fl_lightning.models.cnn import CNN
 from fl_lightning.seeding import generator

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedproxvr import FedProxVR
-from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.datamodules.powerlaw import TwoLabelPowerLaw, two_label_power_law
 from fl_lightning.datamodules.vision import TorchvisionFederated

@@ -10,9 +10,9 @@ from fl_lightning.algorithms.byrd_saga import ByrdSAGA, fixed_minibatches
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.raga import RAGA, paper_learning_rate
 from fl_lightning.algorithms.rfa import RFA
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.attacks import ALIEAttack, GaussianAttack, LabelFlipAttack
-from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.callbacks.robust_aggregation import CoordinateMedian, GeometricMedian
 from fl_lightning.models import LogisticRegression
 from tests.helpers import global_vector, synthetic, tiny_client, trainer

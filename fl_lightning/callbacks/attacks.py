@@ -26,6 +26,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from fl_lightning.distributed import all_reduce_sum
 from fl_lightning.functional.attacks import (
     alie_attack,
     alie_z,
@@ -37,8 +38,7 @@ from fl_lightning.functional.attacks import (
     select_byzantine,
     sign_flip_attack,
 )
-from fl_lightning.callbacks.base import FederatedCallback
-from fl_lightning.distributed import all_reduce_sum
+from fl_lightning.hooks import FederatedCallback
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
 

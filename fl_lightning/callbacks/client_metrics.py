@@ -15,8 +15,8 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.distributed import map_clients
+from fl_lightning.hooks import FederatedCallback
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule

@@ -19,7 +19,6 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.callbacks.base import Aggregator
 from fl_lightning.distributed import gather_updates
 from fl_lightning.functional.robust import (
     STOP_RULES,
@@ -31,6 +30,7 @@ from fl_lightning.functional.robust import (
     krum,
     trimmed_mean,
 )
+from fl_lightning.hooks import Aggregator
 from fl_lightning.update import ClientUpdate
 
 if TYPE_CHECKING:
