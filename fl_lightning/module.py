@@ -53,13 +53,12 @@ from torch import Tensor, nn
 
 from fl_lightning.backends import BatchedBackend, ClientBackend, ModuleRun, SequentialBackend
 from fl_lightning.backends.functional import FunctionalClient
-from fl_lightning.callbacks.aggregation import WeightedMean
-from fl_lightning.callbacks.base import Aggregator, FederatedCallback
-from fl_lightning.callbacks.progress import round_progress_bar
 from fl_lightning.checkpoints import CheckpointError, install_safe_io, load_checkpoint
 from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and_world
+from fl_lightning.hooks import Aggregator, FederatedCallback
 from fl_lightning.lightning_compat import count_optimizer_step, raw_optimizer, routed_log, set_current_hook
 from fl_lightning.local_logging import LocalLogBuffer
+from fl_lightning.progress import round_progress_bar
 from fl_lightning.run import ClientRun, StepOutput
 from fl_lightning.schedules import LocalSchedule
 from fl_lightning.seeding import generator, keyed_rng, sample_clients
@@ -208,8 +207,9 @@ class FederatedModule(pl.LightningModule):
         #: declared per-client state entries (:meth:`add_client_state`)
         self.state_specs: dict[str, StateSpec] = {}
         self.add_update("delta", self.state.dim)
-        #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's
-        self.default_aggregator: Aggregator = WeightedMean()
+        #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's.
+        #: None: the sample-weighted mean (``WeightedMean()``), reduced with the other linear uploads
+        self.default_aggregator: Optional[Aggregator] = None
         self.client_backend = client_backend
         self.backend: ClientBackend = (
             BatchedBackend(clients_per_block) if client_backend == "batched" else SequentialBackend()
@@ -481,10 +481,11 @@ class FederatedModule(pl.LightningModule):
         Returns None when no process kept an update.
         """
         aggregator = self.aggregator
+        reduction = "weighted_mean" if aggregator is None else aggregator.linear_reduction
         linear = {n: (s.size, s.reduction) for n, s in self.update_specs.items() if s.reduction != "aggregator"}
         delegated = self.aggregated_sizes()
-        if delegated and aggregator.linear_reduction is not None:
-            linear.update({n: (size, aggregator.linear_reduction) for n, size in delegated.items()})
+        if delegated and reduction is not None:
+            linear.update({n: (size, reduction) for n, size in delegated.items()})
             delegated = {}
         sums = all_reduce_sum(linear_sums(updates, linear, self.device))  # type: ignore[arg-type]
         self.round_num_updates = int(sums[-2])
@@ -492,6 +493,7 @@ class FederatedModule(pl.LightningModule):
             return None
         out = finish_linear(sums, linear)  # type: ignore[arg-type]
         if delegated:
+            assert aggregator is not None  # only a non-linear aggregator leaves uploads delegated
             robust = aggregator.aggregate(self.trainer, self, updates)
             if robust is None:
                 return None
@@ -499,8 +501,8 @@ class FederatedModule(pl.LightningModule):
         return {name: out[name] for name in self.update_specs}
 
     @property
-    def aggregator(self) -> Aggregator:
-        """The Trainer's ``Aggregator`` callback, or the algorithm's default."""
+    def aggregator(self) -> Optional[Aggregator]:
+        """The Trainer's ``Aggregator`` callback, or the algorithm's default (None: the sample-weighted mean)."""
         found = [cb for cb in self.trainer.callbacks if isinstance(cb, Aggregator)]
         if len(found) > 1:
             raise ValueError(f"give at most one Aggregator callback, got {[type(c).__name__ for c in found]}")

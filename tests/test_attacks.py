@@ -1,4 +1,6 @@
-"""Attacks (fl_lightning.attacks) and attack callbacks: outputs, Byzantine choice, data-mass check."""
+"""The attack callbacks (fl_lightning.callbacks.attacks): which uploads they forge, the data-mass
+check, label flipping, and an attack's effect on a run. The formulas are tested in
+tests/functional/test_attacks.py."""
 
 from __future__ import annotations
 
@@ -8,17 +10,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.attacks import (
-    alie_attack,
-    alie_z,
-    data_fraction,
-    flip_labels,
-    gaussian_attack,
-    ipm_attack,
-    scaling_attack,
-    select_byzantine,
-    sign_flip_attack,
-)
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.callbacks.attacks import (
     ALIEAttack,
     GaussianAttack,
@@ -27,55 +19,10 @@ from fl_lightning.callbacks.attacks import (
     ScalingAttack,
     SignFlipAttack,
 )
-from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.functional.attacks import alie_z, gaussian_attack
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
 from tests.helpers import synthetic, tiny_client, trainer
-
-
-def test_gaussian_attack_is_seeded_standard_normal():
-    a = gaussian_attack(torch.Size([20000]), generator(0, "attack", 3, 1))
-    b = gaussian_attack(torch.Size([20000]), generator(0, "attack", 3, 1))
-    c = gaussian_attack(torch.Size([20000]), generator(0, "attack", 3, 2))
-    assert torch.equal(a, b) and not torch.equal(a, c)
-    assert abs(float(a.mean())) < 0.03 and abs(float(a.std()) - 1) < 0.03
-    assert abs(float(gaussian_attack(torch.Size([20000]), generator(1), std=30).std()) - 30) < 1
-    with pytest.raises(ValueError, match="std"):
-        gaussian_attack(torch.Size([3]), generator(0), std=0)
-
-
-def test_update_attacks_by_hand():
-    u = torch.tensor([1.0, -2.0])
-    assert sign_flip_attack(u).tolist() == [-3.0, 6.0]
-    assert scaling_attack(u, 10).tolist() == [10.0, -20.0]
-    assert ipm_attack(u, 0.5).tolist() == [-0.5, 1.0]
-    assert alie_attack(u, torch.tensor([1.0, 2.0]), 1.5).tolist() == [-0.5, -5.0]
-    assert flip_labels(torch.tensor([0, 3, 9]), 10).tolist() == [9, 6, 0]
-    with pytest.raises(ValueError, match="epsilon"):
-        ipm_attack(u, 0)
-    with pytest.raises(ValueError, match="num_classes"):
-        flip_labels(torch.tensor([0]), 1)
-
-
-def test_alie_z_follows_baruch_et_al():
-    assert alie_z(50, 10) == pytest.approx(0.4677, abs=1e-3)  # s = 16, Phi^-1(34/50)
-    assert alie_z(50, 20) == pytest.approx(1.1750, abs=1e-3)  # s = 6, Phi^-1(44/50)
-    assert alie_z(4, 3) == 0.0  # s <= 0
-    with pytest.raises(ValueError, match="num_byzantine"):
-        alie_z(5, 6)
-
-
-def test_byzantine_choice_by_fraction_is_deterministic_and_below_the_target():
-    sizes = [10, 200, 35, 80, 5, 120, 60, 90, 15, 40]
-    chosen = select_byzantine(sizes, generator(3, "byzantine"), fraction=0.3)
-    assert chosen == select_byzantine(sizes, generator(3, "byzantine"), fraction=0.3)
-    assert chosen != select_byzantine(sizes, generator(4, "byzantine"), fraction=0.3)
-    assert 0.25 <= data_fraction(sizes, chosen) <= 0.3
-    assert select_byzantine(sizes, generator(3, "byzantine"), fraction=0.0) == []
-    by_count = select_byzantine(sizes, generator(3, "byzantine"), count=4)
-    assert len(by_count) == 4 and by_count == sorted(by_count)
-    with pytest.raises(ValueError, match="exactly one"):
-        select_byzantine(sizes, generator(0), fraction=0.1, count=1)
 
 
 def test_attack_refuses_a_byzantine_majority_of_the_data():

@@ -24,7 +24,7 @@ from fl_lightning.algorithms import (
     LocalOnly,
 )
 from fl_lightning.backends import BatchedBackend
-from fl_lightning.dro import KLDRO
+from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import MLP
 from tests.helpers import synthetic, trainer
 from tests.test_contract import outcome

@@ -27,7 +27,7 @@ from fl_lightning.algorithms import (
     PFedHN,
 )
 from fl_lightning.callbacks import ClientMetrics, CoordinateMedian, GaussianAttack, LocalFinetuning
-from fl_lightning.dro import KLDRO
+from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models.hypernetwork import MLPEmbedding
 from fl_lightning.module import FederatedModule
 from tests.helpers import synthetic, tiny_client, trainer

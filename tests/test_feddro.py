@@ -1,9 +1,9 @@
-"""FedDRO and vanilla compositional FedAvg: the paper's counter-example, y-bar tracking, DRO
-objectives, the -ST construction, class metrics, ResNet20, argument checks, 2 processes == 1."""
+"""FedDRO and vanilla compositional FedAvg: the paper's counter-example, y-bar tracking, the
+-ST construction, class metrics, ResNet20, argument checks, 2 processes == 1. The DRO
+objectives and the STORM estimate are tested in tests/functional/test_dro.py."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -18,15 +18,7 @@ from fl_lightning.algorithms.feddro import CompositionalFedAvg, FedDRO, frozen_r
 from fl_lightning.callbacks.class_metrics import ClassAccuracy, class_accuracy_summary
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.datamodules.imbalanced import st_indices
-from fl_lightning.dro import (
-    ChiSquareDRO,
-    CompositionalObjective,
-    KLDRO,
-    NonFiniteEstimateError,
-    objective_value,
-    storm_estimate,
-    surrogate,
-)
+from fl_lightning.functional.dro import KLDRO, CompositionalObjective, NonFiniteEstimateError
 from fl_lightning.models.resnet import ResNet20
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
@@ -140,43 +132,8 @@ def test_y_bar_tracks_the_true_average_of_g(beta):
     assert np.ptp(truth) > 1e-2  # the models moved, so the identity is not trivial
 
 
-def test_y_bar_error_decays_geometrically():
-    """storm_estimate: with exact g values an error delta in y_bar shrinks by (1 - beta) per step."""
-    g = [torch.tensor([1.0 + 0.1 * t], dtype=torch.float64) for t in range(6)]
-    y = g[0] + 0.5
-    for t in range(1, 6):
-        y = storm_estimate(y, g[t], g[t - 1], beta=0.3)
-        assert float(y - g[t]) == pytest.approx(0.5 * 0.7**t)
-
-
-# --------------------------------------------------------------------------- objectives
-def test_kl_objective_is_log_mean_exp_and_shift_invariant():
-    losses = torch.tensor([0.1, 2.0, 5.0])
-    exact = 2.0 * math.log(float(torch.exp(losses / 2.0).mean()))
-    assert float(objective_value(KLDRO(2.0, scale_by_lambda=True), losses)) == pytest.approx(exact)
-    assert float(objective_value(KLDRO(2.0, scale_by_lambda=False), losses)) == pytest.approx(exact / 2.0)
-    for shift in (0.0, 3.0):  # the surrogate's gradient does not depend on the shift
-        objective = KLDRO(2.0, shift=shift)
-        x = torch.tensor([0.1, 2.0, 5.0], requires_grad=True)
-        y = objective.terms(x.detach())[1].mean(0)
-        surrogate(objective, x, y).backward()
-        weights = torch.softmax(x.detach() / 2.0, 0) / 2.0
-        assert torch.allclose(x.grad, weights.float(), atol=1e-6)
-
-
-def test_chi_square_objective_is_mean_plus_variance():
-    """The corrected eq. 5: mean(l) + Var(l) / (2 lam), and the surrogate weights (1 + (l - y) / lam) / b."""
-    losses = torch.tensor([0.5, 1.0, 3.0], dtype=torch.float64)
-    objective = ChiSquareDRO(lam=2.0)
-    expected = losses.mean() + losses.var(unbiased=False) / 4.0
-    assert float(objective_value(objective, losses)) == pytest.approx(float(expected))
-    x = losses.clone().requires_grad_(True)
-    surrogate(objective, x, losses.mean().reshape(1)).backward()
-    assert torch.allclose(x.grad, (1 + (losses - losses.mean()) / 2.0) / 3)
-
-
-def test_kl_guard_keeps_y_bar_positive_and_non_finite_values_fail():
-    assert float(KLDRO(1.0, shift=2.0).guard(torch.tensor([-5.0], dtype=torch.float64))) == pytest.approx(math.exp(-2.0))
+# ----------------------------------------------------------------------- argument checks
+def test_non_finite_estimates_stop_the_run():
     torch.manual_seed(0)
     module = FedDRO(tiny_client(lr=0.1), KLDRO(lam=1e-3), clients_per_round=4)  # exp(l / 1e-3) overflows
     with pytest.raises(NonFiniteEstimateError, match="not finite"):
@@ -186,8 +143,6 @@ def test_kl_guard_keeps_y_bar_positive_and_non_finite_values_fail():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: KLDRO(lam=0.0), "lam must be > 0, got 0.0"),
-        (lambda: ChiSquareDRO(lam=-1.0), "lam must be > 0, got -1.0"),
         (lambda: FedDRO(tiny_client(), KLDRO(), beta=0.0), r"beta must be in \(0, 1\], got 0.0"),
         (lambda: CompositionalFedAvg(tiny_client(), KLDRO(), case="III"), "case must be 'I' or 'II', got 'III'"),
     ],

@@ -1,4 +1,5 @@
-"""FedProxVR: the pure functions (prox, SVRG, SARAH, full gradient), the algorithm, the data split."""
+"""FedProxVR: the proximal optimizer, the algorithm against hand computations, the data split.
+The prox step and the SVRG / SARAH estimators are tested in tests/functional/."""
 
 from __future__ import annotations
 
@@ -13,37 +14,18 @@ from torch.utils.data import Dataset, TensorDataset
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedproxvr import FedProxVR
-from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.datamodules.powerlaw import TwoLabelPowerLaw, two_label_power_law
 from fl_lightning.datamodules.vision import TorchvisionFederated
+from fl_lightning.functional.prox import prox_step
 from fl_lightning.models.fedproxvr_cnn import FedProxVRCNN
-from fl_lightning.optim.variance_reduction import (
-    ProxSGD,
-    full_gradient,
-    prox_step,
-    sarah_direction,
-    svrg_direction,
-)
+from fl_lightning.optim import ProxSGD
 from fl_lightning.seeding import generator
-from fl_lightning.vectors import Layout, StateVector, loss_gradient
+from fl_lightning.vectors import StateVector
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
-# ---------------------------------------------------------------- pure functions
-
-
-def test_prox_step_is_the_argmin_of_its_objective():
-    g = torch.Generator().manual_seed(0)
-    x, anchor = torch.randn(5, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
-    lr, mu = 0.3, 2.0
-    w = x.clone()
-    for _ in range(500):  # gradient descent on mu/2 |w - anchor|^2 + 1/(2 lr) |w - x|^2
-        w -= 0.1 * (mu * (w - anchor) + (w - x) / lr)
-    closed = prox_step(x, anchor, lr, mu)
-    assert (closed - w).abs().max() < 1e-8
-    assert torch.allclose((closed - anchor).norm(), (x - anchor).norm() / (1 + lr * mu))
-    assert torch.equal(prox_step(x, anchor, lr, 0.0), x)
-    assert torch.allclose(prox_step(anchor, anchor, lr, mu), anchor)
+# ---------------------------------------------------------------- the proximal optimizer
 
 
 def test_prox_sgd_applies_the_closed_form_after_the_gradient_step():
@@ -51,34 +33,13 @@ def test_prox_sgd_applies_the_closed_form_after_the_gradient_step():
     anchor = p.detach().clone()
     opt = ProxSGD([p], lr=0.5, mu=4.0)
     p.grad = torch.tensor([2.0, 0.0, -1.0], dtype=torch.float64)
-    opt.step()
-    expected = prox_step(anchor - 0.5 * torch.tensor([2.0, 0.0, -1.0], dtype=torch.float64), anchor, 0.5, 4.0)
-    assert torch.allclose(p.detach(), expected)
+    opt.step()  # z = p - 0.5 g = (0, -2, 3.5); prox(z) = (z + 2 anchor) / 3
+    assert p.detach().tolist() == pytest.approx([2 / 3, -2.0, 9.5 / 3])
+    assert torch.equal(opt.state[p]["anchor"], anchor)
     with pytest.raises(ValueError, match="lr must be > 0, got 0"):
         ProxSGD([p], lr=0.0)
     with pytest.raises(ValueError, match="mu must be >= 0, got -1"):
         ProxSGD([p], lr=0.1, mu=-1)
-
-
-def test_directions():
-    g, g_ref, v = torch.tensor([1.0, 2.0]), torch.tensor([0.5, -1.0]), torch.tensor([3.0, 0.0])
-    assert torch.equal(svrg_direction(g, g_ref, v), torch.tensor([3.5, 3.0]))
-    assert torch.equal(sarah_direction(g, g_ref, v), torch.tensor([3.5, 3.0]))
-    assert torch.equal(svrg_direction(g_ref, g_ref, v), v)  # at the snapshot SVRG is the full gradient
-
-
-def test_full_gradient_from_unequal_chunks_equals_the_one_batch_gradient():
-    torch.manual_seed(0)
-    model = nn.Linear(3, 2).double()
-    x, y = torch.randn(10, 3, dtype=torch.float64), torch.randint(0, 2, (10,))
-    loss = lambda b: nn.functional.cross_entropy(model(b[0]), b[1])  # noqa: E731
-    params = list(model.parameters())
-    grad = lambda b: loss_gradient(loss(b), params)  # noqa: E731
-    whole = Layout.flatten(grad((x, y)), torch.float64)
-    chunks = [((x[a:b], y[a:b]), b - a) for a, b in ((0, 3), (3, 4), (4, 10))]
-    assert (Layout.flatten(full_gradient(grad, chunks), torch.float64) - whole).abs().max() < 1e-6
-    with pytest.raises(ValueError, match="at least one"):
-        full_gradient(grad, [])
 
 
 # ------------------------------------------------ a quadratic client (hand computations)

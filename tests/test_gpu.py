@@ -10,7 +10,7 @@ import torch
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDeper
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
-from fl_lightning.robust import geometric_median
+from fl_lightning.functional.robust import geometric_median
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
 pytestmark = [

@@ -44,7 +44,7 @@ def test_metrics_are_logged_per_round_with_the_round_as_step(tmp_path):
 def test_the_progress_bar_counts_rounds_and_clients():
     from pytorch_lightning.callbacks import TQDMProgressBar
 
-    from fl_lightning.callbacks.progress import RoundProgressBar
+    from fl_lightning.progress import RoundProgressBar
 
     seen = []
 

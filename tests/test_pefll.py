@@ -15,7 +15,7 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.local_only import LocalOnly
 from fl_lightning.algorithms.pefll import PeFLL, regularized_pseudo_gradient, vector_jacobian
 from fl_lightning.algorithms.pfedhn import PFedHN
-from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.callbacks.client_metrics import ClientMetrics
 from fl_lightning.callbacks.finetune import LocalFinetuning
 from fl_lightning.models import MLP, LeNet

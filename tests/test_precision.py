@@ -37,7 +37,7 @@ def test_fp16_mixed_on_cuda_scales_local_losses():
     """With 16-mixed, local losses are scaled by the GradScaler and gradients unscaled before
     the algorithm's gradient hook: FedProx's proximal term must see true gradients."""
     from fl_lightning.algorithms import FedProx
-    from fl_lightning.algorithms.fedprox import proximal_gradient
+    from fl_lightning.functional.prox import proximal_gradient
 
     seen = []
 

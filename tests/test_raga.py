@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from fl_lightning.algorithms.byrd_saga import ByrdSAGA, fixed_minibatches, saga_direction
+from fl_lightning.algorithms.byrd_saga import ByrdSAGA, fixed_minibatches
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.raga import RAGA, paper_learning_rate
 from fl_lightning.algorithms.rfa import RFA
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.attacks import ALIEAttack, GaussianAttack, LabelFlipAttack
-from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.callbacks.robust_aggregation import CoordinateMedian, GeometricMedian
 from fl_lightning.models import LogisticRegression
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
@@ -94,8 +94,7 @@ def test_label_flip_reaches_raga_clients():
     assert float((flipped - clean).norm()) > 1e-4
 
 
-def test_saga_direction_and_fixed_minibatches():
-    assert saga_direction(torch.tensor([3.0]), torch.tensor([1.0]), torch.tensor([0.5])).tolist() == [2.5]
+def test_fixed_minibatches():
     chunks = fixed_minibatches(10, 4, torch.Generator().manual_seed(0))
     assert [len(c) for c in chunks] == [4, 4, 2]
     assert sorted(torch.cat(chunks).tolist()) == list(range(10))

@@ -23,7 +23,7 @@ from fl_lightning.callbacks import FederatedCallback, RoundCheckpoint, SignFlipA
 from fl_lightning.checkpoints import CheckpointError, load_checkpoint
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
-from fl_lightning.dro import KLDRO
+from fl_lightning.functional.dro import KLDRO
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
 ROOT = Path(__file__).resolve().parent.parent

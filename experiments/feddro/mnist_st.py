@@ -24,7 +24,7 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.feddro import CompositionalFedAvg, FedDRO
 from fl_lightning.callbacks.class_metrics import ClassAccuracy
 from fl_lightning.datamodules.imbalanced import MNISTSTFederated
-from fl_lightning.dro import KLDRO
+from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models.lenet import LeNet
 
 

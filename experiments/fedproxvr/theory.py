@@ -1,6 +1,6 @@
 """The paper's Fig. 1 as a table: the parameters that minimize FedProxVR's training-time bound.
 
-Problem (23) of Dinh et al. (Sec. 4.3), solved by ``fl_lightning.fedproxvr_theory.optimal_parameters``
+Problem (23) of Dinh et al. (Sec. 4.3), solved by ``fl_lightning.functional.fedproxvr_theory.optimal_parameters``
 for L = 1, lam = 0.5 (the paper's Fig. 1 setting) and a few dissimilarities sigma_bar^2.
 
     python experiments/fedproxvr/theory.py
@@ -8,7 +8,7 @@ for L = 1, lam = 0.5 (the paper's Fig. 1 setting) and a few dissimilarities sigm
 
 from __future__ import annotations
 
-from fl_lightning.fedproxvr_theory import optimal_parameters, sarah_steps_upper_bound, svrg_steps_upper_bound
+from fl_lightning.functional.fedproxvr_theory import optimal_parameters, sarah_steps_upper_bound, svrg_steps_upper_bound
 
 
 def main() -> None:

@@ -24,17 +24,13 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from fl_lightning.algorithms.raga import Schedule, check_schedule, paper_schedule, require_parameters_only
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
+from fl_lightning.functional.variance_reduction import saga_direction
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
 from fl_lightning.vectors import Layout
 
 TABLE = "saga_table"
-
-
-def saga_direction(grad: Tensor, stored: Tensor, table_mean: Tensor) -> Tensor:
-    """SAGA's variance-reduced gradient ``g - G_j + G_bar``."""
-    return grad - stored + table_mean
 
 
 def fixed_minibatches(num_samples: int, batch_size: int, g: torch.Generator) -> list[Tensor]:

@@ -25,6 +25,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from fl_lightning.functional.prox import depersonalization_gradient, depersonalization_strength
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
 from fl_lightning.vectors import Layout
@@ -34,30 +35,10 @@ PERSONAL_BATCHES = "personal_batches"
 UpdateOrder = Literal["jacobi", "gauss_seidel"]
 
 
-def depersonalization_gradient(
-    grads: Sequence[Tensor], globalized: Sequence[Tensor], personal: Sequence[Tensor], global_model: Sequence[Tensor],
-    strength: float,
-) -> list[Tensor]:
-    """``g + strength * (y + v - 2x)`` per tensor: ``g`` plus the gradient of ``strength/2 ||v + y - 2x||^2``.
-
-    With ``strength = rho / eta`` this is the regularizer ``rho/(2 eta) ||v + y - 2x||^2``, a
-    proximal term centred on the reflection ``2x - v`` of the personal model through ``x``.
-    ``grads``, ``globalized`` (``y``), ``personal`` (``v``) and ``global_model`` (``x``) are
-    lists of tensors shaped like the parameters (longer lists are cut to ``grads``).
-    """
-    return [g.add(y, alpha=strength).add(v, alpha=strength).add(x, alpha=-2.0 * strength)
-            for g, y, v, x in zip(grads, globalized, personal, global_model)]
-
-
 def sgd_step(model: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> list[Tensor]:
     """``w - lr g`` for the parameters of ``model`` (the first ``len(grads)`` tensors), the rest
     (floating buffers) unchanged: plain SGD, with ``torch.optim.SGD``'s arithmetic."""
     return [w.add(g, alpha=-lr) for w, g in zip(model, grads)] + list(model[len(grads):])
-
-
-def depersonalization_strength(rho: float, lr: float) -> float:
-    """``rho / eta``: the proximal coefficient that makes one SGD step of rate ``eta`` pull by exactly ``rho``."""
-    return rho / lr
 
 
 def mix_personal(personal: Tensor, globalized: Tensor, lam: float) -> Tensor:

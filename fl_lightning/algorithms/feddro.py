@@ -1,8 +1,8 @@
 """FedDRO (Khanduri et al.) and the vanilla FedAvg for compositional problems it proves wrong.
 
 Both solve ``min_x h(x) + f(g(x))`` with ``g`` the mean over *all* clients' data of an inner
-function (a :class:`~fl_lightning.dro.CompositionalObjective` of per-sample losses). Every
-client takes the SGD step ``x_k <- x_k - eta [grad h_k + grad g_k(x_k; b) grad f(y)]``; the
+function (a :class:`~fl_lightning.functional.dro.CompositionalObjective` of per-sample losses).
+Every client takes the SGD step ``x_k <- x_k - eta [grad h_k + grad g_k(x_k; b) grad f(y)]``; the
 algorithms differ only in the estimate ``y`` of ``g`` used in ``grad f``:
 
 * :class:`FedDRO` (Algorithm 2): a hybrid SARAH/SGD (STORM) estimate per client, recomputed on
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fl_lightning.dro import CompositionalObjective, check_finite, storm_estimate, surrogate
+from fl_lightning.functional.dro import CompositionalObjective, check_finite, storm_estimate, surrogate
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun, Model
 from fl_lightning.vectors import Layout
@@ -174,7 +174,7 @@ class FedDRO(LockStepCompositional):
 
     Args:
         client: the client ``LightningModule``.
-        objective: the compositional objective (``fl_lightning.dro.KLDRO``...).
+        objective: the compositional objective (``fl_lightning.functional.dro.KLDRO``...).
         beta: momentum of the estimate, in (0, 1]; ``beta = 1`` is the paper's "modified FedAvg".
         local_steps: ``I``, local steps between model averagings.
         clients_per_round: must equal the number of training clients.

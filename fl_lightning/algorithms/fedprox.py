@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import pytorch_lightning as pl
 from torch import Tensor
 
+from fl_lightning.functional.prox import proximal_gradient
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
-
-
-def proximal_gradient(grads: Sequence[Tensor], params: Sequence[Tensor], anchor: Sequence[Tensor], mu: float) -> list[Tensor]:
-    """``g + mu (w - anchor)``: the gradient of ``F(w) + mu/2 ||w - anchor||^2``, per tensor."""
-    return [g + mu * (w - a) for g, w, a in zip(grads, params, anchor)]
 
 
 class FedProx(FederatedModule):

@@ -26,8 +26,9 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from fl_lightning.functional.variance_reduction import full_gradient, sarah_direction, svrg_direction
 from fl_lightning.module import FederatedModule
-from fl_lightning.optim.variance_reduction import ProxSGD, full_gradient, sarah_direction, svrg_direction
+from fl_lightning.optim.prox_sgd import ProxSGD
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
 

@@ -1,4 +1,7 @@
-"""Callbacks with federated hooks: aggregators, attacks, personalization, metrics."""
+"""Callbacks with federated hooks: aggregators, attacks, personalization, metrics.
+
+The base classes ``FederatedCallback`` and ``Aggregator`` live in :mod:`fl_lightning.hooks`
+(beside the engine, which calls them) and are re-exported here."""
 
 from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.attacks import (
@@ -10,7 +13,6 @@ from fl_lightning.callbacks.attacks import (
     ScalingAttack,
     SignFlipAttack,
 )
-from fl_lightning.callbacks.base import Aggregator, FederatedCallback
 from fl_lightning.callbacks.checkpoint import RoundCheckpoint
 from fl_lightning.callbacks.class_metrics import ClassAccuracy
 from fl_lightning.callbacks.client_metrics import ClientMetrics
@@ -27,6 +29,7 @@ from fl_lightning.callbacks.robust_aggregation import (
     RobustAggregator,
     TrimmedMean,
 )
+from fl_lightning.hooks import Aggregator, FederatedCallback
 
 __all__ = [
     "ALIEAttack",

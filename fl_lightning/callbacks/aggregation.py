@@ -1,4 +1,8 @@
-"""The default aggregator: the (sample-)weighted mean of the round's updates."""
+"""The weighted-mean aggregator: the (sample-)weighted mean of the round's updates.
+
+``WeightedMean()`` is what the engine does when no aggregator is given; add it to override an
+algorithm's own aggregator (RFA's geometric median, say), or ``WeightedMean("uniform")`` for
+the uniform mean over the round's clients."""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ from typing import TYPE_CHECKING, Literal, Optional
 import pytorch_lightning as pl
 from torch import Tensor
 
-from fl_lightning.callbacks.base import Aggregator
 from fl_lightning.distributed import all_reduce_sum
+from fl_lightning.hooks import Aggregator
 from fl_lightning.update import ClientUpdate, LinearReduction, finish_linear, linear_sums
 
 if TYPE_CHECKING:

@@ -26,7 +26,8 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.attacks import (
+from fl_lightning.distributed import all_reduce_sum
+from fl_lightning.functional.attacks import (
     alie_attack,
     alie_z,
     data_fraction,
@@ -37,8 +38,7 @@ from fl_lightning.attacks import (
     select_byzantine,
     sign_flip_attack,
 )
-from fl_lightning.callbacks.base import FederatedCallback
-from fl_lightning.distributed import all_reduce_sum
+from fl_lightning.hooks import FederatedCallback
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
 

@@ -24,8 +24,8 @@ from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
-from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
+from fl_lightning.hooks import FederatedCallback
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule

@@ -18,8 +18,8 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
-from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.distributed import map_clients
+from fl_lightning.hooks import FederatedCallback
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import pytorch_lightning as pl
 from torch import Tensor
 
-from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.hooks import FederatedCallback
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule

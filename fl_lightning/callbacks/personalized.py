@@ -20,10 +20,10 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from fl_lightning.callbacks.base import FederatedCallback
 from fl_lightning.datamodules.base import labels_of
 from fl_lightning.datamodules.client_data import ClientData
 from fl_lightning.distributed import map_clients
+from fl_lightning.hooks import FederatedCallback
 from fl_lightning.seeding import derive_seed
 
 if TYPE_CHECKING:

@@ -28,8 +28,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.callbacks.aggregation import WeightedMean
-from fl_lightning.callbacks.base import FederatedCallback
+from fl_lightning.hooks import FederatedCallback
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
 from fl_lightning.validation import check_number
@@ -97,7 +96,7 @@ class DifferentialPrivacy(FederatedCallback):
             return
         specs = pl_module.update_specs
         aggregator = pl_module.aggregator
-        uniform = isinstance(aggregator, WeightedMean) and aggregator.linear_reduction == "mean"
+        uniform = aggregator is not None and aggregator.linear_reduction == "mean"
         bad = [n for n, s in specs.items() if s.reduction != "mean" and not (s.reduction == "aggregator" and uniform)]
         if bad:
             raise ValueError(

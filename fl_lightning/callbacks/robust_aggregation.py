@@ -2,10 +2,10 @@
 
 Each aggregator gathers the round's updates from every process (one all-gather per round,
 ``fl_lightning.distributed.gather_updates``), stacks each client's tensors into one row of a
-``[n, p]`` matrix (the tensors of ``module.aggregated_sizes()`` concatenated, in that order), applies
-a pure function of ``fl_lightning.robust`` on the module's device in float64, and splits the
-result back into names. The result is the same on every process and equal to the
-single-process one.
+``[n, p]`` matrix (the tensors of ``module.aggregated_sizes()`` concatenated, in that order),
+applies a pure function of ``fl_lightning.functional.robust`` on the module's device in
+float64, and splits the result back into names. The result is the same on every process and
+equal to the single-process one.
 
 Only the geometric median uses the clients' sample counts (``weighting``); the
 coordinate-wise rules, Krum and centered clipping treat clients alike, as in their papers.
@@ -19,9 +19,8 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.callbacks.base import Aggregator
 from fl_lightning.distributed import gather_updates
-from fl_lightning.robust import (
+from fl_lightning.functional.robust import (
     STOP_RULES,
     StopRule,
     bulyan,
@@ -31,6 +30,7 @@ from fl_lightning.robust import (
     krum,
     trimmed_mean,
 )
+from fl_lightning.hooks import Aggregator
 from fl_lightning.update import ClientUpdate
 
 if TYPE_CHECKING:

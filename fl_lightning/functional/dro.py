@@ -107,13 +107,16 @@ class KLDRO(CompositionalObjective):
         return self.lam if self.scale_by_lambda else 1.0
 
     def terms(self, losses: Tensor) -> tuple[Tensor, Tensor]:
+        """``h_i = 0``, ``g_i = exp(l_i / lam - shift)``."""
         losses = losses.double()
         return torch.zeros_like(losses), torch.exp(losses / self.lam - self.shift).unsqueeze(-1)
 
     def outer(self, y: Tensor) -> Tensor:
+        """``scale * (log y + shift)``: the log of the unshifted mean of ``exp(l / lam)``."""
         return self.scale * (torch.log(y) + self.shift).sum()
 
     def outer_grad(self, y: Tensor) -> Tensor:
+        """``scale / y``."""
         return self.scale / y
 
     def guard(self, y: Tensor) -> Tensor:
@@ -140,13 +143,16 @@ class ChiSquareDRO(CompositionalObjective):
         self.lam = lam
 
     def terms(self, losses: Tensor) -> tuple[Tensor, Tensor]:
+        """``h_i = l_i + l_i^2 / (2 lam)``, ``g_i = l_i``."""
         losses = losses.double()
         return losses + losses**2 / (2 * self.lam), losses.unsqueeze(-1)
 
     def outer(self, y: Tensor) -> Tensor:
+        """``-y^2 / (2 lam)``."""
         return -(y**2).sum() / (2 * self.lam)
 
     def outer_grad(self, y: Tensor) -> Tensor:
+        """``-y / lam``."""
         return -y / self.lam
 
 

@@ -1,7 +1,11 @@
-"""Callbacks with federated hooks.
+"""The federated hooks: the base classes of callbacks that take part in rounds.
+
+The engine (``FederatedModule``) calls these hooks; the callbacks of ``fl_lightning.callbacks``
+(aggregators, attacks, privacy, metrics), which re-exports both classes, implement them. They
+live beside the engine so that it needs nothing from the callbacks package.
 
 A ``FederatedCallback`` is an ordinary Lightning callback (it can use every ``pl.Callback``
-hook and keeps its state in ``state_dict``) plus four hooks the engine calls each round:
+hook and keeps its state in ``state_dict``) plus hooks the engine calls each round:
 
 * ``on_round_start``: after the round's clients are sampled;
 * ``forges_upload``: whether the callback will replace a client's upload without reading it
@@ -23,12 +27,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from fl_lightning.update import LinearReduction
-
 import pytorch_lightning as pl
 from torch import Tensor
 
-from fl_lightning.update import ClientUpdate
+from fl_lightning.update import ClientUpdate, LinearReduction
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
@@ -84,7 +86,9 @@ class Aggregator(FederatedCallback):
     cross-process communication (``fl_lightning.distributed``), so that its result is the
     same on every process and equal to the single-process result. An aggregator that is a
     linear reduction says so with :attr:`linear_reduction`; the engine then combines its
-    uploads with the algorithm's other linear ones, in one all-reduce.
+    uploads with the algorithm's other linear ones, in one all-reduce. With no aggregator (no
+    ``Aggregator`` callback, no ``default_aggregator`` of the algorithm) the engine takes the
+    sample-weighted mean, the reduction of ``WeightedMean()``.
     """
 
     #: ``"weighted_mean"``, ``"mean"`` or ``"sum"`` if the aggregate is that linear reduction, else None

@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+from torch import Tensor
+
+#: a float, or a float64 tensor of grid points (the formulas apply elementwise)
+Value = TypeVar("Value", float, Tensor)
 
 
 def _check(beta: float, mu: float, lam: float) -> None:
+    """The domain of Lemma 1: ``beta > 3`` and ``mu > lam``."""
     if beta <= 3:
         raise ValueError(f"beta must be > 3 for Lemma 1's lower bound to be positive, got {beta}")
     if mu <= lam:
@@ -60,11 +66,13 @@ def svrg_steps_upper_bound(beta: float, tau: float) -> float:
     return sarah_steps_upper_bound(beta) / svrg_min_a(tau) - 2
 
 
-def _accuracy_formula(beta, mu, smoothness, lam):  # floats or float64 tensors alike
+def _accuracy_formula(beta: Value, mu: Value, smoothness: float, lam: float) -> Value:
+    """Eq. (22), elementwise: ``sqrt(24 (beta^2 L^2 + mu^2) / (mu_bar L (5 beta^2 - 4 beta) (beta - 3)))``."""
     return (24 * (beta**2 * smoothness**2 + mu**2) / ((mu - lam) * smoothness * (5 * beta**2 - 4 * beta) * (beta - 3))) ** 0.5
 
 
-def _rate_formula(mu, theta, smoothness, lam, sigma2):  # floats or float64 tensors alike
+def _rate_formula(mu: Value, theta: Value, smoothness: float, lam: float, sigma2: float) -> Value:
+    """Theorem 1's ``Theta``, elementwise (see :func:`rate_constant`)."""
     mu_bar, spread = mu - lam, (1 + theta**2) * (1 + sigma2)
     return (
         1

@@ -1,13 +1,16 @@
-"""FedProxVR's theory calculator: Lemma 1's bounds, Theorem 1's constant, problem (23) (the paper's Fig. 1).
+"""FedProxVR's theory calculator (fl_lightning.functional.fedproxvr_theory): Lemma 1's bounds,
+Theorem 1's constant, problem (23) (the paper's Fig. 1).
 
 The reference values of problem (23) are the spec's independent calibration (§6, C10: a grid
 solve at resolution ~0.1, L = 1, lam = 0.5)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from fl_lightning.fedproxvr_theory import (
+from fl_lightning.functional.fedproxvr_theory import (
     local_accuracy,
     optimal_parameters,
     rate_constant,
@@ -34,6 +37,20 @@ def test_lemma1_bounds():
     assert a - 4 == pytest.approx(4 * (a * 11) ** 0.5)  # the side condition holds with equality
     # the paper's settings (beta <= 10) are outside SVRG's analysis at tau = 10 or 20
     assert all(svrg_steps_upper_bound(beta, tau) < 0 for beta in (5, 7, 9, 10) for tau in (10, 20))
+
+
+def test_formulas_by_hand():
+    # Lemma 1 at beta = 5, mu = 2, theta = 1/2 (L = 1, lam = 1/2): 3 (25 + 4) / (1/4 * 3/2 * 1 * 2)
+    assert steps_lower_bound(5.0, 2.0, 0.5) == pytest.approx(116.0)
+    # eq. (22): sqrt(24 (25 + 4) / (3/2 * 1 * (125 - 20) * 2))
+    assert local_accuracy(5.0, 2.0) == pytest.approx(math.sqrt(696 / 315))
+    # eq. (14) at beta = 20, tau = 0: a = (2 + 2 sqrt 2)^2, (5 * 400 - 80) / 8 / a - 2
+    assert svrg_steps_upper_bound(20.0, 0.0) == pytest.approx(240 / (2 + 2 * math.sqrt(2)) ** 2 - 2)
+    # Theorem 1 at mu = 20, theta = 0.1, sigma2 = 0: mu_bar = 19.5, spread = 1.01
+    theta = 1 - 0.1 * math.sqrt(2) - 2 / 19.5 * math.sqrt(1.01) - 2 * 20 / 19.5**2 * 1.01
+    assert rate_constant(20.0, 0.1) == pytest.approx(theta / 20)
+    # L = 1/2, lam = 1, sigma2 = 1, theta = 0: mu_bar = 1, spread = 2; a negative Theta is returned as is
+    assert rate_constant(2.0, 0.0, smoothness=0.5, lam=1.0, sigma2=1.0) == pytest.approx((1 - math.sqrt(2) - 4) / 2)
 
 
 def test_eq22_makes_the_lower_bound_meet_the_upper_bound():
