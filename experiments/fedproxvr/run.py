@@ -27,21 +27,21 @@ from fl_lightning.cli import FederatedCLI
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "fedproxvr"
 
-#: study -> [(label, config file, extra CLI arguments)]
-STUDIES: dict[str, list[tuple[str, str, list[str]]]] = {
+#: study -> [(label, config files composed in order, extra CLI arguments)]
+STUDIES: dict[str, list[tuple[str, list[str], list[str]]]] = {
     "table1": [
-        ("FedAvg", "table1_mnist_logreg_fedavg.yaml", []),
-        ("FedProxVR (SVRG)", "table1_mnist_logreg_svrg.yaml", []),
-        ("FedProxVR (SARAH)", "table1_mnist_logreg_sarah.yaml", []),
+        ("FedAvg", ["table1_mnist_logreg.yaml", "table1/fedavg.yaml"], []),
+        ("FedProxVR (SVRG)", ["table1_mnist_logreg.yaml"], []),
+        ("FedProxVR (SARAH)", ["table1_mnist_logreg.yaml", "table1/sarah.yaml"], []),
     ],
     "table2": [
-        ("FedAvg", "table2_mnist_cnn_fedavg.yaml", []),
-        ("FedProxVR (SVRG)", "table2_mnist_cnn_svrg.yaml", []),
-        ("FedProxVR (SARAH)", "table2_mnist_cnn_sarah.yaml", []),
+        ("FedAvg", ["table2_mnist_cnn.yaml", "table2/fedavg.yaml"], []),
+        ("FedProxVR (SVRG)", ["table2_mnist_cnn.yaml"], []),
+        ("FedProxVR (SARAH)", ["table2_mnist_cnn.yaml", "table2/sarah.yaml"], []),
     ],
-    "mu": [("FedAvg", "mu_synthetic_logreg_fedavg.yaml", [])]
-    + [(f"FedProxVR ({e.upper()}) mu={m}", f"mu_synthetic_logreg_{e}.yaml", ["--model.init_args.mu", str(m)])
-       for e, mus in (("svrg", (0, 1, 4)), ("sarah", (0, 1, 4))) for m in mus],
+    "mu": [("FedAvg", ["mu_synthetic_logreg.yaml", "mu/fedavg.yaml"], [])]
+    + [(f"FedProxVR ({e.upper()}) mu={m}", ["mu_synthetic_logreg.yaml", *overrides], ["--model.init_args.mu", str(m)])
+       for e, overrides in (("svrg", []), ("sarah", ["mu/sarah.yaml"])) for m in (0, 1, 4)],
 }
 
 
@@ -90,9 +90,9 @@ class Recorder(pl.Callback):
             self.record(trainer, module, rounds)
 
 
-def run_one(config: str, extra: list[str], seed: int, rounds: int, every: int) -> dict[str, Any]:
+def run_one(configs: list[str], extra: list[str], seed: int, rounds: int, every: int) -> dict[str, Any]:
     args = [
-        "--config", str(CONFIGS / config), *extra,
+        *(a for c in configs for a in ("--config", str(CONFIGS / c))), *extra,
         "--seed_everything", str(seed), "--model.init_args.seed", str(seed),
         "--trainer.max_epochs", str(rounds), "--trainer.limit_val_batches", "0",
         "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
@@ -125,13 +125,13 @@ def main() -> None:
     results: dict[str, Any] = json.loads(opts.out.read_text()) if opts.out.exists() else {}
     results.setdefault("runs", {})
     results["overrides"], results["rounds"] = opts.set, opts.rounds
-    for label, config, extra in STUDIES[opts.study]:
+    for label, configs, extra in STUDIES[opts.study]:
         if opts.only and label not in opts.only:
             continue
         for seed in opts.seeds:
             print(f"== {label} seed {seed}", flush=True)
-            results["runs"][f"{label}|{seed}"] = dict(label=label, seed=seed, config=config,
-                                                      **run_one(config, extra + overrides, seed, opts.rounds,
+            results["runs"][f"{label}|{seed}"] = dict(label=label, seed=seed, configs=configs,
+                                                      **run_one(configs, extra + overrides, seed, opts.rounds,
                                                                 opts.eval_every))
             opts.out.parent.mkdir(parents=True, exist_ok=True)
             opts.out.write_text(json.dumps(results, indent=1))
