@@ -1,4 +1,5 @@
-"""``fl-lightning``: fit/validate/test subcommands, --print_config, dotted overrides, every shipped config."""
+"""``fl-lightning``: fit/validate/test subcommands, --print_config, dotted overrides (the shipped
+configs: ``tests/test_configs.py``)."""
 
 from __future__ import annotations
 
@@ -41,27 +42,6 @@ def test_fl_ddp_strategy_is_known_to_the_cli(tmp_path):
     cli = FederatedCLI(args=["--config", QUICK, *FAST, "--trainer.strategy", "fl_ddp",
                              "--trainer.devices", "1", "--trainer.default_root_dir", str(tmp_path)], run=False)
     assert type(cli.trainer.strategy).__name__ == "FederatedDDPStrategy"
-
-
-CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def parser():
-    """The CLI's parser, built once (building it is the slow part)."""
-    import sys
-
-    argv, sys.argv = sys.argv, ["fl-lightning"]
-    try:
-        return FederatedCLI(args=["--config", QUICK, *FAST], run=False).parser
-    finally:
-        sys.argv = argv
-
-
-@pytest.mark.parametrize("config", CONFIGS, ids=[str(p.relative_to(ROOT / "configs")) for p in CONFIGS])
-def test_every_config_parses(config, parser):
-    cfg = parser.parse_args(["--config", str(config)])
-    assert cfg.model.class_path and cfg.data.class_path
 
 
 def test_print_config(capsys):

@@ -124,7 +124,7 @@ def test_no_load_path_runs_code_from_a_crafted_checkpoint(tmp_path, monkeypatch)
         lambda: trainer(1).validate(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4),
                                     ckpt_path=str(path)),
         lambda: load_pefll(path),
-        lambda: main(["pefll-predict", "--config", str(ROOT / "configs" / "pefll" / "cifar10_n100_pefll.yaml"),
+        lambda: main(["pefll-predict", "--config", str(ROOT / "configs" / "pefll" / "cifar10.yaml"),
                       "--predict.ckpt_path", str(path)]),
         lambda: main(["fit", "--config", QUICK, "--trainer.max_epochs", "1", "--ckpt_path", str(path)]),
     ]

@@ -6,28 +6,30 @@ of an independent re-implementation on ``sklearn.datasets.load_digits``: stratif
 64-512-256-10, m = 5, tau = 10, lr 0.01, B = 32, rho = 0.03, lambda = 0.5, FedProx mu = 1,
 SCAFFOLD option II, 500 rounds. Running this project's algorithms in the same setting tells
 whether a gap to the paper on real MNIST comes from the implementation or from the setting.
-One JSON line per run is appended to --out (runs already there are skipped).
+Each run is added to the result file --out (format: :mod:`experiments.results`; runs already
+there are skipped) as ``digits_m<clients per round>/<method>_s<seed>``; the tables of
+``docs/results/feddeper.md``: ``python -m experiments.feddeper.report FILE``.
 
 Needs scikit-learn (for the data set only; not a dependency of fl_lightning).
 
-    PYTHONPATH=. python experiments/feddeper/digits_calibration.py --seeds 0 1 \
-        --out experiments/feddeper/digits/digits_m5.jsonl
-    PYTHONPATH=. python experiments/feddeper/digits_calibration.py --report experiments/feddeper/digits/digits_m5.jsonl
+    python -m experiments.feddeper.digits_calibration --seeds 0 1 --out runs/feddeper_digits.json
+    python -m experiments.feddeper.digits_calibration --seeds 0 --clients-per-round 10 \
+        --methods feddeper fedavg fedprox scaffold --out runs/feddeper_digits.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from experiments.curve import Curve
+from experiments import results
+from experiments.sweep import Recorder
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedProx
 from fl_lightning.algorithms.feddeper import FedDeper
 from fl_lightning.datamodules.base import FederatedDataModule
@@ -66,35 +68,23 @@ def algorithm(method: str, seed: int, clients_per_round: int) -> pl.LightningMod
     return FedAvg(client, local_steps=10, **common)
 
 
-def run(method: str, seed: int, rounds: int, clients_per_round: int, eval_every: int) -> dict[str, Any]:
-    """One run; returns its record."""
+def run(method: str, seed: int, rounds: int, clients_per_round: int, eval_every: int) -> results.Run:
+    """One run; returns its record for the result file."""
     pl.seed_everything(seed, verbose=False)
     dm = DigitsFederated(num_clients=10, partition="shards", shards_per_client=1, batch_size=32,
                          eval_batch_size=1000, seed=seed)
-    curve = Curve()
+    recorder = Recorder(every=eval_every)
     trainer = pl.Trainer(
         max_epochs=rounds, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        check_val_every_n_epoch=eval_every, callbacks=[curve],
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=[recorder],
     )
     start = time.perf_counter()
     trainer.fit(algorithm(method, seed, clients_per_round), datamodule=dm)
     wall = time.perf_counter() - start
-    return {"method": method, "seed": seed, "rounds": rounds, "clients_per_round": clients_per_round,
-            "test_acc": curve.points[-1][1], "curve": curve.points, "wall_s": round(wall, 1)}
-
-
-def report(path: str) -> str:
-    """A markdown table of a result file: test accuracy (%) per method and seed at each evaluation."""
-    with open(path) as f:
-        records = [json.loads(line) for line in f]
-    rounds = [r for r, _, _ in records[0]["curve"]]
-    lines = ["| method | seed | " + " | ".join(map(str, rounds)) + " | wall s |",
-             "|---|---|" + "---|" * (len(rounds) + 1)]
-    for r in sorted(records, key=lambda r: (METHODS.index(r["method"]), r["seed"])):
-        accs = " | ".join(f"{100 * a:.1f}" for _, a, _ in r["curve"])
-        lines.append(f"| {r['method']} | {r['seed']} | {accs} | {r['wall_s']:.0f} |")
-    return "\n".join(lines)
+    params = dict(study="digits", m=clients_per_round, method=method, seed=seed, rounds=rounds)
+    return {"name": f"digits_m{clients_per_round}/{method}_s{seed}", "params": params, "wall_s": round(wall, 1),
+            "history": [{"round": h["round"], "test_acc": h["test_acc"]} for h in recorder.history]}
 
 
 def main() -> None:
@@ -104,28 +94,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--clients-per-round", type=int, default=5)
     parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--out", help="result file (JSON lines) to append to")
-    parser.add_argument("--report", metavar="RESULTS", help="print the table of a result file and exit")
+    parser.add_argument("--out", type=Path, required=True, help="result file to add the runs to")
     args = parser.parse_args()
-    if args.report:
-        print(report(args.report))
-        return
-    if not args.out:
-        parser.error("--out is required to run")
     torch.set_num_threads(1)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    done = set()
-    if os.path.exists(args.out):
-        with open(args.out) as f:
-            done = {(r["method"], r["seed"], r["rounds"], r["clients_per_round"]) for r in map(json.loads, f)}
+    done = {r["name"] for r in results.load(args.out)}
     for seed in args.seeds:
         for method in args.methods:
-            if (method, seed, args.rounds, args.clients_per_round) in done:
+            if f"digits_m{args.clients_per_round}/{method}_s{seed}" in done:
                 continue
             record = run(method, seed, args.rounds, args.clients_per_round, args.eval_every)
-            print(json.dumps({k: v for k, v in record.items() if k != "curve"}), flush=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            print(record["name"], record["history"][-1], f"{record['wall_s']} s", flush=True)
+            results.add(args.out, record)
 
 
 if __name__ == "__main__":

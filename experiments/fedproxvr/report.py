@@ -1,33 +1,50 @@
-"""Summarize the JSON curves written by ``run.py``: markdown tables (mean and spread over seeds)
-and a PNG of the training-loss and test-accuracy curves.
+"""The tables and figures of ``docs/results/fedproxvr.md``, from the runs in its result file.
 
-    python experiments/fedproxvr/report.py experiments/fedproxvr/results/mu.json
-    python experiments/fedproxvr/report.py results/table1_r100.json results/table1_r100_sarah.json  # merged
+    python -m experiments.fedproxvr.report [docs/results/fedproxvr.json] [--figures docs/results]
+
+Per study (``params.study``): the federation, a summary per row (final and best test accuracy,
+training loss; mean ± sample std (min–max) over seeds), for the mu studies the stability of the
+training loss, and the training loss and test accuracy at 8 evaluations: the tables the document
+shows (``SHOWN``). ``--figures DIR`` draws the document's figures, ``fedproxvr_<study>.png`` (mean
+over seeds, band: min–max).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from experiments import results
 
-def by_label(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Runs grouped by label, in the order they were run."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for run in results["runs"].values():
-        groups[run["label"]].append(run)
-    return groups
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "fedproxvr.json"
+FULL = ("data", "summary", "train_loss", "test_acc")
+#: study -> the tables the document shows, in its order
+SHOWN = {"mu": ("data", "summary", "stability", "train_loss", "test_acc"),
+         "mu_n100_r100": ("data", "summary", "stability", "train_loss", "test_acc"),
+         "mu_n100_r400": ("data", "summary", "stability", "train_loss", "test_acc"),
+         "table1": FULL, "table1_r100": FULL, "table2": FULL, "table2_r50": ("summary", "test_acc", "train_loss"),
+         "table2_sarah_beta20": ("summary",)}
+#: the studies the document plots
+PLOTTED = ("mu", "mu_n100_r100", "mu_n100_r400", "table1", "table1_r100", "table2", "table2_r50")
+Groups = dict[str, list[results.Run]]
 
 
-def series(runs: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+def studies(runs: list[results.Run]) -> dict[str, Groups]:
+    """study -> row label -> runs (seeds), in file order."""
+    out: dict[str, Groups] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        out[run["params"]["study"]][run["params"]["label"]].append(run)
+    return out
+
+
+def series(runs: list[results.Run], key: str) -> tuple[np.ndarray, np.ndarray]:
     """Rounds and a [seeds, points] array of ``key``."""
-    rounds = np.array([p["round"] for p in runs[0]["curve"]])
-    return rounds, np.array([[p[key] for p in r["curve"]] for r in runs])
+    rounds = np.array([h["round"] for h in runs[0]["history"]])
+    return rounds, np.array([[h[key] for h in r["history"]] for r in runs])
 
 
 def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2) -> str:
@@ -37,11 +54,17 @@ def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2) -> str:
 
 
 def fluctuation(losses: np.ndarray, start: int) -> np.ndarray:
-    """Per seed: std of the round-to-round changes of the training loss from point ``start`` on."""
+    """Per seed: std of the changes of the training loss between evaluations, from point ``start`` on."""
     return np.diff(losses[:, start:], axis=1).std(axis=1)
 
 
-def summary_table(groups: dict[str, list[dict[str, Any]]]) -> str:
+def data_line(groups: Groups) -> str:
+    first = next(iter(groups.values()))[0]
+    return (f"rounds={first['params']['rounds']} overrides={first['params']['overrides']} "
+            f"data={first['summary']['train_sizes']} test_samples={first['summary']['test_samples']}")
+
+
+def summary_table(groups: Groups) -> str:
     lines = [
         "| algorithm | seeds | final test acc (%) | best test acc (%) | round of best | final train loss | wall s / run |",
         "|---|---|---|---|---|---|---|",
@@ -57,7 +80,7 @@ def summary_table(groups: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def stability_table(groups: dict[str, list[dict[str, Any]]], start: int, early: int) -> str:
+def stability_table(groups: Groups, start: int = 5, early: int = 5) -> str:
     """Loss at round 0, at the first evaluation from round ``early`` on, at the end; its maximum; and the
     fluctuation from the first evaluation at or after round ``start`` (the header names the rounds used)."""
     rounds, _ = series(next(iter(groups.values())), "train_loss")
@@ -76,7 +99,8 @@ def stability_table(groups: dict[str, list[dict[str, Any]]], start: int, early: 
     return "\n".join(lines)
 
 
-def curve_table(groups: dict[str, list[dict[str, Any]]], key: str, scale: float, points: int = 8) -> str:
+def curve_table(groups: Groups, key: str, scale: float, points: int = 8) -> str:
+    """``key`` (mean ± sample std over seeds) at ``points`` evaluations spread over the run."""
     labels = list(groups)
     rounds, _ = series(groups[labels[0]], key)
     picks = np.unique(np.linspace(0, len(rounds) - 1, points).round().astype(int))
@@ -90,13 +114,18 @@ def curve_table(groups: dict[str, list[dict[str, Any]]], key: str, scale: float,
     return "\n".join(lines)
 
 
-def plot(groups: dict[str, list[dict[str, Any]]], title: str, path: Path) -> None:
-    import matplotlib
+def tables(runs: list[results.Run]) -> list[str]:
+    """Every table of the document, study by study (a study the document does not show: all of them)."""
+    make = {"data": data_line, "summary": summary_table, "stability": stability_table,
+            "train_loss": lambda g: curve_table(g, "train_loss", 1.0), "test_acc": lambda g: curve_table(g, "test_acc", 100.0)}
+    return [make[part](groups) for study, groups in studies(runs).items() for part in SHOWN.get(study, FULL)]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+def plot(groups: Groups, title: str, path: Path) -> None:
+    """Training loss (log scale) and test accuracy per round, mean over seeds, band min–max."""
+    from experiments.plots import plt, save
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for label, runs in groups.items():
         for ax, key, scale in ((axes[0], "train_loss", 1.0), (axes[1], "test_acc", 100.0)):
             rounds, v = series(runs, key)
@@ -107,30 +136,20 @@ def plot(groups: dict[str, list[dict[str, Any]]], title: str, path: Path) -> Non
     axes[1].set(xlabel="round", ylabel="test accuracy (%)", title="mean over seeds, band = min–max")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("results", type=Path, nargs="+", help="run.py result files of one study (merged)")
-    parser.add_argument("--stability", action="store_true", help="add the mu-study stability table")
-    opts = parser.parse_args()
-    parts = [json.loads(path.read_text()) for path in opts.results]
-    if len({(p["rounds"], tuple(p["overrides"])) for p in parts}) != 1:
-        raise SystemExit("the result files differ in rounds or overrides")
-    results = dict(parts[0], runs={k: v for p in parts for k, v in p["runs"].items()})
-    groups = by_label(results)
-    first = next(iter(results["runs"].values()))
-    print(f"rounds={results['rounds']} overrides={results['overrides']} data={first['train_sizes']} "
-          f"test_samples={first['test_samples']}\n")
-    print(summary_table(groups), "\n")
-    if opts.stability:
-        print(stability_table(groups, start=5, early=5), "\n")
-    print("training loss of the global model (mean ± std over seeds)\n")
-    print(curve_table(groups, "train_loss", 1.0), "\n")
-    print("test accuracy, % (mean ± std over seeds)\n")
-    print(curve_table(groups, "test_acc", 100.0))
-    plot(groups, opts.results[0].stem, opts.results[0].with_suffix(".png"))
+def main(argv: Any = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="?", type=Path, default=RESULTS)
+    parser.add_argument("--figures", type=Path, help="folder for fedproxvr_<study>.png")
+    opts = parser.parse_args(argv)
+    runs = results.load(opts.results)
+    print("\n\n".join(tables(runs)))
+    if opts.figures:
+        for study, groups in studies(runs).items():
+            if study in PLOTTED:
+                plot(groups, study, opts.figures / f"fedproxvr_{study}.png")
 
 
 if __name__ == "__main__":

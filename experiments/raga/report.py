@@ -1,111 +1,164 @@
-"""Markdown tables of a grid.py result file: final test accuracy per attack, curves, wall times.
+"""The tables and figures of ``docs/results/raga.md``, from the runs in its result file.
 
-    python experiments/raga/report.py experiments/raga/results/mlp_r20.jsonl [--plot curves.png]
-    python experiments/raga/report.py results/mlp_r200.jsonl results/mlp_r200_signflip.jsonl \
-        --plot signflip.png --plot-attack signflip       # several files: one set of runs
+    python -m experiments.raga.report [docs/results/raga.json] [--figures docs/results]
+
+A run is (model, rounds, method, attack, Byzantine fraction); the attack-free run of a method
+(attack ``none``, fraction 0) is the first column of every attack's table. ``--figures DIR``
+draws the document's figures, ``raga_<model>_r<rounds>_<attack>.png``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from collections import defaultdict
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
+from experiments import results
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "raga.json"
 NAMES = {"raga": "RAGA", "fedavg": "FedAvg", "rfa": "RFA", "byrdsaga": "Byrd-SAGA"}
-ORDER = ["raga", "fedavg", "rfa", "byrdsaga"]
+FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4)
+#: the figures of the document: (model, rounds, attack)
+FIGURES = (("mlp", 200, "gaussian"), ("lenet", 60, "gaussian"), ("mlp", 1000, "gaussian"), ("mlp", 200, "signflip"),
+           ("mlp", 200, "alie"))
 
 
-def load(paths: list[str]) -> list[dict]:
-    """The runs of one or more result files (JSON lines)."""
-    records = []
-    for path in paths:
-        with open(path) as f:
-            records += [json.loads(line) for line in f if line.strip()]
-    return records
+class Grid:
+    """The runs of one model and length, looked up by method, attack and fraction."""
+
+    def __init__(self, runs: list[results.Run], model: str, rounds: int) -> None:
+        self.runs = {(r["params"]["method"], r["params"]["attack"], r["params"]["fraction"]): r
+                     for r in results.select(runs, model=model, rounds=rounds)}
+
+    def get(self, method: str, attack: str, fraction: float) -> Optional[results.Run]:
+        return self.runs.get((method, "none" if fraction == 0 else attack, fraction))
+
+    def accuracy(self, method: str, attack: str, fraction: float, round_number: Optional[int] = None) -> float:
+        run = self.get(method, attack, fraction)
+        return results.last(run, "test_acc") if round_number is None else results.at_round(run, "test_acc", round_number)
+
+    def column(self, attack: str, fraction: float) -> str:
+        """A fraction as a column head: the target, and the share and number of Byzantine clients achieved."""
+        if fraction == 0:
+            return "0"
+        summary = next(r for (m, a, f), r in self.runs.items() if a == attack and f == fraction)["summary"]
+        return f"{fraction:g} ({summary['achieved_fraction']:.3f}, {summary['num_byzantine']} cl.)"
 
 
-def accuracy_table(records: list[dict], attack: str) -> str:
-    """Rows: methods; columns: Byzantine data fractions (0 is the shared attack-free run)."""
-    cells: dict[tuple[str, float], dict] = {}
-    achieved: dict[float, tuple[float, int]] = {0.0: (0.0, 0)}
-    for r in records:
-        if r["attack"] == attack or r["attack"] == "none":
-            cells[(r["method"], r["fraction"])] = r
-            achieved[r["fraction"]] = (r["achieved_fraction"], r["num_byzantine"])
-    fractions = sorted({f for _, f in cells})
-    head = "| method | " + " | ".join(f"{f:g} ({achieved[f][0]:.3f}, {achieved[f][1]} cl.)" for f in fractions) + " |"
-    lines = [head, "|---" * (len(fractions) + 1) + "|"]
-    for m in ORDER:
-        row = [f"{cells[(m, f)]['test_acc']:.4f}" if (m, f) in cells else "–" for f in fractions]
-        lines.append(f"| {NAMES[m]} | " + " | ".join(row) + " |")
+def final_table(grid: Grid, attack: str, fractions: Sequence[float] = FRACTIONS, drop: bool = False) -> str:
+    """Final test accuracy: rows methods, columns fractions (and the drop from 0 to the last fraction)."""
+    head = "| method | " + " | ".join(grid.column(attack, f) for f in fractions) + " |"
+    rule = "|---" * (len(fractions) + 1) + "|"
+    if drop:
+        head, rule = head + f" drop 0 -> {fractions[-1]:g} |", rule + "---|"
+    lines = [head, rule]
+    for m in NAMES:
+        cells = [f"{grid.accuracy(m, attack, f):.4f}" for f in fractions]
+        if drop:
+            cells.append(f"{grid.accuracy(m, attack, 0.0) - grid.accuracy(m, attack, fractions[-1]):.3f}")
+        lines.append(f"| {NAMES[m]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def curve_table(records: list[dict], attack: str, fractions: list[float]) -> str:
-    """Test accuracy by round for each method at the given fractions."""
-    lines = []
-    for r in records:
-        if r["fraction"] in fractions and (r["attack"] == attack or r["attack"] == "none"):
-            pts = " ".join(f"{acc:.3f}" for _, acc, _ in r["curve"])
-            rounds = ",".join(str(t) for t, _, _ in r["curve"])
-            row = f"| {r['fraction']:g} | {NAMES[r['method']]} | {pts} |"
-            lines.append((r["fraction"], ORDER.index(r["method"]), row, rounds))
-    lines.sort()
-    rounds = lines[0][3] if lines else ""
-    return "\n".join([f"| fraction | method | test accuracy at rounds {rounds} |", "|---|---|---|"] + [line[2] for line in lines])
-
-
-def wall_table(records: list[dict]) -> str:
-    by_method: dict[str, list[float]] = defaultdict(list)
-    for r in records:
-        by_method[r["method"]].append(r["wall_s"])
-    lines = ["| method | runs | wall s (min / mean / max) |", "|---|---|---|"]
-    for m in ORDER:
-        w = by_method.get(m, [])
-        if w:
-            lines.append(f"| {NAMES[m]} | {len(w)} | {min(w):.0f} / {sum(w) / len(w):.0f} / {max(w):.0f} |")
-    total = sum(r["wall_s"] for r in records)
-    lines.append(f"| all | {len(records)} | total {total / 60:.1f} min |")
+def curve_grid(grid: Grid, attack: str, fractions: Sequence[float], rounds: Sequence[int]) -> str:
+    """Test accuracy at ``rounds``: rows fractions, columns methods, the rounds side by side in a cell."""
+    lines = ["| fraction | " + " | ".join(NAMES.values()) + " |", "|---" * (len(NAMES) + 1) + "|"]
+    for f in fractions:
+        cells = [" ".join(f"{grid.accuracy(m, attack, f, t):.3f}" for t in rounds) for m in NAMES]
+        lines.append(f"| {f:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def plot_curves(records: list[dict], attack: str, path: str) -> None:
+def curve_rows(grid: Grid, attack: str, fractions: Sequence[float], rounds: Sequence[int]) -> str:
+    """Test accuracy at ``rounds``: one row per fraction and method."""
+    lines = ["| fraction | method | " + " | ".join(map(str, rounds)) + " |", "|---|---|" + "---|" * len(rounds)]
+    for f in fractions:
+        for m in NAMES:
+            lines.append(f"| {f:g} | {NAMES[m]} | " + " | ".join(f"{grid.accuracy(m, attack, f, t):.3f}" for t in rounds) + " |")
+    return "\n".join(lines)
+
+
+def method_rows(grid: Grid, attack: str, fraction: float, rounds: Sequence[int], methods: Sequence[str] = tuple(NAMES)) -> str:
+    """Test accuracy at ``rounds`` at one fraction: one row per method."""
+    lines = ["| method | " + " | ".join(map(str, rounds)) + " |", "|---" * (len(rounds) + 1) + "|"]
+    for m in methods:
+        lines.append(f"| {NAMES[m]} | " + " | ".join(f"{grid.accuracy(m, attack, fraction, t):.3f}" for t in rounds) + " |")
+    return "\n".join(lines)
+
+
+def longer_check(grid: Grid, rounds: Sequence[int]) -> str:
+    """RAGA and FedAvg at 0 and 0.4 under the Gaussian attack, with the wall time of each run."""
+    lines = ["| method, Byzantine fraction | " + " | ".join(map(str, rounds)) + " | wall s |",
+             "|---" * (len(rounds) + 2) + "|"]
+    for m in ("raga", "fedavg"):
+        for f in (0.0, 0.4):
+            run = grid.get(m, "gaussian", f)
+            where = "0" if f == 0 else f"0.4 ({run['summary']['achieved_fraction']:.3f}, {run['summary']['num_byzantine']} clients)"
+            accs = " | ".join(f"{results.at_round(run, 'test_acc', t):.3f}" for t in rounds)
+            lines.append(f"| {NAMES[m]}, {where} | {accs} | {run['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def wall_table(grid: Grid) -> str:
+    """Wall time per run of each method (min / mean / max) and in total."""
+    rounds = {r["params"]["rounds"] for r in grid.runs.values()}.pop()
+    lines = [f"| method | runs | wall s per {rounds}-round run (min / mean / max) |", "|---|---|---|"]
+    for m in NAMES:
+        w = [r["wall_s"] for (method, _, _), r in grid.runs.items() if method == m]
+        lines.append(f"| {NAMES[m]} | {len(w)} | {min(w):.0f} / {sum(w) / len(w):.0f} / {max(w):.0f} |")
+    total = sum(r["wall_s"] for r in grid.runs.values())
+    lines.append(f"| all | {len(grid.runs)} | {total / 60:.1f} min in total |")
+    return "\n".join(lines)
+
+
+def tables(runs: list[results.Run]) -> list[str]:
+    """Every table of the document, in order."""
+    r20, r60, r200 = Grid(runs, "mlp", 20), Grid(runs, "mlp", 60), Grid(runs, "mlp", 200)
+    lenet, r1000 = Grid(runs, "lenet", 60), Grid(runs, "mlp", 1000)
+    return [
+        final_table(r20, "gaussian"), final_table(r20, "signflip"), final_table(r20, "alie"),
+        curve_grid(r20, "gaussian", (0.0, 0.2, 0.4), (5, 10, 15, 20)), wall_table(r20),
+        longer_check(r60, (10, 20, 30, 40, 50, 60)),
+        final_table(r200, "gaussian", drop=True), curve_grid(r200, "gaussian", FRACTIONS, (50, 100, 150, 200)),
+        final_table(lenet, "gaussian", (0.0, 0.4), drop=True), curve_rows(lenet, "gaussian", (0.0, 0.4), (10, 20, 30, 40, 50, 60)),
+        final_table(r1000, "gaussian", (0.0, 0.4), drop=True),
+        curve_rows(r1000, "gaussian", (0.0, 0.4), (100, 200, 400, 600, 800, 1000)),
+        final_table(r200, "signflip"), method_rows(r200, "signflip", 0.4, (10, 20, 50, 80, 100, 150, 200)),
+        final_table(r200, "alie"),
+    ]
+
+
+def plot(grid: Grid, attack: str, title: str, path: Path) -> None:
     """Test accuracy per round, one panel per Byzantine fraction, one line per method."""
-    import matplotlib
+    from experiments.plots import plt, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = [r for r in records if r["attack"] in (attack, "none")]
-    fractions = sorted({r["fraction"] for r in runs})
-    fig, axes = plt.subplots(1, len(fractions), figsize=(3.2 * len(fractions), 3.0), sharey=True, squeeze=False)
+    fractions = sorted({f for (_, a, f) in grid.runs if a in (attack, "none")})
+    fig, axes = plt.subplots(1, len(fractions), figsize=(2.6 * len(fractions), 2.6), sharey=True, squeeze=False)
     for ax, f in zip(axes[0], fractions):
-        for r in sorted((r for r in runs if r["fraction"] == f), key=lambda r: ORDER.index(r["method"])):
-            ax.plot([t for t, _, _ in r["curve"]], [a for _, a, _ in r["curve"]], label=NAMES[r["method"]])
-        ax.set_title(f"{attack}, fraction {f:g}")
+        for m in NAMES:
+            run = grid.get(m, attack, f)
+            if run is not None:
+                ax.plot(*results.series(run, "test_acc"), label=NAMES[m])
+        ax.set_title(f"{title}, {attack}, fraction {f:g}", fontsize=8)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("test accuracy")
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("results", nargs="+", help="result files of grid.py (read together)")
-    parser.add_argument("--plot", help="write the curves of --plot-attack to this PNG")
-    parser.add_argument("--plot-attack", default="gaussian")
-    args = parser.parse_args()
-    records = load(args.results)
-    attacks = [a for a in ("gaussian", "signflip", "alie", "ipm", "labelflip") if any(r["attack"] == a for r in records)]
-    for attack in attacks:
-        print(f"### {attack}\n\n{accuracy_table(records, attack)}\n")
-    for attack in attacks:
-        print(f"### curves ({attack})\n\n{curve_table(records, attack, [0.0, 0.2, 0.4])}\n")
-    print(f"### wall times\n\n{wall_table(records)}\n")
-    if args.plot:
-        plot_curves(records, args.plot_attack, args.plot)
+def main(argv: Any = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="?", type=Path, default=RESULTS)
+    parser.add_argument("--figures", type=Path, help="folder for the document's figures")
+    opts = parser.parse_args(argv)
+    runs = results.load(opts.results)
+    print("\n\n".join(tables(runs)))
+    if opts.figures:
+        for model, rounds, attack in FIGURES:
+            plot(Grid(runs, model, rounds), attack, model.upper() if model == "mlp" else "LeNet",
+                 opts.figures / f"raga_{model}_r{rounds}_{attack}.png")
 
 
 if __name__ == "__main__":

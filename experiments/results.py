@@ -1,0 +1,70 @@
+"""The compact result files of the paper experiments (``docs/results/<paper>.json``).
+
+One file per paper holds every run its document reports::
+
+    {"runs": [
+    {"name": "...", "params": {...}, "wall_s": 123.4, "history": [{"round": 10, "test_acc": 0.91, ...}, ...]},
+    ...
+    ]}
+
+* ``name``: unique in the file;
+* ``params``: the settings the tables group runs by (method, seed, attack...);
+* ``wall_s``: the run's training wall time in seconds, where it was measured;
+* ``history``: the evaluations in round order, each the round (1-based; 0 is before training) and
+  the metrics measured then;
+* ``summary`` (optional): figures measured once per run (data sizes, final evaluations...).
+
+Files are written one run per line, so that a changed run is a one-line diff.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+Run = dict[str, Any]
+
+
+def load(path: str | Path) -> list[Run]:
+    """The runs of a result file, in file order (an absent file has none)."""
+    path = Path(path)
+    return json.loads(path.read_text())["runs"] if path.exists() else []
+
+
+def save(path: str | Path, runs: Iterable[Run]) -> None:
+    """Write ``runs`` to ``path``, one run per line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ",\n".join(json.dumps(run, ensure_ascii=False) for run in runs)
+    path.write_text('{"runs": [\n' + lines + "\n]}\n")
+
+
+def add(path: str | Path, run: Run) -> None:
+    """Add ``run`` to the file at ``path`` (replacing a run of the same name)."""
+    runs = [r for r in load(path) if r["name"] != run["name"]]
+    save(path, [*runs, run])
+
+
+def select(runs: Iterable[Run], **params: Any) -> list[Run]:
+    """The runs whose ``params`` have every given value."""
+    return [r for r in runs if all(r["params"].get(k) == v for k, v in params.items())]
+
+
+def series(run: Run, key: str) -> tuple[list[int], list[float]]:
+    """The rounds at which ``key`` was measured in ``run`` and its values."""
+    points = [(h["round"], h[key]) for h in run["history"] if key in h]
+    return [r for r, _ in points], [v for _, v in points]
+
+
+def at_round(run: Run, key: str, round_number: int) -> float:
+    """``key`` at evaluation ``round_number`` of ``run``."""
+    for h in run["history"]:
+        if h["round"] == round_number and key in h:
+            return h[key]
+    raise KeyError(f"{run['name']}: no {key} at round {round_number}")
+
+
+def last(run: Run, key: str) -> float:
+    """The last measured value of ``key`` in ``run``."""
+    return series(run, key)[1][-1]

@@ -1,0 +1,142 @@
+"""Every shipped config parses, alone or composed as documented.
+
+``configs/`` holds standalone configs (``configs/*.yaml`` and one base per paper experiment,
+``configs/<paper>/*.yaml``) and small overrides (``configs/<paper>/<folder>/*.yaml``: one per method,
+composed on a base with a repeated ``--config``). Checked here, by parsing only (nothing is
+instantiated or trained):
+
+* every standalone config parses alone;
+* every ``fl-lightning fit`` command written in the README, in ``docs/`` and in the configs' own
+  header comments parses, and every override is used by at least one of them;
+* every run of the experiment plans (``experiments/<paper>/plan.py``) parses;
+* through the real command line, ``fl-lightning fit --print_config`` of a base and an override
+  prints the override's algorithm with the base's client (the lists and nested arguments merge).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fl_lightning.cli import FederatedCLI, main
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+STANDALONE = sorted(p for p in CONFIGS.rglob("*.yaml") if len(p.relative_to(CONFIGS).parts) <= 2)
+OVERRIDES = sorted(p for p in CONFIGS.rglob("*.yaml") if len(p.relative_to(CONFIGS).parts) > 2)
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *STANDALONE, *OVERRIDES]
+PLANS = sorted((ROOT / "experiments").glob("*/plan.py"))
+
+
+def code_text(path: Path) -> str:
+    """The parts of a file where commands are written: code blocks and inline code of Markdown,
+    comment lines of YAML; shell line continuations joined."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        parts = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+        parts += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    else:
+        parts = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    return "\n".join(parts).replace("\\\n", " ")
+
+
+def documented_commands() -> list[tuple[str, list[str]]]:
+    """(where, arguments after ``fl-lightning fit``) of every fit command with a ``--config`` in the
+    documents; commands with placeholders (``<...>``, ``$VAR``) are left out."""
+    commands = []
+    for path in DOCUMENTS:
+        for match in re.finditer(r"fl-lightning fit( [^\n]*)?", code_text(path)):
+            line = (match.group(1) or "").split(";")[0].split("#")[0]
+            if "--config" not in line or "<" in line or "$" in line:
+                continue
+            args = [a for a in shlex.split(line) if a != "--print_config"]
+            commands.append((f"{path.relative_to(ROOT)}: fl-lightning fit{line.rstrip()}", args))
+    return commands
+
+
+def planned_runs() -> list[tuple[str, list[str]]]:
+    """(plan and run name, fit arguments) of every run of the experiment plans."""
+    runs = []
+    for path in PLANS:
+        spec = importlib.util.spec_from_file_location(f"plan_{path.parent.name}", path)
+        plan = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(plan)
+        runs += [(f"{path.parent.name}: {run.name}", run.args) for run in plan.runs()]
+    return runs
+
+
+COMMANDS = documented_commands()
+RUNS = planned_runs()
+
+
+@pytest.fixture(scope="module")
+def parser():
+    """The CLI's parser, built once."""
+    argv, sys.argv = sys.argv, ["fl-lightning"]
+    try:
+        return FederatedCLI(args=["--config", str(CONFIGS / "quickstart.yaml"), "--trainer.logger", "false"],
+                            run=False).parser
+    finally:
+        sys.argv = argv
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch):
+    """Documented paths are relative to the repository root."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("sys.argv", ["fl-lightning"])
+
+
+@pytest.mark.parametrize("config", STANDALONE, ids=[str(p.relative_to(CONFIGS)) for p in STANDALONE])
+def test_every_standalone_config_parses(config, parser):
+    cfg = parser.parse_args(["--config", str(config)])
+    assert cfg.model.class_path and cfg.data.class_path
+
+
+@pytest.mark.parametrize("args", [args for _, args in COMMANDS], ids=[where for where, _ in COMMANDS])
+def test_every_documented_command_parses(args, parser):
+    cfg = parser.parse_args(args)
+    assert cfg.model.class_path and cfg.data.class_path
+
+
+@pytest.mark.parametrize("args", [args for _, args in RUNS], ids=[name for name, _ in RUNS])
+def test_every_planned_run_parses(args, parser):
+    cfg = parser.parse_args(args)
+    assert cfg.model.class_path and cfg.data.class_path
+
+
+def uses(args: list[str]) -> list[Path]:
+    """The config files of a command, resolved."""
+    return [(ROOT / args[i + 1]).resolve() for i, a in enumerate(args[:-1]) if a == "--config"]
+
+
+def test_every_override_is_documented():
+    used = {path for _, args in COMMANDS + RUNS for path in uses(args)}
+    assert not [str(p.relative_to(ROOT)) for p in OVERRIDES if p.resolve() not in used]
+
+
+@pytest.mark.parametrize("override", OVERRIDES, ids=[str(p.relative_to(CONFIGS)) for p in OVERRIDES])
+def test_print_config_composes_base_and_override(override, capsys):
+    """``fl-lightning fit --print_config --config BASE --config OVERRIDE`` (BASE: the first config of
+    a documented command that uses the override) keeps the base's client and takes the override's
+    algorithm and values."""
+    base = next(uses(args)[0] for _, args in COMMANDS if override.resolve() in uses(args))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(base), "--config", str(override), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    written, given = yaml.safe_load(base.read_text()), yaml.safe_load(override.read_text())
+    assert printed["model"]["init_args"]["client"]["class_path"] == written["model"]["init_args"]["client"]["class_path"]
+    assert printed["model"]["class_path"] == given.get("model", {}).get("class_path", written["model"]["class_path"])
+    for key, value in given.get("model", {}).get("init_args", {}).items():
+        if key != "client":
+            assert printed["model"]["init_args"][key] == value, key
+    added = given.get("trainer", {}).get("callbacks+", [])
+    callbacks = [c["class_path"] for c in printed["trainer"].get("callbacks") or []]
+    assert callbacks[len(callbacks) - len(added):] == [c["class_path"] for c in added]
