@@ -7,7 +7,8 @@ and ``experiments/``), and so are the ``python`` blocks of ``docs/guide.md``:
 * ``fl-lightning`` commands on the quickstart's configuration run for real (it is small and
   generated); on any other configuration (real datasets, long runs) they are parsed and
   checked with ``--print_config``;
-* ``python benchmarks/...`` and ``python experiments/...`` scripts answer ``--help``;
+* ``python benchmarks/...`` scripts and ``python -m experiments...`` modules answer ``--help``
+  (an experiment's ``--list``, which only prints its runs, runs as written);
 * the set-up lines (``python3 -m venv``, ``pip install``, ``pytest``) are what CI runs
   (``.ci/run``: the README's test command), so they are not repeated here.
 
@@ -63,18 +64,32 @@ def run_fl_lightning(argv: list[str]) -> None:
     assert done.value.code == 0, f"fl-lightning {shlex.join(argv)} --print_config exited with {done.value.code}"
 
 
+def script(argv: list[str]) -> list[str] | None:
+    """The interpreter arguments of a documented Python script or experiment module, or None."""
+    if argv[0] != "python" or len(argv) < 2:
+        return None
+    if argv[1].startswith("benchmarks/"):
+        return argv[1:]
+    if argv[1] == "-m" and argv[2].startswith("experiments."):
+        return argv[1:]
+    return None
+
+
 def run_command(command: str) -> None:
     if command.startswith(SETUP):
         return  # CI runs the set-up (.ci/run)
     argv = shlex.split(command)
     if argv[0] == "fl-lightning":
         run_fl_lightning(argv[1:])
-    elif argv[0] == "python" and argv[1].startswith(("benchmarks/", "experiments/")):
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        result = subprocess.run([sys.executable, argv[1], "--help"], capture_output=True, text=True, env=env)
-        assert result.returncode == 0, f"{argv[1]} --help failed:\n{result.stderr[-2000:]}"
-    else:
+        return
+    args = script(argv)
+    if args is None:
         raise AssertionError(f"no handler for the documented command {command!r}: add one to {__file__}")
+    name = args[:2] if args[0] == "-m" else args[:1]
+    run = args if "--list" in args else [*name, "--help"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, *run], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, f"{shlex.join(run)} failed:\n{result.stderr[-2000:]}"
 
 
 @pytest.mark.slow
@@ -97,7 +112,6 @@ def test_every_page_is_collected_and_every_command_has_a_handler():
     for page in PAGES:
         for lang, code in blocks(page):
             for command in commands(code) if lang == "bash" else []:
-                first = shlex.split(command)[0]
-                assert command.startswith(SETUP) or first == "fl-lightning" or (
-                    first == "python" and shlex.split(command)[1].startswith(("benchmarks/", "experiments/"))
-                ), f"{page.name}: no handler for {command!r}"
+                argv = shlex.split(command)
+                assert command.startswith(SETUP) or argv[0] == "fl-lightning" or script(argv) is not None, (
+                    f"{page.name}: no handler for {command!r}")
