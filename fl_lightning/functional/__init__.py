@@ -1,0 +1,1 @@
+"""The mathematics of federated learning as pure functions, tested without Lightning."""
