@@ -412,3 +412,22 @@ def test_natural_id_agrees_with_flower():
     flwr = pytest.importorskip("flwr_datasets.partitioner")
     theirs = flower_parts(flwr.NaturalIdPartitioner(partition_by="label"), KEYS)
     assert [p.tolist() for p in NaturalIdPartitioner().split(KEYS)] == [p.tolist() for p in theirs]
+
+
+def test_flower_partitioner_adapter_gives_flowers_partitions():
+    flwr = pytest.importorskip("flwr_datasets.partitioner")
+    from fl_lightning.datamodules import FlowerPartitioner
+
+    def flower():
+        return flwr.DirichletPartitioner(num_partitions=6, partition_by="label", alpha=0.5, seed=3)
+
+    adapter = FlowerPartitioner(flower())
+    dm = Pinned(partitioner=adapter, val_fraction=0.0)
+    dm.setup()
+    assert dm.num_clients == 6
+    assert [p.tolist() for p in dm.splits["train"]] == [p.tolist() for p in flower_parts(flower(), LABELS)]
+    assert [p.tolist() for p in adapter.split(LABELS)] == [p.tolist() for p in dm.splits["train"]]  # reusable
+    with pytest.raises(ValueError, match="makes 6 partitions but num_clients=4"):
+        Pinned(num_clients=4, partitioner=FlowerPartitioner(flower())).setup()
+    with pytest.raises(ValueError, match="partitioner must be a flwr_datasets.partitioner.Partitioner"):
+        FlowerPartitioner("dirichlet")

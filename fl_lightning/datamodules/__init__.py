@@ -2,10 +2,12 @@
 
 from fl_lightning.datamodules.base import FederatedDataModule, labels_of
 from fl_lightning.datamodules.client_data import ClientData
+from fl_lightning.datamodules.huggingface import HuggingFaceFederated
 from fl_lightning.datamodules.imbalanced import CIFAR10STFederated, CIFAR100STFederated, MNISTSTFederated
 from fl_lightning.datamodules.leaf import FEMNISTFederated
 from fl_lightning.datamodules.partitioners import (
     DirichletPartitioner,
+    FlowerPartitioner,
     IidPartitioner,
     NaturalIdPartitioner,
     PathologicalPartitioner,
@@ -35,6 +37,8 @@ __all__ = [
     "FEMNISTFederated",
     "FashionMNISTFederated",
     "FederatedDataModule",
+    "FlowerPartitioner",
+    "HuggingFaceFederated",
     "IidPartitioner",
     "ImbalancedSubsample",
     "MNISTFederated",

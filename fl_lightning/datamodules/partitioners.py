@@ -3,8 +3,8 @@
 Each is a small object holding its options, a thin wrapper over a pure function of
 :mod:`fl_lightning.functional.partition`. The names and options are flwr-datasets' (``IidPartitioner``,
 ``DirichletPartitioner``, ``PathologicalPartitioner``, ``ShardPartitioner``,
-``NaturalIdPartitioner``) plus this library's own (``SortedPartitioner``, ``PowerLawPartitioner``).
-Where the semantics
+``NaturalIdPartitioner``) plus this library's own (``SortedPartitioner``, ``PowerLawPartitioner``)
+and an adapter for any flwr-datasets partitioner (``FlowerPartitioner``). Where the semantics
 differ from Flower's, the class says so; ``docs/partitioners.md`` has the table.
 
 A datamodule takes one as ``partitioner=`` (in YAML: ``class_path`` / ``init_args``)::
@@ -22,6 +22,7 @@ The old string shortcuts (``partition="iid"|"dirichlet"|"shards"|"classes"|"natu
 
 from __future__ import annotations
 
+import copy
 import inspect
 import numbers
 from abc import ABC, abstractmethod
@@ -285,6 +286,51 @@ class PowerLawPartitioner(Partitioner):
                            self.used_fraction, seed)
 
 
+class FlowerPartitioner(Partitioner):
+    """Any flwr-datasets partitioner (``flwr_datasets.partitioner``) as this library's.
+
+    Flower's partitioners read one column of a Hugging Face dataset (their ``partition_by``),
+    or only its number of rows. This adapter hands a copy of ``partitioner`` a one-column
+    ``datasets.Dataset`` named ``partition_by`` (default ``"label"``) that holds the
+    datamodule's labels (or its ``partition_by`` column) and reads back the rows of each of
+    its partitions. Build the Flower partitioner with the same ``partition_by``.
+
+    The partitions, their number and their randomness are Flower's (its own ``seed``); the
+    datamodule's ``num_clients``, if set, must equal Flower's ``num_partitions``. Needs
+    ``flwr-datasets`` (``pip install flwr-datasets``).
+
+    Args:
+        partitioner: a ``flwr_datasets.partitioner.Partitioner`` with no dataset assigned.
+        partition_by: the column Flower's partitioner reads (None: the labels, as ``"label"``).
+    """
+
+    counts_partitions = True
+
+    def __init__(self, partitioner: Any, partition_by: Optional[str] = None) -> None:
+        super().__init__(None, partition_by, None)
+        if not (hasattr(type(partitioner), "load_partition") and hasattr(type(partitioner), "num_partitions")):
+            raise ValueError(f"partitioner must be a flwr_datasets.partitioner.Partitioner, got {partitioner!r}")
+        self.partitioner = partitioner
+
+    def _split(self, values: np.ndarray, num_partitions: Optional[int], seed: int) -> list[np.ndarray]:
+        from fl_lightning.datamodules.huggingface import import_datasets
+
+        datasets = import_datasets()
+        column = self.partition_by or "label"
+        flower = copy.deepcopy(self.partitioner)
+        flower.dataset = datasets.Dataset.from_dict({column: values.tolist(), "_row": np.arange(len(values))})
+        parts = [np.sort(np.asarray(flower.load_partition(i)["_row"], dtype=np.int64))
+                 for i in range(flower.num_partitions)]
+        if num_partitions is not None and num_partitions != len(parts):
+            raise ValueError(f"the Flower partitioner makes {len(parts)} partitions but num_clients={num_partitions}; "
+                             "leave num_clients unset or make them agree")
+        empty = [i for i, p in enumerate(parts) if len(p) == 0]
+        if empty:
+            raise ValueError(f"the Flower partitioner left partition(s) {empty[:10]} with no samples; every client "
+                             "needs data")
+        return parts
+
+
 def from_shortcut(
     partition: str,
     alpha: float = 0.5,
@@ -322,6 +368,7 @@ def from_shortcut(
 
 __all__ = [
     "DirichletPartitioner",
+    "FlowerPartitioner",
     "IidPartitioner",
     "NaturalIdPartitioner",
     "PathologicalPartitioner",
