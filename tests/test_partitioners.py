@@ -260,7 +260,7 @@ def test_partitioners_are_deterministic_from_their_seed():
      r"got 'cyclic'"),
     (lambda: ShardPartitioner(), "give num_shards_per_partition, shard_size or both; got neither"),
     (lambda: ShardPartitioner(shard_size=0), "shard_size must be >= 1.*got 0"),
-    (lambda: ShardPartitioner(num_shards_per_partition=2.5), "num_shards_per_partition must be >= 1 and an integer, got 2.5"),
+    (lambda: ShardPartitioner(num_shards_per_partition=2.5), "num_shards_per_partition must be >= 1 and an integer, or None, got 2.5"),
     (lambda: PowerLawPartitioner(sigma=-1.0), "sigma must be >= 0 and finite, got -1.0"),
     (lambda: PowerLawPartitioner(used_fraction=1.5), r"used_fraction must be in \(0, 1\], got 1.5"),
     (lambda: IidPartitioner(num_partitions=0), "num_partitions must be >= 1.*got 0"),

@@ -21,8 +21,6 @@ from typing import Literal, Optional, Sequence, Union
 
 import numpy as np
 
-from fl_lightning.validation import check_int, check_number
-
 ClassAssignmentMode = Literal["random", "deterministic", "first-deterministic", "round-robin"]
 CLASS_ASSIGNMENT_MODES: tuple[str, ...] = ("random", "deterministic", "first-deterministic", "round-robin")
 
@@ -30,9 +28,23 @@ Alpha = Union[float, Sequence[float]]
 
 
 # ---------------------------------------------------------------- argument checks
+def _require(ok: bool, name: str, value: object, allowed: str) -> None:
+    """A ValueError naming the parameter, the value and what is allowed, unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _is_int(value: object, minimum: int) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_partitions(num_samples: int, num_partitions: int) -> None:
     """Refuse fewer than one partition, or more partitions than samples."""
-    check_int("num_partitions", num_partitions, 1)
+    _require(_is_int(num_partitions, 1), "num_partitions", num_partitions, ">= 1 and an integer")
     if num_partitions > num_samples:
         raise ValueError(f"num_partitions={num_partitions} is more than the {num_samples} samples to partition")
 
@@ -40,7 +52,7 @@ def check_partitions(num_samples: int, num_partitions: int) -> None:
 def check_alpha(alpha: Alpha) -> None:
     """Refuse an ``alpha`` that is neither a number > 0 nor a non-empty list of numbers > 0."""
     if isinstance(alpha, numbers.Real) and not isinstance(alpha, bool):
-        check_number("alpha", alpha, 0.0, low_open=True)
+        _require(_is_real(alpha) and alpha > 0, "alpha", alpha, "> 0 and finite")
         return
     try:
         values = np.asarray(alpha, dtype=float) if isinstance(alpha, (list, tuple, np.ndarray)) else None
@@ -66,9 +78,8 @@ def dirichlet_concentration(alpha: Alpha, num_partitions: int) -> np.ndarray:
 def check_dirichlet(alpha: Alpha, min_partition_size: int, self_balancing: bool) -> None:
     """Refuse Dirichlet arguments that are invalid whatever the data."""
     check_alpha(alpha)
-    check_int("min_partition_size", min_partition_size, 0)
-    if not isinstance(self_balancing, bool):
-        raise ValueError(f"self_balancing must be True or False, got {self_balancing!r}")
+    _require(_is_int(min_partition_size, 0), "min_partition_size", min_partition_size, ">= 0 and an integer")
+    _require(isinstance(self_balancing, bool), "self_balancing", self_balancing, "True or False")
 
 
 def check_shards(num_shards_per_partition: Optional[int], shard_size: Optional[int],
@@ -76,28 +87,26 @@ def check_shards(num_shards_per_partition: Optional[int], shard_size: Optional[i
     """Refuse shard arguments that are invalid whatever the data."""
     if num_shards_per_partition is None and shard_size is None:
         raise ValueError("give num_shards_per_partition, shard_size or both; got neither")
-    if num_shards_per_partition is not None:
-        check_int("num_shards_per_partition", num_shards_per_partition, 1)
-    if shard_size is not None:
-        check_int("shard_size", shard_size, 1)
-    if not isinstance(keep_incomplete_shard, bool):
-        raise ValueError(f"keep_incomplete_shard must be True or False, got {keep_incomplete_shard!r}")
+    for name, value in (("num_shards_per_partition", num_shards_per_partition), ("shard_size", shard_size)):
+        _require(value is None or _is_int(value, 1), name, value, ">= 1 and an integer, or None")
+    _require(isinstance(keep_incomplete_shard, bool), "keep_incomplete_shard", keep_incomplete_shard, "True or False")
 
 
 def check_pathological(num_classes_per_partition: int, class_assignment_mode: str) -> None:
     """Refuse pathological-split arguments that are invalid whatever the data."""
-    check_int("num_classes_per_partition", num_classes_per_partition, 1)
-    if class_assignment_mode not in CLASS_ASSIGNMENT_MODES:
-        raise ValueError(f"class_assignment_mode must be one of {CLASS_ASSIGNMENT_MODES}, "
-                         f"got {class_assignment_mode!r}")
+    _require(_is_int(num_classes_per_partition, 1), "num_classes_per_partition", num_classes_per_partition,
+             ">= 1 and an integer")
+    _require(class_assignment_mode in CLASS_ASSIGNMENT_MODES, "class_assignment_mode", class_assignment_mode,
+             f"one of {CLASS_ASSIGNMENT_MODES}")
 
 
 def check_power_law(num_classes_per_partition: int, min_per_class: int, sigma: float, used_fraction: float) -> None:
     """Refuse power-law arguments that are invalid whatever the data."""
-    check_int("num_classes_per_partition", num_classes_per_partition, 1)
-    check_int("min_per_class", min_per_class, 1)
-    check_number("sigma", sigma, 0.0)
-    check_number("used_fraction", used_fraction, 0.0, 1.0, low_open=True, high_open=False)
+    _require(_is_int(num_classes_per_partition, 1), "num_classes_per_partition", num_classes_per_partition,
+             ">= 1 and an integer")
+    _require(_is_int(min_per_class, 1), "min_per_class", min_per_class, ">= 1 and an integer")
+    _require(_is_real(sigma) and sigma >= 0, "sigma", sigma, ">= 0 and finite")
+    _require(_is_real(used_fraction) and 0 < used_fraction <= 1, "used_fraction", used_fraction, "in (0, 1]")
 
 
 def _check_classes_per_partition(num_classes_per_partition: int, classes: np.ndarray) -> None:
@@ -357,7 +366,7 @@ def power_law(
         seed: seed of the shuffle and the shares.
     """
     labels = np.asarray(labels)
-    check_int("num_partitions", num_partitions, 1)
+    _require(_is_int(num_partitions, 1), "num_partitions", num_partitions, ">= 1 and an integer")
     check_power_law(num_classes_per_partition, min_per_class, sigma, used_fraction)
     classes = np.unique(labels)
     _check_classes_per_partition(num_classes_per_partition, classes)
