@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Literal, Optional, Sequence, Union
+from typing import Literal, Optional, Sequence, Union, get_args
 
 import numpy as np
 
 ClassAssignmentMode = Literal["random", "deterministic", "first-deterministic", "round-robin"]
-CLASS_ASSIGNMENT_MODES: tuple[str, ...] = ("random", "deterministic", "first-deterministic", "round-robin")
+CLASS_ASSIGNMENT_MODES: tuple[str, ...] = get_args(ClassAssignmentMode)
 
 Alpha = Union[float, Sequence[float]]
 
