@@ -20,6 +20,18 @@ from lightning_fabric.plugins import CheckpointIO
 PathLike = Union[str, Path]
 
 
+def is_plain(value: Any) -> bool:
+    """Whether ``value`` is plain data (numbers, strings, None, and lists/dicts of them): what a
+    checkpoint may hold besides tensors."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_plain(v) for k, v in value.items())
+    return False
+
+
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be used: missing, empty, truncated, or holding objects."""
 

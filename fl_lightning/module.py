@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from fl_lightning.backends import BatchedBackend, ClientBackend, ModuleRun, SequentialBackend
 from fl_lightning.backends.functional import FunctionalClient
-from fl_lightning.checkpoints import CheckpointError, install_safe_io, load_checkpoint
+from fl_lightning.checkpoints import CheckpointError, install_safe_io, is_plain, load_checkpoint
 from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and_world
 from fl_lightning.hooks import Aggregator, FederatedCallback
 from fl_lightning.lightning_compat import count_optimizer_step, raw_optimizer, routed_log, set_current_hook
@@ -184,7 +184,7 @@ class FederatedModule(pl.LightningModule):
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
         # that checkpoints hold no pickled object and load with weights_only=True
         self.save_hyperparameters(ignore=["client"])
-        objects = [k for k, v in self.hparams.items() if not _plain(v)]
+        objects = [k for k, v in self.hparams.items() if not is_plain(v)]
         if objects:
             self.save_hyperparameters(ignore=["client", *objects])
         self.client = client
@@ -888,19 +888,8 @@ def build_client(recipe: dict[str, Any]) -> pl.LightningModule:
 
 def client_recipe(client: pl.LightningModule) -> dict[str, Any]:
     """The client module's class path and its plain hyperparameters (what rebuilds it)."""
-    hparams = {k: v for k, v in dict(getattr(client, "hparams", {})).items() if _plain(v) and not k.startswith("_")}
+    hparams = {k: v for k, v in dict(getattr(client, "hparams", {})).items() if is_plain(v) and not k.startswith("_")}
     return {"class_path": f"{type(client).__module__}.{type(client).__qualname__}", "hparams": hparams}
-
-
-def _plain(value: Any) -> bool:
-    """Whether ``value`` is plain data (numbers, strings, None, and lists/dicts of them)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return False
 
 
 def _drop_log(*args: Any, **kwargs: Any) -> None:

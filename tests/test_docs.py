@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
+import pytest
 import torch
+import yaml
 
 from tests.helpers import synthetic, tiny_client, trainer
 
@@ -33,3 +36,28 @@ def test_the_engine_guide_algorithm_runs_and_keeps_its_invariant(tmp_path, monke
     assert module.h.norm() > 0 and torch.allclose(module.h, linear / 6, atol=1e-6)
     monkeypatch.chdir(tmp_path)  # the usage example writes lightning_logs/ where it runs
     exec(compile(usage, "docs/engine.md", "exec"), namespace)
+
+
+def test_the_partitioners_guide_runs():
+    blocks = python_blocks(DOCS / "partitioners.md")
+    namespace: dict = {}
+    exec(compile(blocks[0], "docs/partitioners.md", "exec"), namespace)
+    pytest.importorskip("datasets")
+    exec(compile(blocks[1], "docs/partitioners.md", "exec"), namespace)
+    pytest.importorskip("flwr_datasets")
+    exec(compile(blocks[2], "docs/partitioners.md", "exec"), namespace)
+
+
+def test_the_partitioners_guide_configs_parse(tmp_path, monkeypatch):
+    from fl_lightning.cli import FederatedCLI
+
+    quickstart = DOCS.parent / "configs" / "quickstart.yaml"
+    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
+    parser = FederatedCLI(args=["--config", str(quickstart), "--trainer.logger", "false"], run=False).parser
+    blocks = re.findall(r"```yaml\n(.*?)```", (DOCS / "partitioners.md").read_text(), flags=re.S)
+    assert len(blocks) == 3
+    for i, block in enumerate(blocks):
+        config = {**yaml.safe_load(quickstart.read_text()), **yaml.safe_load(block)}
+        path = tmp_path / f"block{i}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        assert parser.parse_args(["--config", str(path)]).data.init_args

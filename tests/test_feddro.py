@@ -17,7 +17,7 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.feddro import CompositionalFedAvg, FedDRO, frozen_running_stats
 from fl_lightning.callbacks.class_metrics import ClassAccuracy, class_accuracy_summary
 from fl_lightning.datamodules.base import FederatedDataModule
-from fl_lightning.datamodules.imbalanced import st_indices
+from fl_lightning.datamodules.subsample import st_indices
 from fl_lightning.functional.dro import KLDRO, CompositionalObjective, NonFiniteEstimateError
 from fl_lightning.models.resnet import ResNet20
 from tests.helpers import global_vector, synthetic, tiny_client, trainer

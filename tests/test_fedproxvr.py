@@ -16,7 +16,8 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedproxvr import FedProxVR
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.datamodules.base import FederatedDataModule
-from fl_lightning.datamodules.powerlaw import TwoLabelPowerLaw, two_label_power_law
+from fl_lightning.datamodules.partitioners import PowerLawPartitioner
+from fl_lightning.functional.partition import power_law
 from fl_lightning.datamodules.vision import TorchvisionFederated
 from fl_lightning.functional.prox import prox_step
 from fl_lightning.models.fedproxvr_cnn import FedProxVRCNN
@@ -202,7 +203,7 @@ def test_step_size_and_bad_arguments():
 
 def test_two_label_power_law_partition():
     labels = np.repeat(np.arange(10), 300)
-    parts = two_label_power_law(labels, 20, seed=0)
+    parts = power_law(labels, 20, seed=0)
     assert len(parts) == 20
     flat = np.concatenate(parts)
     assert len(flat) == len(set(flat.tolist())) == 3000  # disjoint, everything used
@@ -211,15 +212,15 @@ def test_two_label_power_law_partition():
         assert min(np.bincount(labels[p])[[k % 10, (k + 1) % 10]]) >= 10
     sizes = np.array([len(p) for p in parts])
     assert sizes.max() > 3 * sizes.min()  # power law: very unequal sizes
-    assert all(np.array_equal(a, b) for a, b in zip(parts, two_label_power_law(labels, 20, seed=0)))
-    half = two_label_power_law(labels, 20, used_fraction=0.5, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, power_law(labels, 20, seed=0)))
+    half = power_law(labels, 20, used_fraction=0.5, seed=0)
     assert sum(len(p) for p in half) == 1500
-    with pytest.raises(ValueError, match="labels_per_client must be in \\[1, 10\\], got 11"):
-        two_label_power_law(labels, 5, labels_per_client=11)
+    with pytest.raises(ValueError, match="num_classes_per_partition must be in \\[1, 10\\].*got 11"):
+        power_law(labels, 5, num_classes_per_partition=11)
     with pytest.raises(ValueError, match="used_fraction must be in \\(0, 1\\], got 0"):
-        two_label_power_law(labels, 5, used_fraction=0)
-    with pytest.raises(ValueError, match="min_per_label=200"):
-        two_label_power_law(labels, 20, min_per_label=200)
+        power_law(labels, 5, used_fraction=0)
+    with pytest.raises(ValueError, match="min_per_class=200"):
+        power_law(labels, 20, min_per_class=200)
 
 
 class _FakeImages:
@@ -232,13 +233,14 @@ class _FakeImages:
         self.targets = torch.arange(n) % 10
 
 
-class _FakePowerLaw(TwoLabelPowerLaw, TorchvisionFederated):
+class _FakeVision(TorchvisionFederated):
     dataset_cls = _FakeImages
     mean, std = (0.5,), (0.25,)
 
 
 def test_power_law_datamodule_pools_train_and_test_and_splits_each_client_75_25():
-    dm = _FakePowerLaw(num_clients=10, val_fraction=0.0, test_fraction=0.25, min_per_label=5, seed=0)
+    dm = _FakeVision(num_clients=10, val_fraction=0.0, test_fraction=0.25, pool_test_set=True,
+                     partitioner=PowerLawPartitioner(min_per_class=5), seed=0)
     dm.setup("fit")
     assert len(dm.pool) == 500 and dm.test_set is None
     train = sum(len(s) for s in dm.splits["train"])
@@ -246,7 +248,7 @@ def test_power_law_datamodule_pools_train_and_test_and_splits_each_client_75_25(
     assert train + test == 500 and abs(test / 500 - 0.25) < 0.03
     assert len(dm.global_test_set()) == test
     assert np.count_nonzero(dm.label_histogram(3)) == 2
-    assert "two_label_power_law" in dm.summary()
+    assert "PowerLawPartitioner(min_per_class=5)" in dm.summary()
 
 
 def test_the_paper_cnn_has_1663370_parameters():

@@ -1,11 +1,11 @@
-"""Partitioners: every sample used once, the promised skew, determinism, clear errors."""
+"""Partition functions: every sample used once, the promised skew, determinism, clear errors."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fl_lightning.datamodules import partition as P
+from fl_lightning.functional import partition as P
 
 LABELS = np.repeat(np.arange(10), 50)  # 500 samples, 50 per class
 
@@ -24,32 +24,32 @@ def test_iid_sizes_differ_by_at_most_one():
 
 def test_dirichlet_small_alpha_is_skewed_large_alpha_is_not():
     def mean_classes(alpha):
-        parts = P.dirichlet(LABELS, 10, alpha, seed=0)
+        parts = P.dirichlet(LABELS, 10, alpha, min_partition_size=1, seed=0)
         assert_exact_cover(parts, 500)
         return np.mean([len(np.unique(LABELS[p])) for p in parts])
 
     assert mean_classes(0.05) < 4 < 9 < mean_classes(100.0)
 
 
-def test_dirichlet_min_samples():
-    parts = P.dirichlet(LABELS, 20, 0.3, min_samples=10, seed=1)
+def test_dirichlet_min_partition_size():
+    parts = P.dirichlet(LABELS, 20, 0.3, min_partition_size=10, seed=1)
     assert min(len(p) for p in parts) >= 10
 
 
-def test_shards_one_per_client_is_sorted_split():
-    parts = P.shards(LABELS, 10, 1, seed=0)
+def test_sorted_split_gives_one_class_per_partition():
+    parts = P.sorted_split(LABELS, 10, seed=0)
     assert_exact_cover(parts, 500)
     assert all(len(np.unique(LABELS[p])) == 1 for p in parts)
 
 
-def test_shards_two_per_client():
+def test_shards_two_per_partition():
     parts = P.shards(LABELS, 25, 2, seed=0)
     assert_exact_cover(parts, 500)
     assert all(len(np.unique(LABELS[p])) <= 2 for p in parts)
 
 
-def test_classes_per_client():
-    parts = P.classes(LABELS, 20, 3, seed=0)
+def test_classes_per_partition():
+    parts = P.pathological(LABELS, 20, 3, "round-robin", seed=0)
     assert_exact_cover(parts, 500)
     assert all(len(np.unique(LABELS[p])) == 3 for p in parts)
 
@@ -79,15 +79,15 @@ def test_stratified_split_follows_the_client_distribution():
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: P.iid(5, 6), "num_clients=6 is more than the 5 samples"),
+        (lambda: P.iid(5, 6), "num_partitions=6 is more than the 5 samples"),
         (lambda: P.dirichlet(LABELS, 10, 0.0), "alpha must be > 0"),
         (lambda: P.dirichlet(LABELS, 10, -1.0), "alpha must be > 0"),
-        (lambda: P.dirichlet(LABELS, 10, 0.01, min_samples=49), "min_samples"),
-        (lambda: P.shards(LABELS, 10, 0), "shards_per_client must be >= 1"),
+        (lambda: P.dirichlet(LABELS, 10, 0.01, min_partition_size=49), "min_partition_size=49"),
+        (lambda: P.shards(LABELS, 10, 0), "num_shards_per_partition must be >= 1"),
         (lambda: P.shards(LABELS, 300, 2), "600 shards"),
-        (lambda: P.classes(LABELS, 10, 11), r"classes_per_client must be in \[1, 10\]"),
-        (lambda: P.natural(["a", "b"], num_clients=3), "2 distinct keys"),
-        (lambda: P.iid(10, 0), "num_clients must be >= 1"),
+        (lambda: P.pathological(LABELS, 10, 11), r"num_classes_per_partition must be in \[1, 10\]"),
+        (lambda: P.natural(["a", "b"], num_partitions=3), "2 distinct keys"),
+        (lambda: P.iid(10, 0), "num_partitions must be >= 1"),
     ],
 )
 def test_bad_input(call, match):
@@ -98,4 +98,4 @@ def test_bad_input(call, match):
 def test_empty_client_is_an_error():
     labels = np.array([0, 0, 0, 1])
     with pytest.raises(ValueError, match="no samples"):
-        P.classes(labels, 4, 1, seed=0)  # class 1 has one sample for two clients
+        P.pathological(labels, 4, 1, "round-robin", seed=0)  # class 1 has one sample for two partitions

@@ -1,10 +1,23 @@
-"""Federated datamodules and partitioners."""
+"""Federated datamodules, partitioners and pool subsamples."""
 
 from fl_lightning.datamodules.base import FederatedDataModule, labels_of
 from fl_lightning.datamodules.client_data import ClientData
-from fl_lightning.datamodules.imbalanced import CIFAR10STFederated, CIFAR100STFederated, MNISTSTFederated, st_indices
+from fl_lightning.datamodules.huggingface import HuggingFaceFederated
+from fl_lightning.datamodules.imbalanced import CIFAR10STFederated, CIFAR100STFederated, MNISTSTFederated
 from fl_lightning.datamodules.leaf import FEMNISTFederated
-from fl_lightning.datamodules.powerlaw import PowerLawFashionMNIST, PowerLawMNIST, TwoLabelPowerLaw, two_label_power_law
+from fl_lightning.datamodules.partitioners import (
+    DirichletPartitioner,
+    FlowerPartitioner,
+    IidPartitioner,
+    NaturalIdPartitioner,
+    PathologicalPartitioner,
+    Partitioner,
+    PowerLawPartitioner,
+    ShardPartitioner,
+    SortedPartitioner,
+)
+from fl_lightning.datamodules.powerlaw import PowerLawFashionMNIST, PowerLawMNIST
+from fl_lightning.datamodules.subsample import ImbalancedSubsample, Subsample, st_indices
 from fl_lightning.datamodules.synthetic import SyntheticFederated, synthetic_clients
 from fl_lightning.datamodules.vision import (
     CIFAR10Federated,
@@ -20,18 +33,28 @@ __all__ = [
     "CIFAR10Federated",
     "CIFAR10STFederated",
     "ClientData",
+    "DirichletPartitioner",
     "FEMNISTFederated",
     "FashionMNISTFederated",
     "FederatedDataModule",
+    "FlowerPartitioner",
+    "HuggingFaceFederated",
+    "IidPartitioner",
+    "ImbalancedSubsample",
     "MNISTFederated",
     "MNISTSTFederated",
+    "NaturalIdPartitioner",
+    "PathologicalPartitioner",
+    "Partitioner",
     "PowerLawFashionMNIST",
     "PowerLawMNIST",
+    "PowerLawPartitioner",
+    "ShardPartitioner",
+    "SortedPartitioner",
+    "Subsample",
     "SyntheticFederated",
     "TorchvisionFederated",
-    "TwoLabelPowerLaw",
     "labels_of",
     "st_indices",
     "synthetic_clients",
-    "two_label_power_law",
 ]

@@ -1,9 +1,11 @@
 """``FederatedDataModule``: client partitions of any map-style dataset.
 
-A subclass says where the data comes from (:meth:`build_datasets`); the base class splits it
-into clients (``iid``, ``dirichlet``, ``shards``, ``classes`` or ``natural``), gives each
-client its own train/val/test split following its label distribution, holds out a fraction
-of clients as unseen, and prints a summary. Everything is deterministic from ``seed``.
+A subclass says where the data comes from (:meth:`build_datasets`); the base class optionally
+adds the test set to the pool (``pool_test_set``) and subsamples it (``subsample``), splits it
+into clients with a ``partitioner`` (:mod:`fl_lightning.datamodules.partitioners`; the old
+``partition="iid"|"dirichlet"|"shards"|"classes"|"natural"`` strings are shortcuts), gives
+each client its own train/val/test split following its label distribution, holds out a
+fraction of clients as unseen, and prints a summary. Everything is deterministic from ``seed``.
 
 Loaders:
 
@@ -25,10 +27,13 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
-from fl_lightning.datamodules import partition as P
+from fl_lightning.checkpoints import is_plain
 from fl_lightning.datamodules.client_data import ClientData
+from fl_lightning.datamodules.partitioners import SHORTCUTS, IidPartitioner, Partitioner, from_shortcut
+from fl_lightning.datamodules.subsample import Subsample
+from fl_lightning.functional.partition import stratified_split
 from fl_lightning.validation import check_int, check_number
 
 Split = Literal["train", "val", "test"]
@@ -40,10 +45,27 @@ def labels_of(dataset: Dataset) -> np.ndarray:
         return dataset.tensors[-1].cpu().numpy()
     if isinstance(dataset, Subset):
         return labels_of(dataset.dataset)[np.asarray(dataset.indices)]
+    if isinstance(dataset, ConcatDataset):
+        return np.concatenate([labels_of(d) for d in dataset.datasets])
     targets = getattr(dataset, "targets", None)
     if targets is not None:
         return np.asarray(targets.cpu() if isinstance(targets, torch.Tensor) else targets)
     return np.asarray([int(dataset[i][1]) for i in range(len(dataset))])
+
+
+def concat(first: Dataset, second: Dataset) -> Dataset:
+    """``first`` followed by ``second`` (tensor datasets stay one ``TensorDataset``)."""
+    if isinstance(first, TensorDataset) and isinstance(second, TensorDataset):
+        return TensorDataset(*(torch.cat([a, b]) for a, b in zip(first.tensors, second.tensors)))
+    return ConcatDataset([first, second])
+
+
+def take(dataset: Dataset, indices: np.ndarray) -> Dataset:
+    """The samples ``indices`` of ``dataset`` (a ``TensorDataset`` is sliced, so batches stay cheap)."""
+    if isinstance(dataset, TensorDataset):
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return TensorDataset(*(t[index] for t in dataset.tensors))
+    return Subset(dataset, np.asarray(indices).tolist())
 
 
 def work_item_loader(n: int) -> DataLoader:
@@ -60,30 +82,46 @@ class FederatedDataModule(pl.LightningDataModule):
     """Base class of federated datamodules.
 
     Args:
-        num_clients: number of clients (for ``natural``, must equal the number of keys).
-        partition: ``iid``, ``dirichlet``, ``shards``, ``classes`` or ``natural``.
-        alpha: Dirichlet concentration (``dirichlet``), > 0.
-        min_samples: smallest client size accepted by ``dirichlet``.
-        shards_per_client: label-sorted shards per client (``shards``; 1 is the sorted split).
-        classes_per_client: distinct classes per client (``classes``).
+        num_clients: number of clients; None takes the partitioner's ``num_partitions``, or the
+            number of keys of a natural partition, or 10.
+        partitioner: how the pool is split into clients (default ``IidPartitioner()``); see
+            :mod:`fl_lightning.datamodules.partitioners`.
+        partition: shortcut for a partitioner: ``iid``, ``dirichlet``, ``shards``, ``classes`` or
+            ``natural`` (:func:`~fl_lightning.datamodules.partitioners.from_shortcut`); not with
+            ``partitioner``.
+        alpha: Dirichlet concentration of ``partition="dirichlet"`` (default 0.5), > 0.
+        min_samples: smallest client size of ``partition="dirichlet"`` (default 1).
+        shards_per_client: label-sorted shards per client of ``partition="shards"`` (default 2;
+            1 is the sorted split).
+        classes_per_client: distinct classes per client of ``partition="classes"`` (default 2).
+        subsample: which samples of the pool are kept before partitioning (e.g. the "-ST"
+            ``ImbalancedSubsample``); the test set is unchanged.
+        pool_test_set: add the global test set to the pool before partitioning; the clients'
+            test splits (``test_fraction``) are then the test set (FedProxVR's setting).
         val_fraction: fraction of each client's data held out as its validation split; their
             union is the validation set (``val_dataloader``). 0 runs without validation.
         test_fraction: fraction of each client's data held out as its test split.
         unseen_fraction: fraction of clients never sampled for training (evaluated as unseen).
         batch_size: clients' local mini-batch size.
         eval_batch_size: batch size of evaluation loaders.
-        seed: seed of the partition and the splits.
+        seed: seed of the partition (unless the partitioner has its own) and the splits.
         print_summary: print the per-client summary at setup.
     """
 
+    #: the ``partition_by`` value that means the labels (a datamodule over a table: its label column)
+    label_column: str = "label"
+
     def __init__(
         self,
-        num_clients: int = 10,
-        partition: str = "iid",
-        alpha: float = 0.5,
-        min_samples: int = 1,
-        shards_per_client: int = 2,
-        classes_per_client: int = 2,
+        num_clients: Optional[int] = None,
+        partitioner: Optional[Partitioner] = None,
+        partition: Optional[str] = None,
+        alpha: Optional[float] = None,
+        min_samples: Optional[int] = None,
+        shards_per_client: Optional[int] = None,
+        classes_per_client: Optional[int] = None,
+        subsample: Optional[Subsample] = None,
+        pool_test_set: bool = False,
         val_fraction: float = 0.1,
         test_fraction: float = 0.0,
         unseen_fraction: float = 0.0,
@@ -93,14 +131,19 @@ class FederatedDataModule(pl.LightningDataModule):
         print_summary: bool = False,
     ) -> None:
         super().__init__()
-        if partition not in P.PARTITIONS:
-            raise ValueError(f"partition must be one of {P.PARTITIONS}, got {partition!r}")
-        check_int("num_clients", num_clients, 1)
-        if partition == "dirichlet":
-            check_number("alpha", alpha, 0.0, low_open=True)
-        check_int("min_samples", min_samples, 0)
-        check_int("shards_per_client", shards_per_client, 1)
-        check_int("classes_per_client", classes_per_client, 1)
+        self.partitioner = resolve_partitioner(
+            partitioner, partition, alpha=alpha, min_samples=min_samples, shards_per_client=shards_per_client,
+            classes_per_client=classes_per_client) or self.default_partitioner()
+        if num_clients is not None:
+            check_int("num_clients", num_clients, 1)
+        wanted = self.partitioner.num_partitions
+        if num_clients is not None and wanted is not None and num_clients != wanted:
+            raise ValueError(f"num_clients={num_clients} but the partitioner makes num_partitions={wanted}; "
+                             "set one of the two")
+        if num_clients is None:
+            num_clients = wanted if wanted is not None or self.partitioner.counts_partitions else 10
+        if subsample is not None and not isinstance(subsample, Subsample):
+            raise ValueError(f"subsample must be a Subsample (e.g. ImbalancedSubsample) or None, got {subsample!r}")
         for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction),
                             ("unseen_fraction", unseen_fraction)):
             check_number(name, value, 0.0, 1.0)
@@ -110,14 +153,18 @@ class FederatedDataModule(pl.LightningDataModule):
         check_int("eval_batch_size", eval_batch_size, 1)
         check_int("seed", seed, 0)
         # checkpointed, but not merged into the logger's hyperparameters: the names a datamodule and
-        # an algorithm share (seed, alpha) would make Lightning refuse to log them
+        # an algorithm share (seed, alpha) would make Lightning refuse to log them. Objects (the
+        # partitioner, a subsample, a dataset) are kept as their repr, so that checkpoints hold
+        # plain data only and load with weights_only=True
         self.save_hyperparameters(logger=False)
-        self.num_clients = num_clients
+        objects = {k: v for k, v in self.hparams.items() if not is_plain(v)}
+        if objects:
+            self.save_hyperparameters(ignore=list(objects), logger=False)
+            self.hparams.update({k: repr(v) for k, v in objects.items()})
+        self.num_clients: Optional[int] = num_clients
         self.partition = partition
-        self.alpha = alpha
-        self.min_samples = min_samples
-        self.shards_per_client = shards_per_client
-        self.classes_per_client = classes_per_client
+        self.subsample = subsample
+        self.pool_test_set = pool_test_set
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         self.unseen_fraction = unseen_fraction
@@ -136,24 +183,42 @@ class FederatedDataModule(pl.LightningDataModule):
         """The pool of samples to partition and the global test set (or None)."""
         raise NotImplementedError
 
+    def default_partitioner(self) -> Partitioner:
+        """The partitioner used when neither ``partitioner`` nor ``partition`` is given."""
+        return IidPartitioner()
+
     def partition_keys(self) -> Sequence:
-        """Per-sample keys of the ``natural`` partition (writer, device...)."""
+        """Per-sample keys of the natural partition (writer, device...) of the pool :meth:`build_datasets` built."""
         raise ValueError(f"{type(self).__name__} has no natural partition; choose another partition")
+
+    def partition_column(self, name: str) -> Sequence:
+        """The values of column ``name`` for every sample of the pool :meth:`build_datasets` built
+        (what a partitioner's ``partition_by`` names)."""
+        raise ValueError(f"{type(self).__name__} has no column {name!r}: its partitioners read the labels "
+                         f"(partition_by=None or {self.label_column!r}) or its natural keys (NaturalIdPartitioner())")
 
     # ---------------------------------------------------------------- setup
     def setup(self, stage: Optional[str] = None) -> None:
         if self.splits:
             return
-        self.pool, self.test_set = self.build_datasets()
+        pool, self.test_set = self.build_datasets()
+        built = len(pool)
+        if self.pool_test_set:
+            if self.test_set is None:
+                raise ValueError(f"pool_test_set=True but {type(self).__name__} has no test set to add to the pool")
+            pool, self.test_set = concat(pool, self.test_set), None
+        kept = None if self.subsample is None else np.asarray(self.subsample.indices(labels_of(pool)))
+        self.pool = pool if kept is None else take(pool, kept)
         labels = labels_of(self.pool)
-        if self.num_clients > len(labels):
+        if self.num_clients is not None and self.num_clients > len(labels):
             raise ValueError(f"num_clients={self.num_clients} is more than the {len(labels)} samples of the data: every "
                              "client needs at least one")
-        parts = self._partition(labels)
+        values = self._partition_values(labels, built, kept)
+        parts = self.partitioner.split(values, self.num_clients, seed=self.seed)
         self.num_clients = len(parts)
         fractions = [self.val_fraction, self.test_fraction]
         if any(fractions):
-            split = [P.stratified_split(p, labels, fractions, seed=self.seed + 1 + i) for i, p in enumerate(parts)]
+            split = [stratified_split(p, labels, fractions, seed=self.seed + 1 + i) for i, p in enumerate(parts)]
         else:
             none = np.array([], dtype=np.int64)
             split = [(np.sort(p), none, none) for p in parts]
@@ -171,17 +236,19 @@ class FederatedDataModule(pl.LightningDataModule):
         if self.print_summary:
             print(self.summary())
 
-    def _partition(self, labels: np.ndarray) -> list[np.ndarray]:
-        n, k, s = len(labels), self.num_clients, self.seed
-        if self.partition == "iid":
-            return P.iid(n, k, seed=s)
-        if self.partition == "dirichlet":
-            return P.dirichlet(labels, k, self.alpha, min_samples=self.min_samples, seed=s)
-        if self.partition == "shards":
-            return P.shards(labels, k, self.shards_per_client, seed=s)
-        if self.partition == "classes":
-            return P.classes(labels, k, self.classes_per_client, seed=s)
-        return P.natural(self.partition_keys(), k)
+    def _partition_values(self, labels: np.ndarray, built: int, kept: Optional[np.ndarray]) -> np.ndarray:
+        """What the partitioner reads: the labels of the pool, or its natural keys, or the
+        ``partition_by`` column (both given for the built pool, then subsampled like it)."""
+        by = self.partitioner.partition_by
+        if by == self.label_column or (by is None and not self.partitioner.reads_keys):
+            return labels
+        values = np.asarray(self.partition_keys() if by is None else self.partition_column(by))
+        what = "natural keys" if by is None else f"values in column {by!r}"
+        if len(values) != built or self.pool_test_set:
+            raise ValueError(f"{type(self).__name__} gives {len(values)} {what} for a pool of {built} samples"
+                             f"{' plus the test set (pool_test_set=True)' if self.pool_test_set else ''}: every "
+                             "sample needs one")
+        return values if kept is None else values[kept]
 
     # --------------------------------------------------------------- access
     def client_data(self, client_id: int, split: Split = "train") -> ClientData:
@@ -208,6 +275,10 @@ class FederatedDataModule(pl.LightningDataModule):
                 h.update(b"|")
         return h.hexdigest()[:16]
 
+    def partition_name(self) -> str:
+        """The partition in words: the shortcut and its partitioner, or the partitioner."""
+        return f"{self.partition} ({self.partitioner!r})" if self.partition else repr(self.partitioner)
+
     def label_histogram(self, client_id: int, split: Split = "train") -> np.ndarray:
         """Counts per class of the client's ``split``."""
         labels = labels_of(self.pool)
@@ -217,7 +288,7 @@ class FederatedDataModule(pl.LightningDataModule):
     def summary(self, max_clients: int = 20) -> str:
         """A table: samples per split and the training label histogram of each client."""
         lines = [
-            f"{type(self).__name__}: {self.num_clients} clients, partition={self.partition}, "
+            f"{type(self).__name__}: {self.num_clients} clients, partition={self.partition_name()}, "
             f"{len(self.train_clients)} training / {len(self.unseen_clients)} unseen",
             f"{'client':>6} {'train':>6} {'val':>5} {'test':>5}  label histogram (train)",
         ]
@@ -264,3 +335,33 @@ class FederatedDataModule(pl.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """The global test set (``trainer.predict(module, datamodule=dm)``: the global model's outputs)."""
         return DataLoader(self.global_test_set(), batch_size=self.eval_batch_size)
+
+
+def resolve_partitioner(
+    partitioner: Optional[Partitioner],
+    partition: Optional[str],
+    **flat: Optional[float],
+) -> Optional[Partitioner]:
+    """The partitioner of a datamodule's arguments: ``partitioner``, or the shortcut ``partition``
+    with its flat arguments (``alpha``, ``min_samples``, ``shards_per_client``,
+    ``classes_per_client``; None ones take their defaults), or None when neither is given."""
+    given = {name: value for name, value in flat.items() if value is not None}
+    if partitioner is not None:
+        if not isinstance(partitioner, Partitioner):
+            raise ValueError(f"partitioner must be a Partitioner (e.g. DirichletPartitioner(alpha=0.5)) or None, "
+                             f"got {partitioner!r}")
+        shortcut = {"partition": partition, **given} if partition is not None else given
+        if shortcut:
+            name, value = next(iter(shortcut.items()))
+            raise ValueError(f"{name}={value!r} is a shortcut argument, but partitioner={partitioner!r} is given; "
+                             "give the partitioner or the shortcut, not both")
+        return partitioner
+    if partition is not None and partition not in SHORTCUTS:
+        raise ValueError(f"partition must be one of {SHORTCUTS}, got {partition!r}")
+    uses = {"dirichlet": ("alpha", "min_samples"), "shards": ("shards_per_client",),
+            "classes": ("classes_per_client",)}
+    for name, value in given.items():
+        if name not in uses.get(partition or "", ()):
+            owner = next(shortcut for shortcut, names in uses.items() if name in names)
+            raise ValueError(f"{name}={value!r} is an argument of partition={owner!r}, but partition={partition!r}")
+    return None if partition is None else from_shortcut(partition, **given)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
 from fl_lightning.datamodules.base import FederatedDataModule
+from fl_lightning.datamodules.partitioners import NaturalIdPartitioner, Partitioner
 
 
 def read_leaf(folder: Path) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
@@ -54,13 +55,11 @@ class FEMNISTFederated(FederatedDataModule):
         test_fraction: float = 0.1,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("partition", "natural")
-        super().__init__(num_clients=num_clients or 1, test_fraction=test_fraction, **kwargs)
+        super().__init__(num_clients=num_clients, test_fraction=test_fraction, **kwargs)
         if pad_to < 28:
             raise ValueError(f"pad_to must be >= 28, got {pad_to}")
         self.root = Path(root)
         self.pad_to = pad_to
-        self.expected_clients = num_clients
         self._writers: Optional[np.ndarray] = None
 
     def build_datasets(self) -> tuple[Dataset, Optional[Dataset]]:
@@ -72,9 +71,8 @@ class FEMNISTFederated(FederatedDataModule):
             per_user.append(read_leaf(folder))
         names = sorted({u for _, _, users in per_user for u in users})
         index = {u: i for i, u in enumerate(names)}
-        if self.expected_clients is not None and self.expected_clients != len(names):
-            raise ValueError(f"num_clients={self.expected_clients} but the LEAF files hold {len(names)} writers")
-        self.num_clients = len(names)
+        if self.num_clients is not None and self.num_clients != len(names):
+            raise ValueError(f"num_clients={self.num_clients} but the LEAF files hold {len(names)} writers")
         x = np.concatenate([a for xs, _, _ in per_user for a in xs])
         y = np.concatenate([a for _, ys, _ in per_user for a in ys])
         self._writers = np.concatenate(
@@ -83,6 +81,10 @@ class FEMNISTFederated(FederatedDataModule):
         pad = self.pad_to - 28
         images = F.pad(images, (pad // 2, pad - pad // 2, pad // 2, pad - pad // 2))
         return TensorDataset(images, torch.from_numpy(y)), None
+
+    def default_partitioner(self) -> Partitioner:
+        """One client per writer (``NaturalIdPartitioner()``)."""
+        return NaturalIdPartitioner()
 
     def partition_keys(self) -> Sequence:
         assert self._writers is not None

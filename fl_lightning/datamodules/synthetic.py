@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from fl_lightning.datamodules.base import FederatedDataModule
+from fl_lightning.datamodules.partitioners import NaturalIdPartitioner, Partitioner
 from fl_lightning.validation import check_int, check_number
 
 
@@ -93,11 +94,10 @@ class SyntheticFederated(FederatedDataModule):
         min_samples: int = 50,
         max_samples: int = 2000,
         num_clients: int = 30,
-        partition: str = "natural",
         test_fraction: float = 0.2,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_clients=num_clients, partition=partition, test_fraction=test_fraction, **kwargs)
+        super().__init__(num_clients=num_clients, test_fraction=test_fraction, **kwargs)
         check_synthetic(alpha, beta, dim, num_classes, min_samples, max_samples)
         check_int("num_clients", num_clients, 1)
         needed = num_clients * min_samples * (dim + 2) * 4  # bytes of the smallest possible data
@@ -114,6 +114,10 @@ class SyntheticFederated(FederatedDataModule):
         x, y, owner = synthetic_clients(self.num_clients, seed=self.seed, **self.synthetic)
         self._owner = owner
         return TensorDataset(torch.from_numpy(x), torch.from_numpy(y).long()), None
+
+    def default_partitioner(self) -> Partitioner:
+        """One client per generated client (``NaturalIdPartitioner()``)."""
+        return NaturalIdPartitioner()
 
     def partition_keys(self) -> Sequence:
         assert self._owner is not None

@@ -13,6 +13,8 @@ which are tested on their own against hand-computed values.
   median, coordinate median, trimmed mean, Krum, Bulyan, centered clipping);
 * :mod:`~fl_lightning.functional.attacks`: Byzantine attack formulas and the choice of Byzantine clients;
 * :mod:`~fl_lightning.functional.dro`: distributionally robust objectives as compositional problems;
+* :mod:`~fl_lightning.functional.partition`: client partitions of labels or keys (the
+  partitioner objects of :mod:`fl_lightning.datamodules.partitioners` wrap them);
 * :mod:`~fl_lightning.functional.fedproxvr_theory`: FedProxVR's convergence theory as numbers
   (imported from its module: its names are the paper's).
 """
