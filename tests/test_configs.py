@@ -48,14 +48,17 @@ def code_text(path: Path) -> str:
 
 def documented_commands() -> list[tuple[str, list[str]]]:
     """(where, arguments after ``fl-lightning fit``) of every fit command with a ``--config`` in the
-    documents; commands with placeholders (``<...>``, ``$VAR``) are left out."""
+    documents (``--ckpt_path``, which only ``fit`` itself takes, dropped); commands with
+    placeholders (``<...>``, ``$VAR``, ``...``) are left out."""
     commands = []
     for path in DOCUMENTS:
         for match in re.finditer(r"fl-lightning fit( [^\n]*)?", code_text(path)):
             line = (match.group(1) or "").split(";")[0].split("#")[0]
-            if "--config" not in line or "<" in line or "$" in line:
+            if "--config" not in line or "<" in line or "$" in line or "..." in line:
                 continue
             args = [a for a in shlex.split(line) if a != "--print_config"]
+            if "--ckpt_path" in args:
+                del args[args.index("--ckpt_path"):args.index("--ckpt_path") + 2]
             commands.append((f"{path.relative_to(ROOT)}: fl-lightning fit{line.rstrip()}", args))
     return commands
 

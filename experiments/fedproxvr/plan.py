@@ -31,7 +31,7 @@ TABLE1 = {"FedAvg": ["table1_mnist_logreg.yaml", "table1/fedavg.yaml"], "FedProx
 TABLE2 = {"FedAvg": ["table2_mnist_cnn.yaml", "table2/fedavg.yaml"], "FedProxVR (SVRG)": ["table2_mnist_cnn.yaml"],
           "FedProxVR (SARAH)": ["table2_mnist_cnn.yaml", "table2/sarah.yaml"]}
 MU_20 = ["data.init_args.num_clients=20", "model.init_args.clients_per_round=20"]
-SMALL_CNN = ["data.init_args.used_fraction=0.03", "model.init_args.local_steps=10", "data.init_args.batch_size=16"]
+SMALL_CNN = ["data.init_args.partitioner.init_args.used_fraction=0.03", "model.init_args.local_steps=10", "data.init_args.batch_size=16"]
 #: study -> (rows, rounds, evaluated every, scale-down overrides, seeds)
 STUDIES: dict[str, tuple[dict[str, list[str]], int, int, list[str], tuple[int, ...]]] = {
     "mu": (MU, 25, 1, MU_20, (0, 1, 2)),
@@ -43,7 +43,7 @@ STUDIES: dict[str, tuple[dict[str, list[str]], int, int, list[str], tuple[int, .
     "table2_r50": (TABLE2, 50, 2, SMALL_CNN, (0, 1, 2)),
     "table2_sarah_beta20": ({"FedProxVR (SARAH)": TABLE2["FedProxVR (SARAH)"]}, 5, 1,
                             [*SMALL_CNN, "model.init_args.beta=20"], (0, 1)),
-    "table2_gpu": (TABLE2, 300, 10, ["data.init_args.used_fraction=0.3"], (0, 1, 2)),
+    "table2_gpu": (TABLE2, 300, 10, ["data.init_args.partitioner.init_args.used_fraction=0.3"], (0, 1, 2)),
 }
 
 

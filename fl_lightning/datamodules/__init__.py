@@ -3,7 +3,6 @@
 from fl_lightning.datamodules.base import FederatedDataModule, labels_of
 from fl_lightning.datamodules.client_data import ClientData
 from fl_lightning.datamodules.huggingface import HuggingFaceFederated
-from fl_lightning.datamodules.imbalanced import CIFAR10STFederated, CIFAR100STFederated, MNISTSTFederated
 from fl_lightning.datamodules.leaf import FEMNISTFederated
 from fl_lightning.datamodules.partitioners import (
     DirichletPartitioner,
@@ -16,7 +15,6 @@ from fl_lightning.datamodules.partitioners import (
     ShardPartitioner,
     SortedPartitioner,
 )
-from fl_lightning.datamodules.powerlaw import PowerLawFashionMNIST, PowerLawMNIST
 from fl_lightning.datamodules.subsample import ImbalancedSubsample, Subsample, st_indices
 from fl_lightning.datamodules.synthetic import SyntheticFederated, synthetic_clients
 from fl_lightning.datamodules.vision import (
@@ -29,9 +27,7 @@ from fl_lightning.datamodules.vision import (
 
 __all__ = [
     "CIFAR100Federated",
-    "CIFAR100STFederated",
     "CIFAR10Federated",
-    "CIFAR10STFederated",
     "ClientData",
     "DirichletPartitioner",
     "FEMNISTFederated",
@@ -42,12 +38,9 @@ __all__ = [
     "IidPartitioner",
     "ImbalancedSubsample",
     "MNISTFederated",
-    "MNISTSTFederated",
     "NaturalIdPartitioner",
     "PathologicalPartitioner",
     "Partitioner",
-    "PowerLawFashionMNIST",
-    "PowerLawMNIST",
     "PowerLawPartitioner",
     "ShardPartitioner",
     "SortedPartitioner",
