@@ -90,19 +90,20 @@ class StateVector:
             for t, v in zip(self.tensors, self.layout.split(vector)):
                 t.copy_(v)
 
-    def grads(self) -> list[Tensor]:
-        """The parameters' gradients (zeros where a gradient is None), as live tensors."""
-        return [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
-
     def set_grads(self, grads: Sequence[Tensor]) -> None:
-        """Make ``grads`` (shaped like the parameters) the parameters' ``.grad``, without copying
-        tensors that already are."""
-        for p, g in zip(self.params, grads):
-            if p.grad is not g:
-                p.grad = g.to(dtype=p.dtype, device=p.device)
+        """Make ``grads`` (shaped like the parameters) the parameters' ``.grad`` (see :func:`set_grads`)."""
+        set_grads(self.params, grads)
 
 
-def loss_gradient(loss: Tensor, params: Sequence[Tensor]) -> list[Tensor]:
-    """``d loss / d params`` shaped like ``params`` (zeros for parameters the loss does not use)."""
-    grads = torch.autograd.grad(loss, list(params), allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+def set_grads(params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
+    """Make ``grads`` the ``.grad`` of ``params`` (same shapes), for an optimizer step along them.
+
+    A tensor that already is a parameter's gradient is not copied. A frozen parameter
+    (``requires_grad=False``) keeps no gradient, so a ``torch.optim`` optimizer leaves it as it
+    is, as in plain training (not even weight decay or momentum move it).
+    """
+    for p, g in zip(params, grads):
+        if not p.requires_grad:
+            p.grad = None
+        elif p.grad is not g:
+            p.grad = g.to(dtype=p.dtype, device=p.device)

@@ -9,6 +9,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
 
 from fl_lightning.algorithms import (
     RAGA,
@@ -87,15 +88,34 @@ def test_batched_equals_sequential(name):
     assert_close(outcome(sequential), outcome(batched), atol=1e-5)
 
 
-def test_ragged_clients_need_no_padding():
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_ragged_clients_need_no_padding(momentum):
     """local_epochs (clients with different step counts, a smaller last batch) and clients with fewer
-    samples than the batch size: grouped by batch shape, equal to sequential."""
-    epochs = lambda b, k: FedAvg(mlp(0.9), clients_per_round=5, local_epochs=2, client_backend=b,  # noqa: E731
+    samples than the batch size: grouped by batch shape, equal to sequential (with and without
+    momentum buffers in the optimizer state)."""
+    epochs = lambda b, k: FedAvg(mlp(momentum), clients_per_round=5, local_epochs=2, client_backend=b,  # noqa: E731
                                  clients_per_block=k)
     assert_close(outcome(fitted(epochs, "sequential")[0]), outcome(fitted(epochs, "batched")[0]), atol=1e-5)
     small = SUPPORTED["SCAFFOLD"]
     a, b = fitted(small, "sequential", batch_size=64), fitted(small, "batched", batch_size=64)
     assert_close(outcome(a[0]), outcome(b[0]), atol=1e-5)
+
+
+def test_frozen_parameters_stay_frozen():
+    """A parameter with requires_grad=False moves in neither backend, even with weight decay and
+    momentum (torch.optim.SGD skips a parameter without a gradient); the rest equals sequential."""
+
+    def make(backend, block):
+        client = mlp(0.9, 1e-2)
+        client.net[1].weight.requires_grad_(False)
+        return FedAvg(client, clients_per_round=5, **common(backend, block))
+
+    frozen = mlp().net[1].weight.detach().clone()
+    (seq, _), (bat, _) = fitted(make, "sequential"), fitted(make, "batched")
+    for module in (seq, bat):
+        assert torch.equal(module.client.net[1].weight, frozen)
+        assert not torch.equal(module.client.net[-1].weight, mlp().net[-1].weight)
+    assert_close(outcome(seq), outcome(bat), atol=1e-5)
 
 
 class BatchNormClient(pl.LightningModule):
@@ -193,6 +213,26 @@ class Counting(DropoutClient):
         return super().training_step(batch, batch_idx)
 
 
+class PythonStateClient(DropoutClient):
+    """A training_step that keeps per-client Python state in one of several ways."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind, self._calls, self.history = kind, 0, []
+        self.accuracy = MulticlassAccuracy(num_classes=10)
+
+    def training_step(self, batch, batch_idx):
+        if self.kind == "private counter":
+            self._calls += 1
+        elif self.kind == "list":
+            self.history.append(batch_idx)
+        elif self.kind == "metric":
+            self.accuracy.update(self(batch[0]), batch[1])
+        elif self.kind == "item":
+            self.log("loss_value", F.cross_entropy(self(batch[0]), batch[1]).item())
+        return super().training_step(batch, batch_idx)
+
+
 class AdamClient(DropoutClient):
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-3)
@@ -203,6 +243,14 @@ class AdamClient(DropoutClient):
     [
         (lambda: FedAvg(Counting(), clients_per_round=2, local_steps=2, client_backend="batched"),
          r"training_step changes Python state \(steps_taken\).*client_backend='sequential'"),
+        (lambda: FedAvg(PythonStateClient("private counter"), clients_per_round=2, local_steps=2,
+                        client_backend="batched"), r"changes Python state \(_calls\)"),
+        (lambda: FedAvg(PythonStateClient("list"), clients_per_round=2, local_steps=2, client_backend="batched"),
+         r"changes Python state \(history\)"),
+        (lambda: FedAvg(PythonStateClient("metric"), clients_per_round=2, local_steps=2, client_backend="batched"),
+         r"changes Python state \(accuracy._update_count"),
+        (lambda: FedAvg(PythonStateClient("item"), clients_per_round=2, local_steps=2, client_backend="batched"),
+         r"FedAvg.client_step cannot be vectorized over clients.*\.item\(\).*client_backend='sequential'"),
         (lambda: FedAvg(AdamClient(), clients_per_round=2, local_steps=2, client_backend="batched"),
          r"supports \['SGD'\].*returned Adam: use client_backend='sequential'"),
         (lambda: FedProxVR(mlp(), local_steps=2, client_backend="batched"),

@@ -32,7 +32,7 @@ from fl_lightning.models.hypernetwork import HyperNetwork, HyperNetworkSize, mea
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
-from fl_lightning.vectors import Layout
+from fl_lightning.vectors import Layout, set_grads
 
 ServerOptimizer = Literal["adam", "sgd"]
 
@@ -213,8 +213,7 @@ class HypernetworkFederation(FederatedModule):
         everything: list[nn.Parameter] = []
         for name, (params, lam) in self.server_groups().items():
             g = regularized_pseudo_gradient(aggregate[name].to(self.device), Layout.flatten(params), lam)
-            for p, part in zip(params, Layout([p.shape for p in params], len(params)).split(g)):
-                p.grad = part.to(p.dtype)
+            set_grads(params, Layout([p.shape for p in params], len(params)).split(g))
             everything += params
         if self.server_clip is not None:
             torch.nn.utils.clip_grad_norm_(everything, self.server_clip)

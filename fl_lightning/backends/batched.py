@@ -27,7 +27,9 @@ What it refuses, with the reason and the way out: local optimizers other than
 ``torch.optim.SGD``; ``16-mixed`` (its loss scaler steps one optimizer); algorithms whose local
 rule is not a function of tensors (``batchable = False``: a torch optimizer of their own, a
 start model generated with a graph); a ``training_step`` that changes Python state of the client
-module (a counter, a torchmetrics ``Metric`` updated there), detected at the first step.
+module (a counter, a list it appends to, a tensor kept on ``self``, a torchmetrics ``Metric``
+updated there), checked at every vectorized step; and one that reads a tensor's value in Python
+(``.item()``, an ``if`` on a tensor), which ``vmap`` cannot run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.data import extract_batch_size
 from torch import Tensor, nn
@@ -244,7 +247,6 @@ class BatchedBackend(ClientBackend):
         self.clients_per_block = clients_per_block
         self._blocks: list[_Block] = []
         self._lockstep_clients: list[list[int]] = []
-        self._checked_state = False
 
     # ------------------------------------------------------------ schedule
     def num_work_items(self, module: "FederatedModule") -> int:
@@ -255,7 +257,7 @@ class BatchedBackend(ClientBackend):
         return math.ceil(math.ceil(module.clients_per_round / world) / self.clients_per_block)
 
     def start_round(self, module: "FederatedModule", clients: list[int]) -> list[Any]:
-        self._blocks, self._checked_state = [], False
+        self._blocks = []
         blocks = [clients[i : i + self.clients_per_block] for i in range(0, len(clients), self.clients_per_block)]
         if module.lockstep:
             self._lockstep_clients = blocks
@@ -386,7 +388,10 @@ class BatchedBackend(ClientBackend):
                              "backend needs the same structure for every client: use client_backend='sequential'")
         _, _, (_, spec, static, _) = results[0]
         if len(results) == 1 and results[0][1] is None:  # every client, one call: take the new carry as it is
-            block.tensors, block.spec, block.static = results[0][2][0], spec, static
+            # (a value the step made without the client dimension, a constant, comes out of vmap expanded: give
+            # it memory of its own, since later steps write into the carry in place)
+            block.tensors = [t.contiguous() if t.dim() and t.stride(0) == 0 else t for t in results[0][2][0]]
+            block.spec, block.static = spec, static
             return
         if repr(spec) == repr(block.spec) and static == block.static:  # same structure: overwrite the groups' rows
             for _, index, (tensors, _, _, _) in results:
@@ -421,11 +426,20 @@ class BatchedBackend(ClientBackend):
                 return new_tensors, ({} if out is None else {"share": out}), run.logs
             return new_tensors, _named_outputs(out), run.logs
 
-        guard = None if self._checked_state else _PythonState(module.client)
-        new_tensors, outputs, logs = vmap(one_client, randomness="different")(tensors, batch, extras)
-        if guard is not None:
-            guard.check()
-            self._checked_state = True
+        guard = _PythonState(module.client)
+        try:
+            new_tensors, outputs, logs = vmap(one_client, randomness="different")(tensors, batch, extras)
+        except RuntimeError as error:
+            if "vmap" not in str(error):
+                raise
+            guard.check()  # a Metric's update, a counter: the clearer reason, where it is one
+            raise ValueError(
+                f"{type(module).__name__}.{'client_step' if phase == 'step' else 'client_share'} cannot be vectorized "
+                "over clients: the client module's training_step (or the algorithm's step) reads a tensor's value in "
+                "Python (.item(), float(), bool(), an if on a tensor, a torchmetrics update) or calls an operation "
+                "torch.func.vmap does not support; use client_backend='sequential' (torch's message follows)"
+            ) from error
+        guard.check()
         for name, (total, size) in logs.items():
             module.client_logs.add(name, total.sum(), int(size.sum()), side["options"].get(name, {}))
         return new_tensors, side["spec"], side["static"], outputs
@@ -491,21 +505,36 @@ def _named_outputs(out: Any) -> dict[str, Tensor]:
     return dict(out) if isinstance(out, dict) else {"loss": out}
 
 
+#: attributes that Lightning and torch keep on every module (not the client's own Python state)
+_FRAMEWORK_ATTRIBUTES = frozenset(vars(pl.LightningModule())) | {"log"}
+
+
 class _PythonState:
-    """Detects a ``training_step`` that changes Python values of the client module (a counter, a
-    torchmetrics Metric's update count): in a vectorized step it runs once for the whole block."""
+    """Detects a ``training_step`` that changes Python state of the client module: in a vectorized
+    step it runs once for the whole block, not once per client, so a counter, a list it appends
+    to, a tensor it keeps or a torchmetrics ``Metric`` it updates would be wrong.
+
+    The snapshot holds every attribute of the client module and its submodules but Lightning's
+    and torch's own: scalars and strings by value, containers by length, other objects (tensors
+    kept on ``self``) by identity.
+    """
 
     def __init__(self, client: nn.Module) -> None:
         self.client = client
         self.before = self._snapshot()
 
     def _snapshot(self) -> dict[tuple[str, str], Any]:
-        values = {}
+        values: dict[tuple[str, str], Any] = {}
         for prefix, mod in self.client.named_modules():
             for key, value in vars(mod).items():
-                tracked = not key.startswith("_") or (isinstance(mod, Metric) and key == "_update_count")
-                if tracked and isinstance(value, (bool, int, float, str)):
+                if key in _FRAMEWORK_ATTRIBUTES and not (isinstance(mod, Metric) and key == "_update_count"):
+                    continue
+                if isinstance(value, (bool, int, float, str)) or value is None:
                     values[(prefix, key)] = value
+                elif isinstance(value, (list, dict, set, tuple)):
+                    values[(prefix, key)] = ("len", len(value))
+                elif isinstance(value, Tensor):
+                    values[(prefix, key)] = ("id", id(value))
         return values
 
     def check(self) -> None:

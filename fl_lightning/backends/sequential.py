@@ -25,6 +25,7 @@ from fl_lightning.backends.base import ClientBackend
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
 from fl_lightning.run import ClientRun, Model
 from fl_lightning.update import ClientUpdate
+from fl_lightning.vectors import set_grads
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
@@ -163,9 +164,7 @@ class ModuleRun(ClientRun):
             return self.module.functional_client.forward(tensors, *args)
 
     def step(self, grads: Sequence[Tensor]) -> None:
-        for p, g in zip(self._params, grads):
-            if p.grad is not g:
-                p.grad = g.to(dtype=p.dtype, device=p.device)
+        set_grads(self._params, grads)
         scaler = self._scaler
         if scaler is not None and self._unscaled:
             scaler.step(self.optimizer)  # skipped if the unscaled gradients had an Inf/NaN

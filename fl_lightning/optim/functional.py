@@ -5,13 +5,16 @@ Nesterov, weight decay; per parameter group) with the same arithmetic, as a func
 parameters, their gradients and the optimizer state that ``torch.func.vmap`` can batch. Like
 ``torch.optim.SGD`` it updates the parameters and momentum buffers in place: for a block of
 clients these are large stacked tensors, and a new allocation per step would cost more than the
-arithmetic. The state is a list of momentum buffers (empty before the first step).
+arithmetic. The state is a list with one momentum buffer per parameter (None for a parameter
+without momentum; the list is empty before the first step). Frozen parameters
+(``requires_grad=False``) and parameters the optimizer does not hold are never moved, as
+``torch.optim.SGD`` leaves them in plain training.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -29,6 +32,8 @@ class SGDHyperparameters:
     dampening: float
     weight_decay: float
     nesterov: bool
+    #: the parameter is frozen (``requires_grad=False``): the step leaves it as it is
+    frozen: bool = False
 
 
 class FunctionalSGD:
@@ -46,7 +51,9 @@ class FunctionalSGD:
         """The learning rate of the first parameter."""
         return self.groups[0].lr
 
-    def step_(self, params: Sequence[Tensor], grads: Sequence[Tensor], state: Sequence[Tensor]) -> list[Tensor]:
+    def step_(
+        self, params: Sequence[Tensor], grads: Sequence[Tensor], state: Sequence[Optional[Tensor]]
+    ) -> list[Optional[Tensor]]:
         """One step, in place on ``params`` (and on the momentum buffers); returns the state.
 
         With ``d = g + weight_decay * p``: ``buf = d`` at the first step, else
@@ -54,15 +61,18 @@ class FunctionalSGD:
         with Nesterov), and ``p <- p - lr * direction``.
         """
         first = len(state) == 0
-        new_state = []
+        new_state: list[Optional[Tensor]] = []
         for i, (p, g, h) in enumerate(zip(params, grads, self.groups)):
+            if h.frozen or h.momentum == 0:
+                new_state.append(None)
+                if h.frozen:
+                    continue
             d = g.add(p, alpha=h.weight_decay) if h.weight_decay != 0 else g
             if h.momentum != 0:
-                buf = d.clone() if first else state[i].mul_(h.momentum).add_(d, alpha=1 - h.dampening)
+                previous = None if first else state[i]
+                buf = d.clone() if previous is None else previous.mul_(h.momentum).add_(d, alpha=1 - h.dampening)
                 new_state.append(buf)
                 d = d.add(buf, alpha=h.momentum) if h.nesterov else buf
-            else:
-                new_state.append(torch.zeros((), dtype=p.dtype, device=p.device))
             p.add_(d, alpha=-h.lr)
         return new_state
 
@@ -72,7 +82,7 @@ def functional_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[Tens
 
     Raises:
         ValueError: ``optimizer`` is not one of :data:`SUPPORTED`, or uses an option they do not
-            (``maximize``), or does not hold every parameter.
+            (``maximize``). Parameters it does not hold, like frozen ones, are left unchanged.
     """
     if type(optimizer) not in SUPPORTED:
         raise ValueError(
@@ -84,11 +94,11 @@ def functional_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[Tens
     groups = []
     for p in params:
         group = group_of.get(id(p))
-        if group is None:
-            raise ValueError("the client's optimizer must hold every parameter of the client module for the batched "
-                             "backend (a frozen parameter would still move); use client_backend='sequential'")
+        if group is None:  # a parameter the optimizer does not hold does not move
+            groups.append(SGDHyperparameters(0.0, 0.0, 0.0, 0.0, False, frozen=True))
+            continue
         if group.get("maximize", False):
             raise ValueError("the batched client backend does not support SGD(maximize=True)")
         groups.append(SGDHyperparameters(float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
-                                         float(group["weight_decay"]), bool(group["nesterov"])))
+                                         float(group["weight_decay"]), bool(group["nesterov"]), not p.requires_grad))
     return FunctionalSGD(groups)
