@@ -20,6 +20,7 @@ from fl_lightning.datamodules.partitioners import PowerLawPartitioner
 from fl_lightning.functional.partition import power_law
 from fl_lightning.datamodules.vision import TorchvisionFederated
 from fl_lightning.functional.prox import prox_step
+from fl_lightning.models import LogisticRegression
 from fl_lightning.models.fedproxvr_cnn import FedProxVRCNN
 from fl_lightning.optim import ProxSGD
 from fl_lightning.seeding import generator
@@ -179,11 +180,20 @@ def test_random_output_with_one_candidate_returns_the_global_model():
     assert (global_vector(module) - init).abs().max() > 1e-4
 
 
+class RecordStepSize(FedProxVR):
+    """Records the step size of every client's proximal optimizer, per round."""
+
+    def client_init(self, run):
+        super().client_init(run)
+        self.step_sizes = getattr(self, "step_sizes", {})
+        self.step_sizes.setdefault(run.round, set()).add(run.optimizer.param_groups[0]["lr"])
+
+
 def test_step_size_and_bad_arguments():
     assert FedProxVR(tiny_client(), beta=5.0, smoothness=2.0).eta == pytest.approx(0.1)
-    module = FedProxVR(tiny_client(lr=0.07), estimator="sarah", local_steps=2)
+    module = RecordStepSize(tiny_client(lr=0.07), estimator="sarah", local_steps=2)
     trainer(1).fit(module, synthetic(4))
-    assert module.eta == pytest.approx(0.07) and module.clients_per_round == 4
+    assert module.step_sizes == {0: {0.07}} and module.clients_per_round == 4
     for kwargs, message in [
         (dict(estimator="adam"), "estimator must be 'svrg', 'sarah' or 'sgd', got 'adam'"),
         (dict(mu=-0.1), "mu must be >= 0, got -0.1"),
@@ -275,3 +285,17 @@ def _ddp_run(devices: int) -> torch.Tensor:
 def test_two_processes_equal_one():
     one, two = _ddp_run(1), _ddp_run(2)
     assert (one - two).abs().max() <= 1e-5
+
+
+def test_the_step_size_follows_the_client_schedule_unless_fixed():
+    """With neither lr nor beta, eta is the client's scheduled rate of the round (MultiStepLR at rounds 2
+    and 3, factor 0.5); an explicit lr fixes it."""
+    torch.manual_seed(0)
+    scheduled = lambda: LogisticRegression(in_features=20, num_classes=10, lr=0.1, lr_milestones=[2, 3],  # noqa: E731
+                                           lr_gamma=0.5)
+    module = RecordStepSize(scheduled(), estimator="svrg", local_steps=2, output_iterate="last")
+    trainer(4).fit(module, synthetic(3))
+    assert {r: sorted(v) for r, v in module.step_sizes.items()} == {0: [0.1], 1: [0.1], 2: [0.05], 3: [0.025]}
+    fixed = RecordStepSize(scheduled(), estimator="svrg", local_steps=2, lr=0.3, output_iterate="last")
+    trainer(3).fit(fixed, synthetic(3))
+    assert {r: sorted(v) for r, v in fixed.step_sizes.items()} == {0: [0.3], 1: [0.3], 2: [0.3]}

@@ -329,3 +329,29 @@ def test_pefll_on_two_processes_equals_one():
     one, two = run(1), run(2)
     assert (one - two).abs().max() <= 1e-5
     assert (one - server_vector(pefll())).abs().max() > 1e-4  # it trained
+
+
+def test_pfedhn_gives_each_sampled_client_its_own_embedding_update_under_any_aggregator():
+    """The embedding table's upload is declared "sum": row i of the round's total is client i's own
+    ``de_i``, whatever the aggregator (a coordinate median would zero the rows: each is nonzero in one
+    upload only). One round of server SGD: ``e_i <- e_i + lr * de_i`` for the round's clients, others unchanged."""
+    from fl_lightning.callbacks import CoordinateMedian
+
+    class Record(FederatedCallback):
+        def on_client_update(self, trainer, module, update):
+            rows[update.client_id] = update.tensors["codes"].view(10, 4)[update.client_id].clone()
+            return update
+
+    rows = {}
+    torch.manual_seed(0)
+    module = PFedHN(tiny_client(hidden=(8,)), embedding_dim=4, clients_per_round=3, local_steps=2,
+                    hypernetwork_width=16, server_clip=None, lambda_e=0.0, server_lr=0.5)
+    trainer(1, callbacks=[Record(), CoordinateMedian()]).fit(module, data(10))
+    assert module.update_specs["codes"].reduction == "sum"
+    before = torch.randn(10, 4, generator=generator(0, "pfedhn-embeddings"))
+    after = module.client_embeddings.weight.detach()
+    assert sorted(rows) == sorted(module.round_clients)
+    for cid in range(10):
+        expected = before[cid] + 0.5 * rows[cid] if cid in rows else before[cid]
+        torch.testing.assert_close(after[cid], expected)
+    assert all(rows[c].abs().max() > 0 for c in rows)

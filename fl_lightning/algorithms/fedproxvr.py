@@ -47,7 +47,8 @@ class FedProxVR(FederatedModule):
         beta: step-size parameter, ``eta = 1 / (beta * smoothness)`` (the paper's form).
         smoothness: the smoothness constant ``L`` of the per-sample losses (with ``beta``).
             With neither ``lr`` nor ``beta``, ``eta`` is the learning rate of the client's
-            own optimizer (the step size FedAvg would use).
+            own optimizer in the round (the step size FedAvg would use, following the client's
+            learning-rate schedule, if any); ``lr`` or ``beta`` fix it for every round.
         local_steps: ``tau``, the variance-reduced minibatch steps after the full-gradient step.
         output_iterate: ``"random"`` (the paper's Algorithm 1: a uniform ``t'`` in ``{0..tau}``)
             or ``"last"`` (the authors' code).
@@ -98,14 +99,12 @@ class FedProxVR(FederatedModule):
         self.full_gradient_batch_size = full_gradient_batch_size
         if lr is None and beta is not None:
             lr = 1.0 / (beta * smoothness)  # type: ignore[operator]
-        self.eta = lr  # None: the client optimizer's learning rate, read in setup
+        self.eta = lr  # None: the client optimizer's scheduled learning rate of the round
 
     def setup(self, stage: str) -> None:
         if self.all_clients and stage == "fit":
             self.clients_per_round = len(self.datamodule.train_clients)
         super().setup(stage)
-        if self.eta is None:
-            self.eta = float(self.local_optimizer().param_groups[0]["lr"])
 
     # ------------------------------------------------------------ client side
     def output_index(self, client_id: int, round_idx: int) -> int:
@@ -123,7 +122,8 @@ class FedProxVR(FederatedModule):
         steps after it run up to the output iterate."""
         target = self.output_index(run.client_id, run.round)
         run.metrics["output_iterate"] = float(target)
-        run.optimizer = ProxSGD(run.params, lr=self.eta, mu=self.mu)  # anchors: the global model
+        eta = self.eta if self.eta is not None else run.lr
+        run.optimizer = ProxSGD(run.params, lr=eta, mu=self.mu)  # anchors: the global model
         if self.estimator == "sgd":
             run.num_steps = target
             return

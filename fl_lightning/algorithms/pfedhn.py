@@ -91,6 +91,8 @@ class PFedHN(HypernetworkFederation):
         elif self.client_embeddings.num_embeddings != n:
             raise ValueError(f"the client embedding table has {self.client_embeddings.num_embeddings} rows, the data {n} clients")
         super().setup(stage)
+        # each client's update touches its own row only: the rows of the round add up (no aggregator mixes them)
+        self.add_update("codes", self.client_embeddings.weight.numel(), reduction="sum")
 
     def server_groups(self) -> dict[str, tuple[list[nn.Parameter], float]]:
         assert self.client_embeddings is not None, "client embeddings are created in setup()"
@@ -102,11 +104,11 @@ class PFedHN(HypernetworkFederation):
         return leaf, leaf
 
     def code_update(self, run: ClientRun, code_grad: Tensor) -> dict[str, Tensor]:
-        """The embedding table's update: row ``i`` holds ``de_i`` (times the clients per round, so
-        that the round's mean gives each client its own difference), other rows 0."""
+        """The embedding table's update: row ``i`` holds ``de_i``, other rows 0 (uploads declared
+        ``"sum"``, so that the round gives each client its own difference)."""
         assert self.client_embeddings is not None
         table = torch.zeros_like(self.client_embeddings.weight)
-        table[run.client_id] = code_grad * self.clients_per_round
+        table[run.client_id] = code_grad
         return {"codes": table.reshape(-1).float()}
 
     def eval_code(self, client_id: int) -> Tensor:
