@@ -131,6 +131,9 @@ class FederatedModule(pl.LightningModule):
     #: whether the local rule is a function of tensors that the batched backend can vectorize (False
     #: for rules with a torch optimizer of their own or a start model that carries a graph)
     batchable: bool = True
+    #: whether the algorithm trains a global model (False for personalized algorithms whose clients'
+    #: models come only from ``client_eval_state``: local training alone, a hypernetwork)
+    has_global_model: bool = True
 
     def __init__(
         self,
@@ -229,7 +232,6 @@ class FederatedModule(pl.LightningModule):
         self._excluded: list[int] = []
         self._callbacks: list[FederatedCallback] = []
         self._batch_callbacks: list[FederatedCallback] = []  # those that change local batches
-        #: the client's ``self.log`` calls of local work, logged once per round
         #: the client's ``self.log`` calls of local work, logged once per round
         self.client_logs = LocalLogBuffer()
         self.client_logs.bind(client)

@@ -26,7 +26,7 @@ from fl_lightning.algorithms import (
     PeFLL,
     PFedHN,
 )
-from fl_lightning.callbacks import ClientMetrics, CoordinateMedian, GaussianAttack, LocalFinetuning
+from fl_lightning.callbacks import ClientMetrics, CoordinateMedian, FederatedCallback, GaussianAttack, LocalFinetuning
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models.hypernetwork import MLPEmbedding
 from fl_lightning.module import FederatedModule
@@ -95,11 +95,21 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: fl
 NAMES = list(ALGORITHMS)
 
 
+#: the algorithms that train no global model (every client's model comes from the algorithm)
+WITHOUT_GLOBAL_MODEL = ("PeFLL", "PFedHN", "LocalOnly")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_local_finetuning_and_client_metrics(name):
     module = build(name)
     before = module.state.flatten()
     t = trainer(2, callbacks=[LocalFinetuning(steps=2), ClientMetrics()], check_val_every_n_epoch=2)
+    if name in WITHOUT_GLOBAL_MODEL:  # finetuning a global model makes no sense: refused before any round
+        with pytest.raises(ValueError, match=f"LocalFinetuning finetunes the global model, and {module.__class__.__name__} "
+                                             "trains none.*ClientMetrics"):
+            t.fit(module, data())
+        assert t.current_epoch == 0
+        return
     t.fit(module, data())
     for metric in ("finetuned_test/acc_mean", "clients_test/acc_mean"):
         assert 0.0 <= float(t.callback_metrics[metric]) <= 1.0
@@ -107,23 +117,76 @@ def test_local_finetuning_and_client_metrics(name):
     assert torch.isfinite(after).all()
     t.validate(module, data(), verbose=False)  # finetuning leaves the global model alone
     assert torch.equal(module.state.flatten(), after)
-    if name not in ("PeFLL", "PFedHN", "LocalOnly"):  # these have no global model to train
-        assert not torch.equal(after, before)
+    assert not torch.equal(after, before)
+
+
+def test_client_metrics_alone_evaluate_the_algorithms_without_a_global_model():
+    for name in WITHOUT_GLOBAL_MODEL:
+        t = trainer(2, callbacks=[ClientMetrics()], check_val_every_n_epoch=2)
+        t.fit(build(name), data())
+        assert 0.0 <= float(t.callback_metrics["clients_test/acc_mean"]) <= 1.0
+
+
+class CountingMedian(CoordinateMedian):
+    """The coordinate median, counting the rounds it aggregates."""
+
+    calls = 0
+
+    def aggregate(self, trainer, module, updates):
+        self.calls += 1
+        return super().aggregate(trainer, module, updates)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_an_update_attack_and_a_robust_aggregator(name):
     module = build(name)
-    t = trainer(2, callbacks=[GaussianAttack(count=1, std=0.1), CoordinateMedian()])
+    aggregator = CountingMedian()
+    t = trainer(2, callbacks=[GaussianAttack(count=1, std=0.1), aggregator])
+    if name == "LocalOnly":  # nothing is uploaded: an update attack and an aggregator have nothing to act on
+        with pytest.raises(ValueError, match="GaussianAttack forges what Byzantine clients upload, and LocalOnly "
+                                             "uploads nothing.*LabelFlipAttack"):
+            t.fit(module, data())
+        with pytest.raises(ValueError, match="CoordinateMedian combines the uploads declared with reduction "
+                                             "'aggregator', and LocalOnly declares none"):
+            trainer(2, callbacks=[CoordinateMedian()]).fit(build(name), data())
+        return
     t.fit(module, data())
     assert torch.isfinite(module.state.flatten()).all()
     assert float(t.callback_metrics["attack/byzantine_fraction"]) > 0
+    assert aggregator.calls == 2  # the Trainer's aggregator replaced the algorithm's own in every round
+
+
+class AutocastProbe(FederatedCallback):
+    """Records whether autocast is on in the client's forward during local work and in the round's end."""
+
+    def __init__(self) -> None:
+        self.local: list[bool] = []
+        self.round_end: list[bool] = []
+
+    def on_fit_start(self, trainer, module):
+        def record(*_):
+            if trainer.training:
+                self.local.append(torch.is_autocast_enabled("cpu"))
+
+        module.client.register_forward_hook(record)
+
+    def on_round_updates(self, trainer, module, updates):
+        self.round_end.append(torch.is_autocast_enabled("cpu"))
+        return updates
+
+    def on_round_end(self, trainer, module, round_idx, aggregate):
+        self.round_end.append(torch.is_autocast_enabled("cpu"))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_bf16_mixed(name):
+    """Local steps run inside the precision plugin's autocast; the round's end (aggregation, server
+    update, algorithm state) outside it, in fp32 or wider."""
     module = build(name)
-    trainer(2, precision="bf16-mixed").fit(module, data())
+    probe = AutocastProbe()
+    trainer(2, precision="bf16-mixed", callbacks=[probe]).fit(module, data())
+    assert probe.local and all(probe.local)
+    assert probe.round_end and not any(probe.round_end)
     assert module.state.flatten().dtype == torch.float32 and torch.isfinite(module.state.flatten()).all()
     assert all(v.dtype in (torch.float32, torch.float64) for v in outcome(module).values())
 

@@ -75,3 +75,44 @@ def test_centered_clipping_keeps_its_centre_in_the_state_dict():
 def test_aggregator_arguments_are_checked(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+@pytest.mark.parametrize(
+    "aggregator, per_round, match",
+    [
+        (Bulyan(num_byzantine=2), 10, r"Bulyan\(num_byzantine=2\) needs at least 4 \* num_byzantine \+ 3 = 11 uploads "
+                                      r"per round; clients_per_round=10"),
+        (Krum(num_byzantine=2), 6, r"Krum\(num_byzantine=2\) needs more than 2 \* num_byzantine \+ 2 = 6 uploads per "
+                                   r"round; clients_per_round=6"),
+        (Krum(num_byzantine=0, num_selected=5), 4, r"Krum\(num_selected=5\) selects more uploads than a round has"),
+    ],
+)
+def test_a_round_too_small_for_the_rule_is_refused_before_training(aggregator, per_round, match):
+    from fl_lightning.algorithms import FedAvg
+    from tests.helpers import synthetic, tiny_client, trainer
+
+    t = trainer(1, callbacks=[aggregator])
+    with pytest.raises(ValueError, match=match):
+        t.fit(FedAvg(tiny_client(), clients_per_round=per_round, local_steps=1), synthetic(12))
+    assert t.current_epoch == 0 and t.global_step == 0  # no client trained
+
+
+@pytest.mark.parametrize("aggregator", [Bulyan(num_byzantine=1), Krum(num_byzantine=1, num_selected=3)])
+def test_bulyan_and_krum_resist_a_scaled_sign_flip_on_the_engine(aggregator):
+    """Eight clients per round (all of them), one Byzantine flipping and scaling its delta by 1e3: the
+    aggregate stays near the honest clients' (the plain mean is dragged far away)."""
+    from fl_lightning.algorithms import FedAvg
+    from fl_lightning.callbacks import SignFlipAttack
+    from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+    def run(callbacks):
+        torch.manual_seed(0)
+        module = FedAvg(tiny_client(), clients_per_round=8, local_steps=2)
+        start = global_vector(module)
+        trainer(1, callbacks=callbacks).fit(module, synthetic(8))
+        return (global_vector(module) - start).norm()
+
+    honest = run([])
+    robust = run([SignFlipAttack(count=1, scale=1e3, reference="own", allow_majority=False), aggregator])
+    attacked_mean = run([SignFlipAttack(count=1, scale=1e3, reference="own")])
+    assert robust < 3 * honest < attacked_mean / 10

@@ -27,6 +27,8 @@ class LocalOnly(FederatedModule):
         **kwargs: the ``FederatedModule`` arguments; the server arguments are unused.
     """
 
+    has_global_model = False
+
     def __init__(self, client: pl.LightningModule, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         self.remove_update("delta")  # nothing is sent

@@ -103,6 +103,7 @@ class HypernetworkFederation(FederatedModule):
     """
 
     batchable = False  # the start model carries the hypernetwork's graph
+    has_global_model = False  # every client's model is generated: the client module holds none between rounds
 
     hypernetwork: HyperNetwork
 

@@ -118,7 +118,15 @@ class ByzantineAttack(FederatedCallback):
         self.byzantine = sorted(clients[i] for i in positions)
         return self.byzantine
 
+    #: whether the attack replaces uploads (False for attacks on the clients' data)
+    forges_uploads: bool = True
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
+        if self.forges_uploads and not pl_module.update_specs:
+            raise ValueError(
+                f"{type(self).__name__} forges what Byzantine clients upload, and {type(pl_module).__name__} uploads "
+                "nothing (its clients train alone); poison their data with LabelFlipAttack instead"
+            )
         self.choose(pl_module)
 
     def is_byzantine(self, client_id: int) -> bool:
@@ -310,6 +318,8 @@ class LabelFlipAttack(ByzantineAttack):
         num_classes: number of classes ``C``.
         **kwargs: the ``ByzantineAttack`` arguments.
     """
+
+    forges_uploads = False
 
     def __init__(self, num_classes: int = 10, **kwargs: Any) -> None:
         if num_classes < 2:

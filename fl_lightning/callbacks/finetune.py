@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, Optional
 
+import pytorch_lightning as pl
+
 from fl_lightning.callbacks.client_metrics import ClientMetrics, default_prefix
 from fl_lightning.distributed import map_clients
 
@@ -40,6 +42,13 @@ class LocalFinetuning(ClientMetrics):
             raise ValueError(f"steps must be >= 1, got {steps}")
         super().__init__(split, clients, prefix or default_prefix("finetuned", split, clients))
         self.steps = steps
+
+    def setup(self, trainer: pl.Trainer, pl_module: "FederatedModule", stage: str) -> None:
+        if not getattr(pl_module, "has_global_model", True):
+            raise ValueError(
+                f"LocalFinetuning finetunes the global model, and {type(pl_module).__name__} trains none (each client's "
+                "model comes from the algorithm itself): evaluate the clients' own models with ClientMetrics instead"
+            )
 
     def finetuned_accuracy(self, module: "FederatedModule", client_id: int) -> float:
         """Accuracy on the client's split of the global model after ``steps`` plain local steps."""

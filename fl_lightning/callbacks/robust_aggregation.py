@@ -54,6 +54,20 @@ def split_aggregate(vector: Tensor, names: dict[str, int]) -> dict[str, Tensor]:
 class RobustAggregator(Aggregator):
     """Base class: gathers all updates, stacks them, calls :meth:`combine` on the ``[n, p]`` matrix."""
 
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
+        """Refuse, before the first round, an algorithm with nothing for the aggregator to combine and a
+        round too small for the rule (:meth:`check_round_size`)."""
+        if not pl_module.aggregated_sizes():
+            declared = {n: s.reduction for n, s in pl_module.update_specs.items()}
+            raise ValueError(
+                f"{type(self).__name__} combines the uploads declared with reduction 'aggregator', and "
+                f"{type(pl_module).__name__} declares none (its uploads: {declared or 'none'}): remove the aggregator"
+            )
+        self.check_round_size(pl_module.clients_per_round)
+
+    def check_round_size(self, clients_per_round: int) -> None:
+        """Raise ValueError if the rule cannot combine ``clients_per_round`` uploads (default: any number can)."""
+
     def aggregate(
         self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
     ) -> Optional[dict[str, Tensor]]:
@@ -162,6 +176,16 @@ class Krum(RobustAggregator):
         self.num_byzantine = num_byzantine
         self.num_selected = num_selected
 
+    def check_round_size(self, clients_per_round: int) -> None:
+        f = self.num_byzantine
+        if not clients_per_round > 2 * f + 2:
+            raise ValueError(f"Krum(num_byzantine={f}) needs more than 2 * num_byzantine + 2 = {2 * f + 2} uploads per "
+                             f"round; clients_per_round={clients_per_round}: sample more clients or assume fewer "
+                             "Byzantine ones")
+        if self.num_selected > clients_per_round:
+            raise ValueError(f"Krum(num_selected={self.num_selected}) selects more uploads than a round has "
+                             f"(clients_per_round={clients_per_round})")
+
     def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
         return krum(points, self.num_byzantine, self.num_selected)
 
@@ -179,6 +203,13 @@ class Bulyan(RobustAggregator):
         if num_byzantine < 0:
             raise ValueError(f"num_byzantine must be >= 0, got {num_byzantine}")
         self.num_byzantine = num_byzantine
+
+    def check_round_size(self, clients_per_round: int) -> None:
+        f = self.num_byzantine
+        if clients_per_round < 4 * f + 3:
+            raise ValueError(f"Bulyan(num_byzantine={f}) needs at least 4 * num_byzantine + 3 = {4 * f + 3} uploads per "
+                             f"round; clients_per_round={clients_per_round}: sample more clients or assume fewer "
+                             "Byzantine ones")
 
     def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
         return bulyan(points, self.num_byzantine)
