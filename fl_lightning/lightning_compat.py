@@ -24,6 +24,19 @@ from torch import nn
 #: the pytorch-lightning releases whose private APIs this module was checked against
 TESTED_LIGHTNING = (">=2.4", "<2.7")
 
+#: private methods of Lightning classes that fl_lightning's subclasses override (``FederatedDDPStrategy``
+#: drops DDP's wrapper and its communication hooks; ``RichRoundProgressBar`` names the round); an
+#: override of a method that a release renamed would be silently ignored, so the test checks they exist
+OVERRIDDEN_PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
+    "pytorch_lightning.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
+    "pytorch_lightning.callbacks.RichProgressBar": ("_get_train_description",),
+}
+
+
+def attached_trainer(module: pl.LightningModule) -> Optional[pl.Trainer]:
+    """The Trainer ``module`` is attached to, or None (``module.trainer`` raises when there is none)."""
+    return module._trainer
+
 
 def count_optimizer_step(optimizer: LightningOptimizer) -> None:
     """Count one step of ``optimizer`` (``trainer.global_step`` += 1) without stepping it.

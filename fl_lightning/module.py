@@ -56,7 +56,13 @@ from fl_lightning.backends.functional import FunctionalClient
 from fl_lightning.checkpoints import CheckpointError, install_safe_io, is_plain, load_checkpoint
 from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and_world
 from fl_lightning.hooks import Aggregator, FederatedCallback
-from fl_lightning.lightning_compat import count_optimizer_step, raw_optimizer, routed_log, set_current_hook
+from fl_lightning.lightning_compat import (
+    attached_trainer,
+    count_optimizer_step,
+    raw_optimizer,
+    routed_log,
+    set_current_hook,
+)
 from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.progress import round_progress_bar
 from fl_lightning.run import ClientRun, StepOutput
@@ -80,6 +86,23 @@ def plain_step(run: ClientRun, batch: Any) -> Tensor:
     loss, grads = run.loss_and_grad(batch)
     run.step(grads)
     return loss
+
+
+#: hooks of the engine before the client protocol, and what replaces each (a subclass overriding one
+#: is refused: it would be silently ignored)
+REPLACED_HOOKS: dict[str, str] = {
+    "client_start": "client_init (run.restart)",
+    "local_train": "client_init / client_step / client_final",
+    "local_batches": "client_init (run.batches, run.num_steps)",
+    "local_step": "client_step",
+    "local_loss": "client_step (run.loss_and_grad(batch, loss_fn=...))",
+    "module_loss": "client_step (run.loss_and_grad)",
+    "adjust_local_gradients": "client_step (change the gradients before run.step)",
+    "twin": "run.copy_model() and run.loss_and_grad(batch, model=...)",
+    "local_context": "client_init / client_final",
+    "update_spec": "add_update(name, size, reduction) in __init__ or setup",
+    "round_work": "a client backend (fl_lightning.backends)",
+}
 
 
 class FederatedModule(pl.LightningModule):
@@ -134,6 +157,14 @@ class FederatedModule(pl.LightningModule):
     #: whether the algorithm trains a global model (False for personalized algorithms whose clients'
     #: models come only from ``client_eval_state``: local training alone, a hypernetwork)
     has_global_model: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        old = sorted(set(vars(cls)) & set(REPLACED_HOOKS))
+        if old:
+            raise TypeError(f"{cls.__name__} overrides engine hooks that no longer exist: "
+                            + "; ".join(f"{name} -> {REPLACED_HOOKS[name]}" for name in old)
+                            + " (docs/engine.md lists the client protocol's hooks)")
 
     def __init__(
         self,
@@ -830,7 +861,8 @@ class FederatedModule(pl.LightningModule):
         saved = checkpoint.get("federated")
         if saved is None:
             raise CheckpointError("the checkpoint was not written by a FederatedModule (no 'federated' entry)")
-        if self._trainer is not None and getattr(self._trainer, "datamodule", None) is not None:
+        trainer = attached_trainer(self)
+        if trainer is not None and getattr(trainer, "datamodule", None) is not None:
             mine = self.fingerprint()
             diff = {k: (saved["fingerprint"].get(k), v) for k, v in mine.items() if saved["fingerprint"].get(k) != v}
             if diff:

@@ -41,6 +41,7 @@ class RoundProgressBar(TQDMProgressBar):
 class RichRoundProgressBar(RichProgressBar):
     """Lightning's Rich bar, reading "Round r/R"."""
 
+    # private Lightning API (checked: lightning_compat.OVERRIDDEN_PRIVATE_METHODS)
     def _get_train_description(self, current_epoch: int) -> str:
         return rich_train_description(self, round_description(self.trainer))
 

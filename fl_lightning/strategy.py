@@ -28,6 +28,7 @@ class FederatedDDPStrategy(DDPStrategy):
     #: ``FederatedModule`` refuses DDP strategies that lack this flag.
     is_federated = True
 
+    # private Lightning API (checked: lightning_compat.OVERRIDDEN_PRIVATE_METHODS)
     def _setup_model(self, model: nn.Module) -> nn.Module:
         sync_module_states(model)
         return model

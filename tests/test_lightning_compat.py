@@ -3,6 +3,8 @@ exercised against the installed Lightning: an upgrade that changes one fails her
 
 from __future__ import annotations
 
+import importlib
+
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
@@ -12,12 +14,15 @@ from torch import nn
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.lightning_compat import (
+    OVERRIDDEN_PRIVATE_METHODS,
     TESTED_LIGHTNING,
+    attached_trainer,
     current_hook,
     lightning_log,
     raw_optimizer,
     results_batch,
     routed_log,
+    set_current_hook,
     sync_module_states,
 )
 from tests.helpers import synthetic, tiny_client, trainer
@@ -71,16 +76,38 @@ def test_results_batch_and_lightning_log_inside_a_training_step():
     assert probe.ran and float(t.callback_metrics["probe"]) == 3.0
 
 
-def test_sync_module_states_in_a_one_process_group():
-    """(Two processes: every DDP test starts from rank 0's model through it.)"""
-    module = nn.Linear(2, 2)
-    before = [p.detach().clone() for p in module.parameters()]
-    created = not dist.is_initialized()  # a spawned DDP test may have left one in this worker
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        sync_module_states(module)
-    finally:
-        if created:
-            dist.destroy_process_group()
-    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+def _sync_worker(rank: int, store_path: str, out_path: str) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    torch.manual_seed(rank)  # each process builds another model
+    module = nn.Linear(3, 2)
+    sync_module_states(module)
+    torch.save([p.detach() for p in module.parameters()], f"{out_path}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_sync_module_states_gives_every_process_rank_0s_model(tmp_path):
+    torch.multiprocessing.spawn(_sync_worker, args=(str(tmp_path / "store"), str(tmp_path / "params")), nprocs=2)
+    zero, one = (torch.load(tmp_path / f"params.{rank}") for rank in (0, 1))
+    torch.manual_seed(0)
+    expected = list(nn.Linear(3, 2).parameters())
+    assert all(torch.equal(a, b) and torch.equal(a, e) for a, b, e in zip(zero, one, expected))
+
+
+def test_set_current_hook_and_attached_trainer():
+    client = tiny_client()
+    assert attached_trainer(client) is None
+    set_current_hook(client, "test_step")
+    assert client._current_fx_name == "test_step"
+    t = trainer(1)
+    module = FedAvg(client, clients_per_round=2, local_steps=1)
+    t.fit(module, synthetic(4))
+    assert attached_trainer(module) is t
+
+
+def test_the_overridden_private_methods_exist():
+    """fl_ddp and the Rich round bar override these; a release that renames one fails here, not silently."""
+    for path, methods in OVERRIDDEN_PRIVATE_METHODS.items():
+        module_name, _, name = path.rpartition(".")
+        cls = getattr(importlib.import_module(module_name), name)
+        for method in methods:
+            assert callable(getattr(cls, method, None)), f"{path}.{method}"
