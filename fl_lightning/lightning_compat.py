@@ -12,6 +12,7 @@ versions these were checked against (:data:`TESTED_LIGHTNING`).
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
@@ -31,6 +32,27 @@ OVERRIDDEN_PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
     "pytorch_lightning.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
     "pytorch_lightning.callbacks.RichProgressBar": ("_get_train_description",),
 }
+
+
+def set_logger_step(trainer: pl.Trainer, step: int) -> None:
+    """Make ``step`` the count of training batches Lightning gives loggers as their step (what
+    ``LearningRateMonitor`` and metrics logged without a ``step`` use); the engine keeps it at the
+    rounds done, so every logged curve has rounds on its x-axis."""
+    trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+def quiet_progress_bar_notice() -> None:
+    """Drop Lightning's notice that a progress bar from ``configure_callbacks`` replaces the
+    Trainer's: the engine puts its round-counting bar in place of the Trainer's on every run."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("configure_callbacks` will override existing callbacks" in message
+                    and message.rstrip().endswith(("TQDMProgressBar", "RichProgressBar")))
+
+    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    if not any(getattr(f, "__name__", "") == "keep" and f.__module__ == __name__ for f in logger.filters):
+        logger.addFilter(keep)
 
 
 def attached_trainer(module: pl.LightningModule) -> Optional[pl.Trainer]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import sys
 import warnings
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Literal, Mapping, Optional
@@ -62,6 +63,7 @@ from fl_lightning.lightning_compat import (
     raw_optimizer,
     routed_log,
     set_current_hook,
+    set_logger_step,
 )
 from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.progress import round_progress_bar
@@ -482,6 +484,7 @@ class FederatedModule(pl.LightningModule):
         else:
             warnings.warn(f"round {self.current_epoch}: no valid client update; the global model is unchanged")
         self.local_schedule.step()
+        set_logger_step(self.trainer, self.current_epoch)  # + this last work item = the rounds done
         losses = [u.metrics["loss"] for u in kept if "loss" in u.metrics]
         parts = all_gather_object((len(self._excluded), losses))
         self.log("round/excluded", float(sum(n for n, _ in parts)), on_step=False, on_epoch=True, batch_size=1)
@@ -907,17 +910,36 @@ class FederatedModule(pl.LightningModule):
 
 def build_client(recipe: dict[str, Any]) -> pl.LightningModule:
     """A client module from :func:`client_recipe`'s output: its class (which must be a
-    ``LightningModule``) called with the hyperparameters its constructor takes."""
-    module_name, _, name = recipe["class_path"].rpartition(".")
+    ``LightningModule``) called with the hyperparameters its constructor takes.
+
+    The class is looked up only in packages this process has already imported (the checkpoint
+    names it; importing a package it names would run that package's code): import the client's
+    package before loading, or pass ``client=``.
+    """
+    path = recipe["class_path"]
+    module_name, _, name = path.rpartition(".")
+    package = module_name.split(".")[0]
+    if module_name not in sys.modules and package not in sys.modules:
+        raise CheckpointError(
+            f"the checkpoint's client class {path} is in package {package!r}, which this process has not imported; "
+            f"loading does not import packages a file names: `import {package}` first, or pass client=<the client module>"
+        )
     try:
         cls = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError) as error:
-        raise CheckpointError(f"the client class {recipe['class_path']} of the checkpoint cannot be imported: {error}")
+        raise CheckpointError(f"the client class {path} of the checkpoint cannot be imported: {error}")
     if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
-        raise CheckpointError(f"the checkpoint's client class {recipe['class_path']} is not a LightningModule")
+        raise CheckpointError(f"the checkpoint's client class {path} is not a LightningModule")
     parameters = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    return cls(**{k: v for k, v in recipe["hparams"].items() if takes_any or k in parameters})
+    arguments = {k: v for k, v in recipe["hparams"].items() if takes_any or k in parameters}
+    try:
+        return cls(**arguments)
+    except TypeError as error:
+        raise CheckpointError(
+            f"the client class {path} cannot be rebuilt from the hyperparameters the checkpoint holds ({arguments}): "
+            f"{error}; call self.save_hyperparameters() in its __init__, or pass client=<the client module>"
+        ) from error
 
 
 def client_recipe(client: pl.LightningModule) -> dict[str, Any]:

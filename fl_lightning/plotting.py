@@ -93,20 +93,26 @@ def plot_metrics(runs: Sequence[Run], path: str | Path, metrics: Optional[Sequen
         raise ValueError(f"metrics {unknown} were not logged by these runs; logged: {available}")
     cols = min(2, len(metrics))
     rows = math.ceil(len(metrics) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.6 * rows + 0.4), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    lines = {}  # a run's colour and style are the same in every panel (also where another run has no points)
     for ax, name in zip(axes.flat, metrics):
-        for run in runs:
+        for i, run in enumerate(runs):
             points = [(row["round"], row[name]) for row in run.rows if isinstance(row.get(name), float)]
             if points:
                 x, y = zip(*points)
-                ax.plot(x, y, marker="." if len(points) < 30 else None, label=run.label)
+                lines[i] = ax.plot(x, y, color=colors[i % len(colors)], linestyle=styles[i // len(colors) % len(styles)],
+                                   marker="." if len(points) < 30 else None, label=run.label)[0]
         ax.set_title(name)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(metrics):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize="small")
-    fig.tight_layout()
+    handles = [lines[i] for i in sorted(lines)]
+    fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=min(len(handles), 4),
+               fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0.4 / (3.6 * rows + 0.4) + 0.02 * math.ceil(len(handles) / 4), 1, 1))
     return _save(fig, path)
 
 

@@ -8,12 +8,14 @@ one in place of the Trainer's TQDM or Rich bar, so nothing needs configuring.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 
-from fl_lightning.lightning_compat import progress_bar_leave, rich_train_description
+from fl_lightning.lightning_compat import progress_bar_leave, quiet_progress_bar_notice, rich_train_description
+
+quiet_progress_bar_notice()
 
 
 def round_description(trainer: pl.Trainer) -> str:
@@ -32,10 +34,20 @@ def work_unit(module: Any) -> str:
 class RoundProgressBar(TQDMProgressBar):
     """Lightning's TQDM bar, reading "Round r/R" and counting clients (or blocks, or lock-step steps)."""
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        super().on_train_epoch_start(trainer, *args)
-        self.train_progress_bar.unit = work_unit(trainer.lightning_module)
-        self.train_progress_bar.set_description(round_description(trainer))
+    def init_train_tqdm(self) -> Any:
+        bar = super().init_train_tqdm()
+        bar.unit = work_unit(self.trainer.lightning_module)
+        describe = bar.set_description
+
+        def set_description(desc: Optional[str] = None, refresh: bool = True) -> None:
+            # Lightning names each epoch as it starts ("Epoch 4"): the bar shows the round instead, so no
+            # line ever reads "Epoch"
+            if desc is not None and desc.startswith("Epoch"):
+                desc = round_description(self.trainer)
+            describe(desc, refresh)
+
+        bar.set_description = set_description
+        return bar
 
 
 class RichRoundProgressBar(RichProgressBar):

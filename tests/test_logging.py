@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
@@ -41,7 +42,7 @@ def test_metrics_are_logged_per_round_with_the_round_as_step(tmp_path):
     assert sorted(int(r["step"]) for r in rows if r.get("val_acc")) == [2, 4]  # after rounds 2 and 4
 
 
-def test_the_progress_bar_counts_rounds_and_clients():
+def test_the_progress_bar_counts_rounds_and_clients(capsys, caplog):
     from pytorch_lightning.callbacks import TQDMProgressBar
 
     from fl_lightning.progress import RoundProgressBar
@@ -55,5 +56,29 @@ def test_the_progress_bar_counts_rounds_and_clients():
 
     t = pl.Trainer(max_epochs=2, callbacks=[TQDMProgressBar(), Probe()], logger=False, enable_checkpointing=False,
                    enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu")
-    t.fit(FedAvg(tiny_client(), clients_per_round=3, local_steps=1), synthetic(4))
+    with caplog.at_level("INFO"):
+        t.fit(FedAvg(tiny_client(), clients_per_round=3, local_steps=1), synthetic(4))
     assert seen == [(RoundProgressBar, "Round 1/2: ", "client"), (RoundProgressBar, "Round 2/2: ", "client")]
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
+    assert "Round 2/2" in shown and "Epoch" not in shown  # no line names an epoch, not even for a moment
+    assert "will override existing callbacks" not in caplog.text  # the bar's replacement is not news
+
+
+def test_the_rich_progress_bar_counts_rounds():
+    pytest.importorskip("rich")
+    from pytorch_lightning.callbacks import RichProgressBar
+
+    from fl_lightning.progress import RichRoundProgressBar
+
+    seen = []
+
+    class Probe(FederatedCallback):
+        def on_round_start(self, trainer, module, round_idx, clients):
+            bar = trainer.progress_bar_callback
+            seen.append((type(bar), bar._get_train_description(trainer.current_epoch).strip()))
+
+    t = pl.Trainer(max_epochs=2, callbacks=[RichProgressBar(), Probe()], logger=False, enable_checkpointing=False,
+                   enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu")
+    t.fit(FedAvg(tiny_client(), clients_per_round=3, local_steps=1), synthetic(4))
+    assert seen == [(RichRoundProgressBar, "Round 1/2"), (RichRoundProgressBar, "Round 2/2")]

@@ -158,8 +158,10 @@ def test_the_client_scheduler_is_stepped_once_per_round(tmp_path):
     t.fit(module, synthetic(4))
     assert {r: sorted(v) for r, v in module.lrs.items()} == {0: [0.1], 1: [0.1], 2: [0.05], 3: [0.025]}
     with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv") as f:
-        logged = [float(row["lr-client"]) for row in csv.DictReader(f) if row.get("lr-client")]
-    assert logged == [0.1, 0.1, 0.05, 0.025]  # LearningRateMonitor shows the client's rate
+        logged = [(int(row["step"]), float(row["lr-client"])) for row in csv.DictReader(f) if row.get("lr-client")]
+    # LearningRateMonitor shows the client's rate, each round's at the rounds done before it (the loggers' step)
+    assert logged == [(0, 0.1), (1, 0.1), (2, 0.05), (3, 0.025)]
+    assert t.fit_loop.epoch_loop._batches_that_stepped == 4
 
 
 def test_a_resumed_schedule_continues_exactly(tmp_path):

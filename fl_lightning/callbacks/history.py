@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
 
 #: metrics whose best value is the smallest
-LOWER_IS_BETTER = ("loss", "excluded", "epsilon")
+LOWER_IS_BETTER = ("loss",)
+#: metrics that are accounting, not quality: the summary gives no best value for them
+NO_BEST = ("excluded", "epsilon", "noise_multiplier", "byzantine_fraction", "weiszfeld")
 
 
 class RoundHistory(FederatedCallback):
@@ -89,6 +91,9 @@ class RoundHistory(FederatedCallback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._close(trainer)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after on_train_end, where the progress bar closes its line
         if self.summary and trainer.is_global_zero and self.rows:
             print(summary_table(self.rows))
 
@@ -146,6 +151,9 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     for name in names:
         series = [(row["round"], row[name]) for row in rows if name in row and not math.isnan(row[name])]
         if not series:
+            continue
+        if any(word in name for word in NO_BEST):
+            lines.append(f"{name:<28} {series[0][1]:>10.4g} {series[-1][1]:>10.4g} {'-':>10}")
             continue
         lower = any(word in name for word in LOWER_IS_BETTER)
         best_round, best = (min if lower else max)(series, key=lambda item: item[1])
