@@ -30,7 +30,7 @@ TESTED_LIGHTNING = (">=2.4", "<2.7")
 #: override of a method that a release renamed would be silently ignored, so the test checks they exist
 OVERRIDDEN_PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
     "pytorch_lightning.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
-    "pytorch_lightning.callbacks.RichProgressBar": ("_get_train_description",),
+    "pytorch_lightning.callbacks.RichProgressBar": ("_get_train_description", "_stop_progress"),
 }
 
 
@@ -140,6 +140,12 @@ def sync_module_states(module: nn.Module) -> None:
 def progress_bar_leave(bar: Any) -> bool:
     """Whether a Lightning progress bar leaves its finished bars on screen (its ``leave`` argument)."""
     return bool(bar._leave)
+
+
+def stop_rich_progress(bar: Any) -> None:
+    """Stop a ``RichProgressBar``'s live display now (Lightning stops it only at teardown), leaving
+    its last state on screen, so that what is printed next comes below it."""
+    bar._stop_progress()
 
 
 def rich_train_description(bar: Any, description: str) -> str:

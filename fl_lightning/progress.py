@@ -13,7 +13,12 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 
-from fl_lightning.lightning_compat import progress_bar_leave, quiet_progress_bar_notice, rich_train_description
+from fl_lightning.lightning_compat import (
+    progress_bar_leave,
+    quiet_progress_bar_notice,
+    rich_train_description,
+    stop_rich_progress,
+)
 
 quiet_progress_bar_notice()
 
@@ -56,6 +61,11 @@ class RichRoundProgressBar(RichProgressBar):
     # private Lightning API (checked: lightning_compat.OVERRIDDEN_PRIVATE_METHODS)
     def _get_train_description(self, current_epoch: int) -> str:
         return rich_train_description(self, round_description(self.trainer))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Stop the live display when training ends, so the run's summary prints below the bar."""
+        super().on_train_end(trainer, pl_module)
+        stop_rich_progress(self)
 
 
 def round_progress_bar(current: Any) -> Any:

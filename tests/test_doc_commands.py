@@ -1,8 +1,9 @@
 """Every command in the README and the docs works as written.
 
-The ```bash blocks of ``README.md`` and ``docs/**/*.md`` are run in document order, one
-temporary working folder per page (holding links to the checkout's ``configs/``, ``benchmarks/``
-and ``experiments/``), and so are the ``python`` blocks of ``docs/guide.md``:
+The ```bash and ```python blocks of ``README.md`` and ``docs/**/*.md`` are run in document order,
+one temporary working folder per page (holding links to the checkout's ``configs/``,
+``benchmarks/`` and ``experiments/``; the python blocks of ``engine.md`` and ``partitioners.md``
+run in ``tests/test_docs.py``, which also checks what they do):
 
 * ``fl-lightning`` commands on the quickstart's configuration run for real (it is small and
   generated); on any other configuration (real datasets, long runs) they are parsed and
@@ -36,6 +37,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"(<!-- doc-test: skip[^>]*-->\s*)?```(bash|python)\n(.*?)```", re.S)
 SETUP = ("python3 -m venv", "pip install", "pytest", ". .venv/bin/activate", "source .venv/bin/activate")
 FAST_CONFIGS = ("configs/quickstart.yaml",)
+#: pages whose python blocks tests/test_docs.py runs, with checks of what they do
+PYTHON_TESTED_ELSEWHERE = ("engine.md", "partitioners.md")
 
 
 def blocks(page: Path) -> list[tuple[str, str]]:
@@ -103,7 +106,7 @@ def test_the_commands_of_a_page_work_as_written(page, tmp_path, monkeypatch):
         if lang == "bash":
             for command in commands(code):
                 run_command(command)
-        elif page.name == "guide.md":
+        elif page.name not in PYTHON_TESTED_ELSEWHERE:
             exec(compile(code, str(page), "exec"), namespace)
 
 
