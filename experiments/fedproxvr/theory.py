@@ -3,7 +3,7 @@
 Problem (23) of Dinh et al. (Sec. 4.3), solved by ``fl_lightning.functional.fedproxvr_theory.optimal_parameters``
 for L = 1, lam = 0.5 (the paper's Fig. 1 setting) and a few dissimilarities sigma_bar^2.
 
-    python experiments/fedproxvr/theory.py
+    python -m experiments.fedproxvr.theory
 """
 
 from __future__ import annotations
