@@ -28,8 +28,15 @@ from fl_lightning.cli import FederatedCLI, main
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
-STANDALONE = sorted(p for p in CONFIGS.rglob("*.yaml") if len(p.relative_to(CONFIGS).parts) <= 2)
-OVERRIDES = sorted(p for p in CONFIGS.rglob("*.yaml") if len(p.relative_to(CONFIGS).parts) > 2)
+
+
+def is_override(path: Path) -> bool:
+    """An override is composed after a base: it sits in a paper's sub-folder, or gives no data."""
+    return len(path.relative_to(CONFIGS).parts) > 2 or "data" not in (yaml.safe_load(path.read_text()) or {})
+
+
+STANDALONE = sorted(p for p in CONFIGS.rglob("*.yaml") if not is_override(p))
+OVERRIDES = sorted(p for p in CONFIGS.rglob("*.yaml") if is_override(p))
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *STANDALONE, *OVERRIDES]
 PLANS = sorted((ROOT / "experiments").glob("*/plan.py"))
 
