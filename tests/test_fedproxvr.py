@@ -231,6 +231,9 @@ def test_two_label_power_law_partition():
         power_law(labels, 5, used_fraction=0)
     with pytest.raises(ValueError, match="min_per_class=200"):
         power_law(labels, 20, min_per_class=200)
+    with pytest.warns(UserWarning, match=r"classes \[4, 5, 6, 7, 8, 9\] are held by no partition"):
+        few = power_law(labels, 3, seed=0)  # partitions 0, 1, 2 hold classes 0-3 only
+    assert sorted(set(labels[np.concatenate(few)].tolist())) == [0, 1, 2, 3]
 
 
 class _FakeImages:

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.callbacks import ClientMetrics, FederatedCallback, RoundHistory

@@ -11,7 +11,8 @@ import torch
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg
 from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, WeightedMean
-from fl_lightning.callbacks.privacy import clip_update, dp_epsilon, gaussian_noise
+from fl_lightning.callbacks.privacy import dp_epsilon
+from fl_lightning.functional.privacy import clip_update, gaussian_noise
 from fl_lightning.seeding import generator
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 

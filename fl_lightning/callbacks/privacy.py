@@ -25,9 +25,9 @@ import warnings
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import pytorch_lightning as pl
-import torch
 from torch import Tensor
 
+from fl_lightning.functional.privacy import clip_update, gaussian_noise
 from fl_lightning.hooks import FederatedCallback
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
@@ -37,18 +37,6 @@ if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
 
 Mode = Literal["central", "local"]
-
-
-def clip_update(tensors: dict[str, Tensor], clip_norm: float) -> dict[str, Tensor]:
-    """``tensors`` scaled so that their joint L2 norm is at most ``clip_norm``."""
-    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors.values()))
-    scale = min(1.0, clip_norm / norm) if norm > 0 else 1.0
-    return {name: t * scale for name, t in tensors.items()}
-
-
-def gaussian_noise(like: Tensor, std: float, g: torch.Generator) -> Tensor:
-    """``N(0, std^2)`` noise shaped like ``like``, from ``g`` (drawn on the CPU, so every device agrees)."""
-    return (torch.randn(like.shape, generator=g, dtype=torch.float32) * std).to(like.device, like.dtype)
 
 
 def dp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:

@@ -13,6 +13,7 @@ which are tested on their own against hand-computed values.
   median, coordinate median, trimmed mean, Krum, Bulyan, centered clipping);
 * :mod:`~fl_lightning.functional.attacks`: Byzantine attack formulas and the choice of Byzantine clients;
 * :mod:`~fl_lightning.functional.dro`: distributionally robust objectives as compositional problems;
+* :mod:`~fl_lightning.functional.privacy`: clipping an update and Gaussian noise (DP-FedAvg);
 * :mod:`~fl_lightning.functional.partition`: client partitions of labels or keys (the
   partitioner objects of :mod:`fl_lightning.datamodules.partitioners` wrap them);
 * :mod:`~fl_lightning.functional.fedproxvr_theory`: FedProxVR's convergence theory as numbers
@@ -40,6 +41,7 @@ from fl_lightning.functional.dro import (
     storm_estimate,
     surrogate,
 )
+from fl_lightning.functional.privacy import clip_update, gaussian_noise
 from fl_lightning.functional.prox import (
     depersonalization_gradient,
     depersonalization_strength,
@@ -75,6 +77,7 @@ __all__ = [
     "bulyan",
     "centered_clipping",
     "check_finite",
+    "clip_update",
     "coordinate_median",
     "data_fraction",
     "depersonalization_gradient",
@@ -82,6 +85,7 @@ __all__ = [
     "flip_labels",
     "full_gradient",
     "gaussian_attack",
+    "gaussian_noise",
     "geometric_median",
     "ipm_attack",
     "krum",

@@ -375,6 +375,11 @@ def power_law(
     for k in range(num_partitions):
         for j in range(num_classes_per_partition):
             holders[int(classes[(k + j) % len(classes)])].append(k)
+    unheld = [c for c, owners in holders.items() if not owners]
+    if unheld:
+        warnings.warn(f"power_law: classes {unheld} are held by no partition ({num_partitions} partitions x "
+                      f"{num_classes_per_partition} classes < {len(classes)} classes); their samples are unused",
+                      stacklevel=2)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
     for c, owners in holders.items():
         if not owners:
