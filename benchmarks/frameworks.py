@@ -272,7 +272,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads of every path")
-    parser.add_argument("--repeats", type=int, default=2, help="repeats of the fast paths (the best counts)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the fast paths (the best counts)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["trainer", "flower", "flower-lightning"])
     parser.add_argument("--out", default=None, help="JSON file for the results")
     parser.add_argument("--mnist", default="../shared/data", help="MNIST root (random data of its shape if absent)")
@@ -313,13 +313,24 @@ def main() -> None:
             print(f"  {name:<34} {seconds * 1e3:9.1f} ms/round  {speedup} hand-written  {rate:8.0f} client-steps/s"
                   f"  {rate * flops / 1e9:6.1f} GFLOP/s{extra}", flush=True)
 
-        best = lambda f: min(f() for _ in range(args.repeats))  # noqa: E731
-        report("hand-written PyTorch", best(lambda: hand_written(w, dm, w.rounds)))
-        report("fl_lightning sequential", best(lambda: fl_lightning(w, dm, w.rounds, "sequential")),
+        # the fast paths are timed interleaved (hand, sequential, batched..., hand, ...), the best of
+        # --repeats each, so that the machine's background load touches them alike
+        fast = {"hand-written PyTorch": lambda: hand_written(w, dm, w.rounds),
+                "fl_lightning sequential": lambda: fl_lightning(w, dm, w.rounds, "sequential")}
+        for block in w.blocks:
+            fast[f"fl_lightning batched, block {block}"] = lambda block=block: fl_lightning(w, dm, w.rounds, "batched",
+                                                                                          block)
+        times: dict[str, list[float]] = {name: [] for name in fast}
+        for _ in range(args.repeats):
+            for name, run in fast.items():
+                times[name].append(run())
+        entry["runs"] = times
+        report("hand-written PyTorch", min(times["hand-written PyTorch"]))
+        report("fl_lightning sequential", min(times["fl_lightning sequential"]),
                peak_memory(key, "sequential", 1, args.threads))
         for block in w.blocks:
-            report(f"fl_lightning batched, block {block}", best(lambda: fl_lightning(w, dm, w.rounds, "batched", block)),
-                   peak_memory(key, "batched", block, args.threads))
+            name = f"fl_lightning batched, block {block}"
+            report(name, min(times[name]), peak_memory(key, "batched", block, args.threads))
         if "trainer" not in args.skip:
             report("Trainer per client per round", trainer_per_client(w, dm, w.slow_rounds))
         if "flower" not in args.skip:

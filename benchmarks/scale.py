@@ -7,7 +7,12 @@ MNIST-shaped random data with 2 samples per client, 10 clients per round, 10 loc
 budget at 64 MiB (bounded) and unbounded (everything in RAM): the resident memory of the process
 over the data's after rounds 10, 100 and 300, and ms per round (bounded / unbounded).
 
-    python benchmarks/scale.py [--clients 10000 100000] [--rounds 300] [--budget-mib 64] [--out scale.json]
+With ``--checkpoint``, the bounded run also writes a resumable checkpoint every round
+(``RoundCheckpoint``) and the benchmark prints, after rounds 10, 100 and 300, the size of
+``last.ckpt``, the client state the checkpoint names on disk, and what an inline checkpoint would
+hold (the store's RAM part, which checkpoints held before they were incremental).
+
+    python benchmarks/scale.py [--clients 10000 100000] [--rounds 300] [--budget-mib 64] [--checkpoint] [--out scale.json]
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import tempfile
 import time
 
@@ -23,6 +29,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fl_lightning.algorithms import SCAFFOLD, FedDeper
+from fl_lightning.callbacks import RoundCheckpoint
 from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.models import MLP
 
@@ -47,8 +54,8 @@ def rss_mib() -> float:
 class Probe(pl.Callback):
     """Resident memory after the rounds of ``CHECKPOINTS``, and seconds per round after the first."""
 
-    def __init__(self, base: float) -> None:
-        self.base, self.rss, self.start = base, {}, 0.0
+    def __init__(self, base: float, checkpoint: str = "") -> None:
+        self.base, self.rss, self.start, self.checkpoint, self.files = base, {}, 0.0, checkpoint, {}
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.current_epoch == 1:
@@ -58,18 +65,25 @@ class Probe(pl.Callback):
         done = trainer.current_epoch + 1
         if done in CHECKPOINTS:
             self.rss[done] = rss_mib() - self.base
+            if self.checkpoint:  # (this callback runs after RoundCheckpoint wrote the round's)
+                folder = pl_module.store.directory
+                self.files[done] = {
+                    "ckpt_kib": os.path.getsize(os.path.join(self.checkpoint, "last.ckpt")) / 1024,
+                    "state_on_disk_mib": sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 2**20,
+                    "inline_mib": pl_module.store.nbytes() / 2**20,
+                }
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.per_round = (time.perf_counter() - self.start) / (trainer.current_epoch - 1)
 
 
-def run(algorithm: str, num_clients: int, rounds: int, budget: int) -> dict:
+def run(algorithm: str, num_clients: int, rounds: int, budget: int, checkpoint: bool = False) -> dict:
     """One run in a fresh process (so that its memory is its own)."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_run, (algorithm, num_clients, rounds, budget))
+        return pool.apply(_run, (algorithm, num_clients, rounds, budget, checkpoint))
 
 
-def _run(algorithm: str, num_clients: int, rounds: int, budget: int) -> dict:
+def _run(algorithm: str, num_clients: int, rounds: int, budget: int, checkpoint: bool) -> dict:
     torch.set_num_threads(1)
     dm = RandomMNIST(num_clients=num_clients, partition="iid", batch_size=2)
     dm.setup()
@@ -81,13 +95,16 @@ def _run(algorithm: str, num_clients: int, rounds: int, budget: int) -> dict:
     extra = {"rho": 0.0} if algorithm == "FedDeper" else {}
     cls = SCAFFOLD if algorithm == "SCAFFOLD" else FedDeper
     with tempfile.TemporaryDirectory() as folder:
-        module = cls(client, clients_per_round=10, local_steps=10, client_state_memory=budget, client_state_dir=folder,
-                     **extra)
-        probe = Probe(rss_mib())
-        pl.Trainer(max_epochs=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, limit_val_batches=0, callbacks=[probe], accelerator="cpu").fit(module, dm)
+        module = cls(client, clients_per_round=10, local_steps=10, client_state_memory=budget,
+                     client_state_dir=os.path.join(folder, "state"), **extra)
+        ckpt = os.path.join(folder, "ckpt")
+        probe = Probe(rss_mib(), ckpt if checkpoint else "")
+        callbacks = [RoundCheckpoint(dirpath=ckpt), probe] if checkpoint else [probe]
+        pl.Trainer(max_epochs=rounds, logger=False, enable_checkpointing=checkpoint, enable_progress_bar=False,
+                   enable_model_summary=False, limit_val_batches=0, callbacks=callbacks, accelerator="cpu",
+                   default_root_dir=folder).fit(module, dm)
         return {"ms_per_round": probe.per_round * 1e3, "rss_mib": probe.rss, "clients_stored": len(module.store),
-                "ram_mib": module.store.nbytes() / 2**20}
+                "ram_mib": module.store.nbytes() / 2**20, "files": probe.files}
 
 
 def main() -> None:
@@ -96,6 +113,7 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["SCAFFOLD", "FedDeper"])
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--budget-mib", type=int, default=64)
+    parser.add_argument("--checkpoint", action="store_true", help="also a bounded run with a checkpoint every round")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -112,6 +130,13 @@ def main() -> None:
                       f"{row[name]['clients_stored']} clients stored, {row[name]['ram_mib']:.0f} MiB in RAM", flush=True)
             ratio = row["bounded"]["ms_per_round"] / row["unbounded"]["ms_per_round"]
             print(f"{'':>8} time bounded / unbounded: {ratio:.2f}")
+            if args.checkpoint:
+                row["checkpointed"] = run(algorithm, n, args.rounds, args.budget_mib * 2**20, checkpoint=True)
+                files = row["checkpointed"]["files"]
+                print(f"{'':>8} checkpoint every round: {row['checkpointed']['ms_per_round']:.1f} ms/round "
+                      f"({row['checkpointed']['ms_per_round'] / row['bounded']['ms_per_round']:.2f}x); after rounds "
+                      + ", ".join(f"{r}: last.ckpt {f['ckpt_kib']:.0f} KiB, state files {f['state_on_disk_mib']:.0f} MiB "
+                                  f"(inline would hold {f['inline_mib']:.0f} MiB)" for r, f in files.items()), flush=True)
             results[f"{algorithm}-{n}"] = row
             if args.out:
                 with open(args.out, "w") as f:

@@ -40,6 +40,7 @@ import importlib
 import inspect
 import os
 import sys
+import time
 import warnings
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Literal, Mapping, Optional
@@ -143,8 +144,13 @@ class FederatedModule(pl.LightningModule):
         clients_per_block: clients per vectorized block of the batched backend (memory grows with it).
         client_state_memory: bytes of per-client state (control variates, personal models) kept
             in RAM; beyond it the least recently written clients' entries are spilled to disk.
-        client_state_dir: where spilled client state goes (default: ``client_state`` in the run's
-            log folder); with several processes, a folder they all reach.
+        client_state_dir: where client state files go (spilled entries, and every entry a checkpoint
+            names; default: ``client_state`` in the run's log folder); with several processes, a
+            folder they all reach.
+        client_state_checkpoints: how many of the latest checkpoints keep the client-state files they
+            name (checkpoints are incremental: they name files in ``client_state_dir``); None keeps
+            every file. Raise it (or None) when an older checkpoint (``ModelCheckpoint``'s best)
+            must restore client state (resume, personalized evaluation).
     """
 
     #: whether the round's clients move in lock-step: a work item is one local step of all of
@@ -185,6 +191,7 @@ class FederatedModule(pl.LightningModule):
         clients_per_block: int = 10,
         client_state_memory: int = 2**30,
         client_state_dir: Optional[str] = None,
+        client_state_checkpoints: Optional[int] = 2,
     ) -> None:
         super().__init__()
         if not isinstance(client, pl.LightningModule):
@@ -236,7 +243,7 @@ class FederatedModule(pl.LightningModule):
         self.nonfinite_updates = nonfinite_updates
         self.seed = seed
         self.automatic_optimization = False
-        self.store = ClientStateStore(client_state_memory, client_state_dir)
+        self.store = ClientStateStore(client_state_memory, client_state_dir, client_state_checkpoints)
         self.state = StateVector(client)
         #: declared uploads (:meth:`add_update`); FedAvg's model delta unless an algorithm says otherwise
         self.update_specs: dict[str, UpdateSpec] = {}
@@ -325,7 +332,7 @@ class FederatedModule(pl.LightningModule):
         # rounds are logged per epoch: Lightning's advice to lower log_every_n_steps does not apply
         warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
         if self.store.directory is None:
-            self.store.directory = os.path.join(self.trainer.log_dir or self.trainer.default_root_dir, "client_state")
+            self.store.directory = self._client_state_dir()
         if isinstance(strategy, DDPStrategy) and not getattr(strategy, "is_federated", False):
             raise ValueError(
                 f"strategy {type(strategy).__name__} all-reduces the gradients of every local step; "
@@ -364,6 +371,16 @@ class FederatedModule(pl.LightningModule):
                 f"{type(self).__name__} moves its clients in lock-step and needs at least one client per process: "
                 f"clients_per_round={self.clients_per_round} < {world} processes"
             )
+
+    def _client_state_dir(self) -> str:
+        """The run's own folder for client-state files: ``client_state`` in the logger's version folder,
+        or, with no logger, a folder of its own below ``default_root_dir/client_state`` (named by
+        rank 0's start time and process, the same on every process): two runs never share files."""
+        trainer = self.trainer
+        if trainer.loggers and trainer.log_dir is not None:
+            return os.path.join(trainer.log_dir, "client_state")
+        run = trainer.strategy.broadcast(f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        return os.path.join(trainer.default_root_dir, "client_state", run)
 
     @property
     def datamodule(self) -> Any:
@@ -803,7 +820,10 @@ class FederatedModule(pl.LightningModule):
     def log_round_step(self) -> None:
         """Make the number of rounds done the loggers' step for the metrics logged with this
         epoch's (Lightning takes a logged ``step`` as the x-axis): plots read rounds, not work
-        items. ``epoch`` (the 0-based index) is kept beside it, as Lightning logs it."""
+        items. ``epoch`` (the 0-based index) is kept beside it, as Lightning logs it. Without a
+        logger there is no axis to set (and each ``self.log`` costs a fraction of a millisecond)."""
+        if not self.trainer.loggers:
+            return
         self.log("step", float(self.current_epoch + 1), on_step=False, on_epoch=True, batch_size=1)
         self.log("epoch", float(self.current_epoch), on_step=False, on_epoch=True, batch_size=1)
 
@@ -875,15 +895,14 @@ class FederatedModule(pl.LightningModule):
                     "that wrote it, or start a new run without ckpt_path"
                 )
             self._warn_changed_settings(checkpoint, saved)
-        store = ClientStateStore(self.store.memory_budget, self.store.directory)
-        store.load_state_dict(saved["store"])
-        bad = [f"client {cid} entry {name!r}" for cid, name, value in store.memory_entries() if not all_finite([value])]
         if saved.get("shared") is not None and not all_finite([saved["shared"]]):
-            bad.append("the lock-step shared value")
-        if bad:
-            raise CheckpointError(f"the checkpoint holds NaN or Inf in {', '.join(bad[:5])}"
-                                  f"{' and more' if len(bad) > 5 else ''}; it cannot be resumed")
-        self.store.load_state_dict(saved["store"])
+            raise CheckpointError("the checkpoint holds NaN or Inf in the lock-step shared value; it cannot be resumed")
+        store = ClientStateStore(self.store.memory_budget, self.store.directory, self.store.keep_checkpoints)
+        try:
+            store.load_state_dict(saved["store"])  # reads (and checks) the entries that fit in RAM
+        except (ValueError, FileNotFoundError) as error:
+            raise CheckpointError(f"the checkpoint's client state cannot be resumed: {error}") from error
+        self.store = store
         shared = saved.get("shared")
         self.shared = None if shared is None else shared.to(self.device)
 

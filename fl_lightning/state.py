@@ -9,16 +9,21 @@ device only for the clients in flight, and written only for updates the round ke
 Memory is bounded: the store keeps at most ``memory_budget`` bytes of entries in RAM, the
 clients used most recently; older ones are spilled to files in ``directory`` (one immutable file
 per entry and version, named by the round that wrote it) and read back when their client takes
-part again. A checkpoint holds the entries in RAM and a manifest of the spilled ones (their
-versions), so its size is bounded too, and the files a checkpoint names are kept until
-``keep_checkpoints`` newer checkpoints no longer name them. The entries in RAM are the same on
-every process (``sync`` exchanges the round's new entries); with several processes the spill
-directory must be on a file system they share (one node, or a shared file system).
+part again. Checkpoints are incremental: a checkpoint writes the files of the entries that are
+new since the last one (the round's clients) and holds only the manifest (every entry's
+version), so its size and the time to write it do not grow with the clients. The files a
+checkpoint names are kept until ``keep_checkpoints`` newer checkpoints no longer name them;
+loading one warms the RAM part from them (checking every value it reads is finite). A run that
+resumes another's checkpoint reads that run's files where they are and writes its own into its
+own directory, so it never changes or removes what another run's checkpoints name. The entries
+in RAM are the same on every process (``sync`` exchanges the round's new entries); with several
+processes the directory must be on a file system they share (one node, or a shared file system).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Union
@@ -57,12 +62,16 @@ class ClientStateStore:
             rest is spilled to ``directory``.
         directory: where spilled entries go (set by the engine to the run's folder when None;
             needed only once the budget is exceeded).
-        keep_checkpoints: how many of the latest checkpoints keep the spilled files they name.
+        keep_checkpoints: how many of the latest checkpoints keep the files they name (None: every
+            checkpoint, no file is ever removed). An older checkpoint still loads (what it
+            names and is gone fails only when read: a personalized evaluation, a resume).
     """
 
-    def __init__(self, memory_budget: int = 2**30, directory: Optional[str] = None, keep_checkpoints: int = 2) -> None:
+    def __init__(
+        self, memory_budget: int = 2**30, directory: Optional[str] = None, keep_checkpoints: Optional[int] = 2
+    ) -> None:
         self.memory_budget = check_int("memory_budget", memory_budget, 0)
-        self.keep_checkpoints = check_int("keep_checkpoints", keep_checkpoints, 1)
+        self.keep_checkpoints = None if keep_checkpoints is None else check_int("keep_checkpoints", keep_checkpoints, 1)
         self.directory = directory
         self._ram: OrderedDict[int, dict[str, Tensor]] = OrderedDict()  # least recently used first
         self._ram_bytes = 0
@@ -70,7 +79,10 @@ class ClientStateStore:
         self._versions: dict[int, dict[str, int]] = {}  # client -> name -> version of its current value
         self._written: dict[int, dict[str, Tensor]] = {}  # this process's entries of the round (for sync)
         self._named: deque[set[str]] = deque(maxlen=keep_checkpoints)  # files the latest checkpoints name
-        self._on_disk: set[str] = set()  # files this store wrote or was given
+        self._on_disk: set[str] = set()  # files of this store's directory it wrote or was given
+        #: the directory of an entry's file when another run wrote it (loaded from its checkpoint): read
+        #: from there, never rewritten or removed
+        self._elsewhere: dict[tuple[int, str], str] = {}
 
     # ------------------------------------------------------------ access
     def get(self, client_id: int, name: str, device: Union[str, torch.device, None] = None) -> Optional[Tensor]:
@@ -91,6 +103,7 @@ class ClientStateStore:
         value = value.detach().to("cpu", copy=True)
         self._put(client_id, name, value)
         self._versions.setdefault(client_id, {})[name] = version
+        self._elsewhere.pop((client_id, name), None)
         self._written.setdefault(client_id, {})[name] = value
 
     def __contains__(self, client_id: int) -> bool:
@@ -102,6 +115,10 @@ class ClientStateStore:
     def clients(self) -> Iterator[int]:
         """Ids of the clients with stored state."""
         return iter(sorted(set(self._ram) | set(self._spilled)))
+
+    def entries(self) -> Iterator[tuple[int, str]]:
+        """Every stored ``(client, name)``, in client order."""
+        return iter(sorted((cid, name) for cid, names in self._versions.items() for name in names))
 
     def nbytes(self) -> int:
         """Bytes held in RAM."""
@@ -125,6 +142,7 @@ class ClientStateStore:
                     for name, value in entry.items():
                         self._put(cid, name, value.cpu())
                         self._versions.setdefault(cid, {})[name] = part_versions[cid][name]
+                        self._elsewhere.pop((cid, name), None)
         self._spill()
 
     def _put(self, client_id: int, name: str, value: Tensor) -> None:
@@ -147,10 +165,11 @@ class ClientStateStore:
             cid, entry = self._ram.popitem(last=False)
             for name, value in entry.items():
                 version = self._versions[cid][name]
-                path = self._path(cid, name, version)
-                if rank0 and not os.path.exists(path):
-                    _atomic_save(value, path)
-                self._on_disk.add(path)
+                if (cid, name) not in self._elsewhere:
+                    path = self._path(cid, name, version)
+                    if rank0 and path not in self._on_disk:  # (a file of another run with this name is replaced)
+                        _atomic_save(value, path)
+                    self._on_disk.add(path)
                 self._spilled.setdefault(cid, {})[name] = version
                 self._ram_bytes -= _nbytes(value)
             spilled_any = True
@@ -158,57 +177,123 @@ class ClientStateStore:
             dist.barrier()  # the files exist before any process reads them
 
     def _path(self, client_id: int, name: str, version: int) -> str:
+        """The file of an entry's version in this store's directory."""
         if self.directory is None:
             raise RuntimeError("the client state store needs a directory to spill to (FederatedModule sets the run's)")
-        os.makedirs(self.directory, exist_ok=True)
         return os.path.join(self.directory, f"{client_id}.{name}.{version}.pt")
 
     def _read(self, client_id: int, name: str, version: int) -> Tensor:
-        path = self._path(client_id, name, version)
+        elsewhere = self._elsewhere.get((client_id, name))
+        path = (os.path.join(elsewhere, f"{client_id}.{name}.{version}.pt") if elsewhere is not None
+                else self._path(client_id, name, version))
         if not os.path.exists(path):
             raise FileNotFoundError(f"the stored entry {name!r} of client {client_id} ({path}) is missing: the "
                                     "checkpoint refers to client state that was removed (keep_checkpoints) or moved")
-        return torch.load(path, map_location="cpu", weights_only=True)
+        value = torch.load(path, map_location="cpu", weights_only=True)
+        _check_finite(client_id, name, value)
+        return value
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The entries in RAM and the manifest of the spilled ones (their files are kept until
-        ``keep_checkpoints`` newer checkpoints no longer name them)."""
-        named = {self._path(cid, n, v) for cid, entry in self._spilled.items() for n, v in entry.items()} \
-            if self._spilled else set()
-        self._named.append(named)
+        """The manifest of every entry (``client -> name -> version``) and the directory of their
+        files; the entries in RAM that have no file yet are written first (rank 0). A store with
+        no directory (used outside a ``FederatedModule``) holds everything in RAM and puts it in
+        the checkpoint."""
+        if self.directory is None:
+            return {"memory": {cid: dict(entry) for cid, entry in self._ram.items()},
+                    "versions": {cid: dict(v) for cid, v in self._versions.items()}, "spilled": {}}
+        self._persist()
+        entries = {cid: dict(versions) for cid, versions in self._versions.items()}
+        self._named.append({self._path(cid, n, v) for cid, e in entries.items() for n, v in e.items()
+                            if (cid, n) not in self._elsewhere})
         self._prune()
-        return {
-            "memory": {cid: dict(entry) for cid, entry in self._ram.items()},
-            "versions": {cid: dict(v) for cid, v in self._versions.items()},
-            "spilled": {cid: dict(entry) for cid, entry in self._spilled.items()},
-            "directory": self.directory,
-        }
+        elsewhere: dict[int, dict[str, str]] = {}
+        for (cid, name), directory in self._elsewhere.items():
+            elsewhere.setdefault(cid, {})[name] = directory
+        return {"entries": entries, "directory": self.directory, "elsewhere": elsewhere}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace all entries with those of a checkpoint."""
-        if "memory" not in state:  # the format of checkpoints before the store was bounded: all in RAM
-            state = {"memory": state, "versions": {}, "spilled": {}, "directory": self.directory}
-        self._ram, self._ram_bytes, self._written = OrderedDict(), 0, {}
+        """Replace all entries with those a checkpoint names, reading back into RAM the most recently
+        written ones that fit the budget (the rest stays on disk until its client takes part).
+
+        Raises:
+            ValueError: a value read holds NaN or Inf (the checkpoint cannot be resumed).
+            FileNotFoundError: a file the checkpoint names is missing.
+        """
+        self._ram, self._ram_bytes, self._written, self._elsewhere = OrderedDict(), 0, {}, {}
+        written_in = state.get("directory")
+        if self.directory is None:
+            self.directory = written_in
+        if "entries" not in state:  # the formats of earlier checkpoints: entries in the file
+            self._load_inline(state, written_in)
+            return
+        self._versions = {int(cid): dict(v) for cid, v in state["entries"].items()}
+        self._spilled = {cid: dict(v) for cid, v in self._versions.items()}
+        elsewhere = state.get("elsewhere", {})
+        for cid, entry in self._versions.items():
+            for name, version in entry.items():
+                directory = elsewhere.get(cid, {}).get(name, written_in)
+                if directory is not None and os.path.abspath(directory) != os.path.abspath(self.directory):
+                    self._elsewhere[(cid, name)] = directory  # another run's file: read only
+                else:
+                    self._on_disk.add(self._path(cid, name, version))
+        by_recency = sorted(((v, cid, n) for cid, e in self._versions.items() for n, v in e.items()), reverse=True)
+        missing = 0
+        for version, cid, name in by_recency:
+            try:
+                value = self.get(cid, name)
+            except FileNotFoundError:  # removed since (keep_checkpoints): an error only if it is read
+                missing += 1
+                continue
+            assert value is not None
+            if self._ram_bytes + _nbytes(value) > self.memory_budget and self._ram:
+                break
+            self._put(cid, name, value)
+        if missing:
+            warnings.warn(f"{missing} client-state entries this checkpoint names are no longer in {self.directory} "
+                          "(removed after newer checkpoints: keep_checkpoints); reading one fails", UserWarning)
+        self._ram = OrderedDict(sorted(self._ram.items(), key=lambda item: max(self._versions[item[0]].values())))
+
+    def _load_inline(self, state: dict[str, Any], written_in: Optional[str]) -> None:
+        """Checkpoints written before they were incremental: the RAM part inside the file (and,
+        before the store was bounded, all of it), the spilled entries in ``written_in``."""
+        if "memory" not in state:
+            state = {"memory": state, "versions": {}, "spilled": {}}
         self._versions = {int(cid): dict(v) for cid, v in state["versions"].items()}
         self._spilled = {int(cid): dict(entry) for cid, entry in state["spilled"].items()}
-        if state.get("directory") is not None:
-            self.directory = state["directory"]
         for cid, entry in state["memory"].items():
             for name, value in entry.items():
+                _check_finite(int(cid), name, value)
                 self._put(int(cid), name, value.cpu())
                 self._versions.setdefault(int(cid), {}).setdefault(name, 0)
-        self._on_disk |= {self._path(cid, n, v) for cid, entry in self._spilled.items() for n, v in entry.items()}
+        for cid, entry in self._spilled.items():
+            for name, version in entry.items():
+                if written_in is not None and os.path.abspath(written_in) != os.path.abspath(self.directory or ""):
+                    self._elsewhere[(cid, name)] = written_in
+                else:
+                    self._on_disk.add(self._path(cid, name, version))
 
-    def memory_entries(self) -> Iterator[tuple[int, str, Tensor]]:
-        """The entries held in RAM, as ``(client, name, tensor)``."""
+    def _persist(self) -> None:
+        """Write the file of every entry in RAM that has none yet (rank 0; the others wait)."""
+        rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        wrote = False
         for cid, entry in self._ram.items():
             for name, value in entry.items():
-                yield cid, name, value
+                if (cid, name) in self._elsewhere:
+                    continue  # its file is another run's, named as it is
+                path = self._path(cid, name, self._versions[cid][name])
+                if path in self._on_disk:
+                    continue
+                if rank0:  # (a file of another run with this name is replaced)
+                    _atomic_save(value, path)
+                self._on_disk.add(path)
+                wrote = True
+        if wrote and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # the files exist before any process relies on them
 
     def _prune(self) -> None:
-        """Remove spilled files no recent checkpoint and no current entry names (rank 0)."""
-        if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        """Remove files no recent checkpoint and no current entry names (rank 0)."""
+        if self.keep_checkpoints is None or (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
             return
         keep = set().union(*self._named) if self._named else set()
         keep |= {self._path(cid, n, v) for cid, entry in self._spilled.items() for n, v in entry.items()}
@@ -218,11 +303,19 @@ class ClientStateStore:
             self._on_disk.discard(path)
 
 
+def _check_finite(client_id: int, name: str, value: Tensor) -> None:
+    """Refuse a stored value holding NaN or Inf (a checkpoint's, or a file's)."""
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise ValueError(f"the stored entry {name!r} of client {client_id} holds NaN or Inf; a checkpoint "
+                         "with non-finite client state cannot be resumed")
+
+
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
 def _atomic_save(value: Tensor, path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = path + ".tmp"
     torch.save(value, temporary)
     os.replace(temporary, path)

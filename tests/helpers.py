@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any, Optional
 
 import pytorch_lightning as pl
@@ -30,6 +31,7 @@ def tiny_client(seed: int = 0, hidden: tuple[int, ...] = (), lr: float = 0.1) ->
 def trainer(max_epochs: int = 3, callbacks: Optional[list] = None, **kwargs: Any) -> pl.Trainer:
     """A quiet CPU Trainer."""
     kwargs.setdefault("logger", False)
+    kwargs.setdefault("default_root_dir", tempfile.mkdtemp(prefix="fl-test-"))  # client state, checkpoints
     kwargs.setdefault("enable_checkpointing", False)
     kwargs.setdefault("accelerator", "cpu")
     kwargs.setdefault("devices", 1)
@@ -46,3 +48,15 @@ def trainer(max_epochs: int = 3, callbacks: Optional[list] = None, **kwargs: Any
 def global_vector(module: Any) -> torch.Tensor:
     """The global model of a FederatedModule as one flat CPU vector."""
     return module.state.flatten().cpu()
+
+
+def checkpoint_client_state(checkpoint: dict) -> dict[int, dict[str, torch.Tensor]]:
+    """Every client's stored entries of a checkpoint (read from the files it names)."""
+    from fl_lightning.state import ClientStateStore
+
+    store = ClientStateStore()
+    store.load_state_dict(checkpoint["federated"]["store"])
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for cid, name in store.entries():
+        out.setdefault(cid, {})[name] = store.get(cid, name)
+    return out

@@ -192,14 +192,25 @@ def test_an_attack_that_overflows_is_caught_after_the_round_transforms():
 
 
 def test_a_checkpoint_with_non_finite_client_state_is_refused(tmp_path):
+    """The checkpoint names the client state's files; one holding Inf is refused when the checkpoint loads."""
     checkpoint = RoundCheckpoint(dirpath=str(tmp_path))
-    trainer(1, callbacks=[checkpoint], enable_checkpointing=True).fit(build("SCAFFOLD"), data())
-    saved = load_checkpoint(tmp_path / "last.ckpt")
-    cid = next(iter(saved["federated"]["store"]["memory"]))
-    saved["federated"]["store"]["memory"][cid]["control"][0] = float("inf")
-    torch.save(saved, tmp_path / "bad.ckpt")
-    with pytest.raises(CheckpointError, match=f"NaN or Inf in client {cid} entry 'control'"):
-        trainer(2).fit(build("SCAFFOLD"), data(), ckpt_path=str(tmp_path / "bad.ckpt"))
+    module = build("SCAFFOLD")
+    trainer(1, callbacks=[checkpoint], enable_checkpointing=True).fit(module, data())
+    store = load_checkpoint(tmp_path / "last.ckpt")["federated"]["store"]
+    cid = sorted(store["entries"])[0]
+    path = Path(store["directory"]) / f"{cid}.control.{store['entries'][cid]['control']}.pt"
+    value = torch.load(path, weights_only=True)
+    value[0] = float("inf")
+    torch.save(value, path)
+    with pytest.raises(CheckpointError, match=f"client state cannot be resumed: the stored entry 'control' of client "
+                                              f"{cid} holds NaN or Inf"):
+        trainer(2).fit(build("SCAFFOLD"), data(), ckpt_path=str(tmp_path / "last.ckpt"))
+    old_format = load_checkpoint(tmp_path / "last.ckpt")  # a checkpoint with the entries inside (before v2)
+    old_format["federated"]["store"] = {"memory": {cid: {"control": value}}, "versions": {cid: {"control": 0}},
+                                        "spilled": {}}
+    torch.save(old_format, tmp_path / "inline.ckpt")
+    with pytest.raises(CheckpointError, match=f"the stored entry 'control' of client {cid} holds NaN or Inf"):
+        trainer(2).fit(build("SCAFFOLD"), data(), ckpt_path=str(tmp_path / "inline.ckpt"))
 
 
 # ------------------------------------------------------------------ clear errors

@@ -7,7 +7,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg
-from tests.helpers import global_vector, synthetic, tiny_client, trainer
+from tests.helpers import checkpoint_client_state, global_vector, synthetic, tiny_client, trainer
 
 CASES = [(FedAvg, {"server_momentum": 0.9, "server_lr": 0.5}), (SCAFFOLD, {})]
 
@@ -48,6 +48,6 @@ def test_checkpoint_holds_client_state(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
     module = make(SCAFFOLD, {})
     trainer(1, callbacks=[ckpt], enable_checkpointing=True).fit(module, synthetic(6))
-    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)["federated"]["store"]["memory"]
+    saved = checkpoint_client_state(torch.load(tmp_path / "last.ckpt", weights_only=True))
     assert sorted(saved) == module.round_clients  # created lazily: only the clients that ran
     assert all(entry["control"].device.type == "cpu" for entry in saved.values())

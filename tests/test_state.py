@@ -26,13 +26,38 @@ def test_state_defaults_are_fresh_copies():
     assert StateSpec().initial() is None
 
 
-def test_store_round_trips():
-    store = ClientStateStore()
+def test_store_round_trips(tmp_path):
+    store = ClientStateStore()  # no directory: the entries go into the checkpoint
     store.set(3, "c", torch.full((2,), 2.0))
     assert store.get(3, "c").device.type == "cpu" and store.nbytes() == 8
     copy = ClientStateStore()
     copy.load_state_dict(store.state_dict())
     assert list(copy.clients()) == [3] and torch.equal(copy.get(3, "c"), store.get(3, "c"))
+
+
+def test_checkpoints_are_incremental(tmp_path):
+    """A checkpoint writes the files of the entries new since the last one and holds only their versions."""
+    store = ClientStateStore(directory=str(tmp_path))
+    store.set(1, "c", torch.ones(2), version=0)
+    store.set(2, "c", torch.ones(2), version=0)
+    assert store.state_dict() == {"entries": {1: {"c": 0}, 2: {"c": 0}}, "directory": str(tmp_path), "elsewhere": {}}
+    written = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt")}
+    assert sorted(written) == ["1.c.0.pt", "2.c.0.pt"]
+    store.set(2, "c", torch.full((2,), 3.0), version=1)  # the next round changes client 2 only
+    state = store.state_dict()
+    assert state["entries"] == {1: {"c": 0}, 2: {"c": 1}}
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt") if p.name != "2.c.1.pt"} == written
+    copy = ClientStateStore(directory=str(tmp_path / "mine"))
+    copy.load_state_dict(state)  # another run's checkpoint: its files are read where they are
+    assert torch.equal(copy.get(2, "c"), torch.full((2,), 3.0)) and torch.equal(copy.get(1, "c"), torch.ones(2))
+    assert copy.nbytes() == 16  # read back into RAM (within the budget)
+    copy.set(1, "c", torch.zeros(2), version=2)
+    again = copy.state_dict()  # names the other run's file of client 2, writes only its own new entry
+    assert again["elsewhere"] == {2: {"c": str(tmp_path)}}
+    assert sorted(p.name for p in (tmp_path / "mine").glob("*.pt")) == ["1.c.2.pt"]
+    for _ in range(3):
+        copy.state_dict()  # pruning never removes another run's files
+    assert (tmp_path / "2.c.1.pt").exists() and (tmp_path / "1.c.0.pt").exists()
 
 
 def test_store_keeps_a_copy():
@@ -101,14 +126,15 @@ def test_a_small_budget_spills_to_disk_and_changes_nothing(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[c], b[c]) for c in a)
 
 
-def test_a_checkpoint_names_spilled_files_and_resumes_exactly(tmp_path):
+def test_a_checkpoint_names_the_files_and_resumes_exactly(tmp_path):
     straight = scaffold(tmp_path / "straight", 3 * ENTRY)
     trainer(6).fit(straight, synthetic(8))
     first = scaffold(tmp_path / "run", 3 * ENTRY)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)
     trainer(3, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(8))
     store = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["federated"]["store"]
-    assert store["spilled"] and sum(len(e) for e in store["memory"].values()) <= 3  # only the RAM part is in it
+    assert set(store) == {"entries", "directory", "elsewhere"} and sorted(store["entries"]) == list(first.store.clients())
+    assert not any(isinstance(v, torch.Tensor) for e in store["entries"].values() for v in e.values())  # names only
     resumed = scaffold(tmp_path / "other", 3 * ENTRY)  # the checkpoint says where the files are
     trainer(6).fit(resumed, synthetic(8), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     assert torch.equal(global_vector(straight), global_vector(resumed))
@@ -124,7 +150,7 @@ def test_files_no_recent_checkpoint_names_are_removed(tmp_path):
         store.sync()
         store.state_dict()  # a checkpoint
     files = sorted(p.name for p in tmp_path.glob("*.pt"))
-    assert files == ["0.v.2.pt"]  # versions 0 and 1 of client 0 were superseded and no checkpoint names them
+    assert files == ["0.v.2.pt", "1.v.2.pt"]  # the latest checkpoint's; versions 0 and 1, superseded, are gone
     assert torch.equal(store.get(0, "v"), torch.full((2,), 2.0))
     with pytest.raises(ValueError, match="memory_budget must be >= 0 and an integer, got -1"):
         ClientStateStore(memory_budget=-1)

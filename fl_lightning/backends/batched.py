@@ -16,12 +16,21 @@ What it guarantees:
   sequential backend's to float tolerance.
 * Clients whose batches at a step differ in shape (fewer samples than the batch size, the last
   batch of an epoch) run that step as separate vectorized calls, and clients that have finished
-  their steps sit out: nothing is padded, so a mean loss stays the mean over real samples.
+  their steps sit out: nothing is padded, so a mean loss (and BatchNorm's batch statistics) stay
+  those of real samples, as FedJAX's pad-and-mask gives them. The price: a step where not every
+  client of the block takes part copies the taking part clients' rows of the stacked state in
+  and out, so ``local_epochs`` on clients of very unequal sizes can run slower than the
+  sequential backend; equal-sized steps (``local_steps``) never pay it.
 * A client module that draws random numbers itself (Dropout) gets independent draws for every
   client (``vmap(randomness="different")``) from the global RNG seeded by the block's key
   ``(seed, "client", first client, "block", round, last client)``: reproducible for a given seed
-  and block layout, equal to the sequential backend in distribution only.
-* Memory grows with the block size (``clients_per_block``), not with the clients of the round.
+  and block layout, equal to the sequential backend in distribution only. The block layout
+  depends on ``clients_per_block`` and on the number of processes (each process makes blocks of
+  its share of the round), so such draws differ between 1 and N processes; deterministic clients
+  give the same result on any number of processes.
+* Memory grows with the block size (``clients_per_block``), not with the clients of the round,
+  except for lock-step algorithms (FedDRO): all of a process's clients of the round advance one
+  step at a time, so all their blocks are stacked at once.
 
 What it refuses, with the reason and the way out: local optimizers other than
 ``torch.optim.SGD``; ``16-mixed`` (its loss scaler steps one optimizer); algorithms whose local

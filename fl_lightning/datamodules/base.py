@@ -175,6 +175,7 @@ class FederatedDataModule(pl.LightningDataModule):
         self.pool: Optional[Dataset] = None
         self.test_set: Optional[Dataset] = None
         self.splits: dict[str, list[np.ndarray]] = {}
+        self._partition_digest: Optional[str] = None  # partition_hash(), once the splits are made
         self.unseen_clients: list[int] = []
         self.train_clients: list[int] = []
 
@@ -223,6 +224,7 @@ class FederatedDataModule(pl.LightningDataModule):
             none = np.array([], dtype=np.int64)
             split = [(np.sort(p), none, none) for p in parts]
         self.splits = {name: [s[j] for s in split] for j, name in enumerate(("train", "val", "test"))}
+        self._partition_digest = None
         empty = [c for c, idx in enumerate(self.splits["train"]) if len(idx) == 0]
         if empty:
             raise ValueError(f"client(s) {empty[:10]} have no training samples after the val/test split")
@@ -265,7 +267,9 @@ class FederatedDataModule(pl.LightningDataModule):
 
     def partition_hash(self) -> str:
         """A short digest of the data configuration: the datamodule's class, the labels of the
-        pool and every client's split indices."""
+        pool and every client's split indices (computed once per setup: every checkpoint names it)."""
+        if self._partition_digest is not None:
+            return self._partition_digest
         h = hashlib.sha256(type(self).__qualname__.encode())
         if self.pool is not None:
             h.update(np.ascontiguousarray(labels_of(self.pool), dtype=np.int64).tobytes())
@@ -273,7 +277,8 @@ class FederatedDataModule(pl.LightningDataModule):
             for idx in self.splits.get(name, []):
                 h.update(np.asarray(idx, dtype=np.int64).tobytes())
                 h.update(b"|")
-        return h.hexdigest()[:16]
+        self._partition_digest = h.hexdigest()[:16]
+        return self._partition_digest
 
     def partition_name(self) -> str:
         """The partition in words: the shortcut and its partitioner, or the partitioner."""
