@@ -272,6 +272,7 @@ class FederatedModule(pl.LightningModule):
         self._excluded: list[int] = []
         self._callbacks: list[FederatedCallback] = []
         self._batch_callbacks: list[FederatedCallback] = []  # those that change local batches
+        self._integer_buffers: Optional[list[Tensor]] = None  # the client's (BatchNorm counters), per round
         #: the client's ``self.log`` calls of local work, logged once per round
         self.client_logs = LocalLogBuffer()
         self.client_logs.bind(client)
@@ -456,6 +457,7 @@ class FederatedModule(pl.LightningModule):
         self.round_start = self.state.flatten()
         self._updates, self._pending_state, self._excluded = [], {}, []
         self._callbacks = [cb for cb in self.trainer.callbacks if isinstance(cb, FederatedCallback)]
+        self._integer_buffers = None  # looked up again once per round (the module may have moved)
         self._batch_callbacks = [cb for cb in self._callbacks
                                  if type(cb).on_local_batch is not FederatedCallback.on_local_batch]
         for cb in self._callbacks:
@@ -704,7 +706,9 @@ class FederatedModule(pl.LightningModule):
         """
         training = self.trainer.training
         was_training = self.client.training
-        counters = [(b, b.clone()) for b in self.client.buffers() if not b.is_floating_point()]
+        if self._integer_buffers is None or not training:
+            self._integer_buffers = [b for b in self.client.buffers() if not b.is_floating_point()]
+        counters = [(b, b.clone()) for b in self._integer_buffers]
         with ExitStack() as stack:
             stack.enter_context(keyed_rng(self.seed, "client", client_id, *keys, device=self.device))
             stack.enter_context(routed_log(self.client, self.client_logs.log if training else _drop_log))

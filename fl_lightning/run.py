@@ -171,6 +171,10 @@ class ClientRun:
         for name, value in values.items():
             self._step_values.setdefault(name, []).append(value.detach())
 
+    def record_series(self, name: str, values: Tensor) -> None:
+        """Keep the values of ``name`` at several steps at once (a backend that ran them together)."""
+        self._step_values.setdefault(name, []).append(values.detach().reshape(-1))
+
     def summary(self) -> dict[str, float]:
         """The client's metrics: the mean of each recorded step value, the step count and ``metrics``."""
         out = {name: mean_value(values) for name, values in self._step_values.items()}
@@ -180,8 +184,10 @@ class ClientRun:
 
 
 def mean_value(values: list[Tensor]) -> float:
-    """The mean of detached step values, read with one device sync (NaN for none)."""
+    """The mean of detached step values (scalars, or series of several steps), read with one device
+    sync (NaN for none)."""
     if not values:
         return float("nan")
-    return float(torch.stack(values).float().mean()) if values[0].dim() == 0 else float(
-        torch.stack([v.reshape(()) for v in values]).float().mean())
+    if all(v.dim() == 0 for v in values):
+        return float(torch.stack(values).float().mean())
+    return float(torch.cat([v.reshape(-1) for v in values]).float().mean())

@@ -83,6 +83,7 @@ class ClientStateStore:
         #: the directory of an entry's file when another run wrote it (loaded from its checkpoint): read
         #: from there, never rewritten or removed
         self._elsewhere: dict[tuple[int, str], str] = {}
+        self._unsaved: set[tuple[int, str]] = set()  # entries whose current value has no file yet
 
     # ------------------------------------------------------------ access
     def get(self, client_id: int, name: str, device: Union[str, torch.device, None] = None) -> Optional[Tensor]:
@@ -104,6 +105,7 @@ class ClientStateStore:
         self._put(client_id, name, value)
         self._versions.setdefault(client_id, {})[name] = version
         self._elsewhere.pop((client_id, name), None)
+        self._unsaved.add((client_id, name))
         self._written.setdefault(client_id, {})[name] = value
 
     def __contains__(self, client_id: int) -> bool:
@@ -143,6 +145,7 @@ class ClientStateStore:
                         self._put(cid, name, value.cpu())
                         self._versions.setdefault(cid, {})[name] = part_versions[cid][name]
                         self._elsewhere.pop((cid, name), None)
+                        self._unsaved.add((cid, name))
         self._spill()
 
     def _put(self, client_id: int, name: str, value: Tensor) -> None:
@@ -170,6 +173,7 @@ class ClientStateStore:
                     if rank0 and path not in self._on_disk:  # (a file of another run with this name is replaced)
                         _atomic_save(value, path)
                     self._on_disk.add(path)
+                self._unsaved.discard((cid, name))
                 self._spilled.setdefault(cid, {})[name] = version
                 self._ram_bytes -= _nbytes(value)
             spilled_any = True
@@ -216,11 +220,14 @@ class ClientStateStore:
         """Replace all entries with those a checkpoint names, reading back into RAM the most recently
         written ones that fit the budget (the rest stays on disk until its client takes part).
 
+        A file the checkpoint names that is gone (removed after ``keep_checkpoints`` newer
+        checkpoints) is warned about; reading its entry fails.
+
         Raises:
             ValueError: a value read holds NaN or Inf (the checkpoint cannot be resumed).
-            FileNotFoundError: a file the checkpoint names is missing.
         """
         self._ram, self._ram_bytes, self._written, self._elsewhere = OrderedDict(), 0, {}, {}
+        self._unsaved = set()
         written_in = state.get("directory")
         if self.directory is None:
             self.directory = written_in
@@ -266,6 +273,7 @@ class ClientStateStore:
                 _check_finite(int(cid), name, value)
                 self._put(int(cid), name, value.cpu())
                 self._versions.setdefault(int(cid), {}).setdefault(name, 0)
+                self._unsaved.add((int(cid), name))  # no file yet: the next checkpoint writes it
         for cid, entry in self._spilled.items():
             for name, version in entry.items():
                 if written_in is not None and os.path.abspath(written_in) != os.path.abspath(self.directory or ""):
@@ -274,20 +282,15 @@ class ClientStateStore:
                     self._on_disk.add(self._path(cid, name, version))
 
     def _persist(self) -> None:
-        """Write the file of every entry in RAM that has none yet (rank 0; the others wait)."""
+        """Write the file of every entry whose current value has none yet: the entries written
+        since the last checkpoint and still in RAM (rank 0; the others wait)."""
         rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-        wrote = False
-        for cid, entry in self._ram.items():
-            for name, value in entry.items():
-                if (cid, name) in self._elsewhere:
-                    continue  # its file is another run's, named as it is
-                path = self._path(cid, name, self._versions[cid][name])
-                if path in self._on_disk:
-                    continue
-                if rank0:  # (a file of another run with this name is replaced)
-                    _atomic_save(value, path)
-                self._on_disk.add(path)
-                wrote = True
+        for cid, name in sorted(self._unsaved):
+            path = self._path(cid, name, self._versions[cid][name])
+            if rank0:  # (a file of another run with this name is replaced)
+                _atomic_save(self._ram[cid][name], path)
+            self._on_disk.add(path)
+        wrote, self._unsaved = bool(self._unsaved), set()
         if wrote and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()  # the files exist before any process relies on them
 

@@ -278,7 +278,7 @@ def test_blocks_bound_the_stacked_clients():
 
     class Recording(BatchedBackend):
         def _call(self, module, block, tensors, items, step, phase):
-            sizes.append(len(items))
+            sizes.append(tensors[0].shape[0])  # the clients stacked in this call
             return super()._call(module, block, tensors, items, step, phase)
 
     module = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", clients_per_block=2)

@@ -169,3 +169,13 @@ def test_two_processes_spill_the_same_entries_as_one(tmp_path):
         results.append(torch.load(path))
     assert_same(*results, atol=1e-5)
     assert len(list((tmp_path / "2" / "state").glob("*.pt"))) >= 2
+
+
+def test_a_checkpoint_of_the_inline_format_resumes_and_is_written_incrementally(tmp_path):
+    """Checkpoints written before they were incremental held the RAM part inline; such a store
+    loads, and its next checkpoint writes those entries' files and names them."""
+    old = {"memory": {4: {"c": torch.full((2,), 4.0)}}, "versions": {4: {"c": 3}}, "spilled": {}}
+    store = ClientStateStore(directory=str(tmp_path))
+    store.load_state_dict(old)
+    assert store.state_dict()["entries"] == {4: {"c": 3}}
+    assert torch.equal(torch.load(tmp_path / "4.c.3.pt"), torch.full((2,), 4.0))

@@ -37,8 +37,8 @@ What it refuses, with the reason and the way out: local optimizers other than
 rule is not a function of tensors (``batchable = False``: a torch optimizer of their own, a
 start model generated with a graph); a ``training_step`` that changes Python state of the client
 module (a counter, a list it appends to, a tensor kept on ``self``, a torchmetrics ``Metric``
-updated there), checked at every vectorized step; and one that reads a tensor's value in Python
-(``.item()``, an ``if`` on a tensor), which ``vmap`` cannot run.
+updated there), checked at the first step of every block; and one that reads a tensor's value
+in Python (``.item()``, an ``if`` on a tensor), which ``vmap`` cannot run.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ class FunctionalRun(ClientRun):
                   round_idx=template.round, num_samples=None, layout=template.layout,  # type: ignore[arg-type]
                   start=carry["start"], state={}, num_steps=template.num_steps, shared=template.shared)
         run.load_carry(carry)
-        run.step_index, run.steps_taken, run.extra_batches = step, template.steps_taken, extras
+        run.step_index, run.steps_taken, run.extra_batches = step, step, extras  # a client at step k took k steps
         return run
 
 
@@ -221,6 +221,32 @@ class _Indices:
         self.indices = indices
 
 
+class _BlockStep:
+    """One local step of every client of a block, as dataset indices ``[clients, batch]`` (and those
+    of the extra streams): the batches of the whole block are gathered in one go."""
+
+    __slots__ = ("main", "extras")
+
+    def __init__(self, main: Tensor, extras: dict[str, Tensor]) -> None:
+        self.main, self.extras = main, extras
+
+
+def _step_table(items: list[list[tuple[_Indices, dict[str, _Indices]]]]) -> Optional[list[_BlockStep]]:
+    """The block's steps as :class:`_BlockStep` when every client takes the same number of steps with
+    batches of the same sizes (``local_steps``), else None (``local_epochs`` on unequal clients)."""
+    if not items or any(len(i) != len(items[0]) for i in items):
+        return None
+    steps = []
+    for k in range(len(items[0])):
+        column = [client[k] for client in items]
+        if len({_signature(item) for item in column}) != 1:
+            return None
+        main = torch.stack([batch.indices for batch, _ in column])
+        extras = {name: torch.stack([e[name].indices for _, e in column]) for name in column[0][1]}
+        steps.append(_BlockStep(main, extras))
+    return steps
+
+
 def _index_stream(module: "FederatedModule", run: FunctionalRun) -> Iterator[tuple[Any, dict[str, Any]]]:
     """A run's step batches as dataset indices (the engine's keyed order)."""
     extras = {s: module.client_indices(run.client_id, run.num_steps, s) for s in module.extra_batch_streams}
@@ -229,18 +255,42 @@ def _index_stream(module: "FederatedModule", run: FunctionalRun) -> Iterator[tup
 
 
 class _Block:
-    """A block of clients whose runs advance together: the runs, their keyed batch streams, and
-    while they step, their carries stacked along the client dimension (built once, taken back
-    into the runs once, at the end)."""
+    """A block of clients whose runs advance together: the runs, their keyed batch streams (or,
+    when every client's steps have the same shapes, the table of all its steps), and while they
+    step, their carries stacked along the client dimension (built once, taken back into the runs
+    once, at the end)."""
 
-    def __init__(self, runs: list[FunctionalRun], streams: list[Iterator[tuple[Any, dict[str, Any]]]]) -> None:
-        self.runs, self.streams = runs, streams
+    def __init__(self, runs: list[FunctionalRun], streams: list[Iterator[tuple[Any, dict[str, Any]]]],
+                 table: Optional[list[_BlockStep]] = None) -> None:
+        self.runs, self.streams, self.table = runs, streams, table
         self.tensors, self.spec, self.static = _stack([run.carry() for run in runs]) if runs else ([], None, {})
+        #: each step's outputs (name -> values stacked over the clients that took part, None: all of them)
+        self.outputs: list[tuple[Optional[list[int]], dict[str, Tensor]]] = []
+        #: whether the client module's Python state was checked in this block (at its first step)
+        self.checked = False
+
+    def record(self, members: Optional[list[int]], outputs: dict[str, Tensor]) -> None:
+        """Keep a step's outputs, stacked over ``members`` (None: every client of the block)."""
+        self.outputs.append((members, outputs))
+        for i in range(len(self.runs)) if members is None else members:
+            self.runs[i].steps_taken += 1
 
     def unstack(self) -> None:
-        """Give every run its values back."""
+        """Give every run its values back, and its step outputs (each client's series, one index per
+        client when every client took every step)."""
         for i, run in enumerate(self.runs):
             run.load_carry(tree_unflatten(_merge([t[i] for t in self.tensors], self.static), self.spec))
+        names = {name for _, outputs in self.outputs for name in outputs}
+        for name in sorted(names):
+            if all(members is None and name in out for members, out in self.outputs):
+                series = torch.stack([out[name].reshape(len(self.runs)) for _, out in self.outputs], dim=1)
+                for i, run in enumerate(self.runs):
+                    run.record_series(name, series[i])
+                continue
+            for members, out in self.outputs:
+                if name in out:
+                    for j, i in enumerate(range(len(self.runs)) if members is None else members):
+                        self.runs[i].record({name: out[name][j]})
 
 
 class BatchedBackend(ClientBackend):
@@ -278,6 +328,11 @@ class BatchedBackend(ClientBackend):
             self._lockstep_item(module, item)
             return
         block = self._init_block(module, item)
+        if block.table is not None:
+            for step, block_step in enumerate(block.table):
+                self._advance(module, block, block_step, step, "step")
+            self._finish_block(module, block)
+            return
         step = 0
         while block.runs:
             items = [next(stream, None) for stream in block.streams]
@@ -315,7 +370,10 @@ class BatchedBackend(ClientBackend):
             runs.append(run)
         if module.changes_local_batches or any(run.batches is not None for run in runs):
             return _Block(runs, [module.step_batches(run) for run in runs])
-        return _Block(runs, [_index_stream(module, run) for run in runs])  # gathered a step at a time
+        if module.lockstep:
+            return _Block(runs, [_index_stream(module, run) for run in runs])  # gathered a step at a time
+        items = [list(_index_stream(module, run)) for run in runs]
+        return _Block(runs, [iter(i) for i in items], _step_table(items))
 
     def _finish_block(self, module: "FederatedModule", block: _Block) -> None:
         block.unstack()
@@ -358,15 +416,19 @@ class BatchedBackend(ClientBackend):
         return all_reduce_sum(acc)
 
     # ------------------------------------------------------------ one vectorized step of a block
-    def _advance(self, module: "FederatedModule", block: _Block, items: list[Any], step: int,
+    def _advance(self, module: "FederatedModule", block: _Block, items: Any, step: int,
                  phase: str) -> Optional[Tensor]:
         """Run ``phase`` (``"step"``: ``client_step``; ``"share"``: ``client_share``) of local step
-        ``step`` for the block's clients that have a batch, one vectorized call per batch shape;
+        ``step`` for the block's clients that have a batch (``items``: one per client, None for a
+        client without, or a :class:`_BlockStep` of them all), one vectorized call per batch shape;
         returns the stacked shares of the ``"share"`` phase (None if the clients share nothing)."""
         groups: dict[Any, list[int]] = {}
-        for i, item in enumerate(items):
-            if item is not None:
-                groups.setdefault(_signature(item), []).append(i)
+        if isinstance(items, _BlockStep):
+            groups[None] = list(range(len(block.runs)))
+        else:
+            for i, item in enumerate(items):
+                if item is not None:
+                    groups.setdefault(_signature(item), []).append(i)
         everyone = len(groups) == 1 and len(next(iter(groups.values()))) == len(block.runs)
         results = []
         first, last = block.runs[0], block.runs[-1]
@@ -374,19 +436,17 @@ class BatchedBackend(ClientBackend):
             for members in groups.values():
                 index = None if everyone else torch.tensor(members, device=block.tensors[0].device)
                 tensors = block.tensors if index is None else [t.index_select(0, index) for t in block.tensors]
-                results.append((members, index, self._call(module, block, tensors, [items[i] for i in members], step,
-                                                           phase)))
+                given = items if isinstance(items, _BlockStep) else [items[i] for i in members]
+                results.append((members, index, self._call(module, block, tensors, given, step, phase)))
+                block.checked = True
         self._take_back(block, results)
-        outputs = {m: {name: value[j] for name, value in out.items()}
-                   for members, _, (_, _, _, out) in results for j, m in enumerate(members)}
         if phase == "step":
-            for i, run in enumerate(block.runs):
-                if i in outputs:
-                    run.record(outputs[i])
-                    run.steps_taken += 1
+            for members, index, (_, _, _, out) in results:
+                block.record(None if index is None else members, out)
             return None
-        shares = [outputs[i]["share"] for i in sorted(outputs) if "share" in outputs[i]]
-        return torch.stack(shares) if shares else None
+        shares = {m: out["share"][j] for members, _, (_, _, _, out) in results if "share" in out
+                  for j, m in enumerate(members)}
+        return torch.stack([shares[i] for i in sorted(shares)]) if shares else None
 
     @staticmethod
     def _take_back(block: _Block, results: list) -> None:
@@ -416,12 +476,17 @@ class BatchedBackend(ClientBackend):
                 t.index_copy_(0, index, new)
         block.tensors, block.spec, block.static = full, spec, static
 
-    def _call(self, module: "FederatedModule", block: _Block, tensors: list[Tensor], items: list[Any], step: int,
+    def _call(self, module: "FederatedModule", block: _Block, tensors: list[Tensor], items: Any, step: int,
               phase: str) -> tuple[list[Tensor], Any, dict[int, Any], dict[str, Tensor]]:
-        """One ``vmap`` of the phase's hook over stacked carries ``tensors`` (the block's structure);
-        returns the new stacked carry, its structure and the hook's outputs, stacked."""
-        batch = _stack_batches(module, [item[0] for item in items])
-        extras = {name: _stack_batches(module, [item[1][name] for item in items]) for name in items[0][1]}
+        """One ``vmap`` of the phase's hook over stacked carries ``tensors`` (the block's structure)
+        and the clients' batches (``items``: one per client, or a :class:`_BlockStep`); returns the
+        new stacked carry, its structure and the hook's outputs, stacked."""
+        if isinstance(items, _BlockStep):
+            batch = _gather(module, items.main)
+            extras = {name: _gather(module, indices) for name, indices in items.extras.items()}
+        else:
+            batch = _stack_batches(module, [item[0] for item in items])
+            extras = {name: _stack_batches(module, [item[1][name] for item in items]) for name in items[0][1]}
         template, spec, static, side = block.runs[0], block.spec, block.static, {}
         hook = module.client_step if phase == "step" else module.client_share
 
@@ -435,20 +500,22 @@ class BatchedBackend(ClientBackend):
                 return new_tensors, ({} if out is None else {"share": out}), run.logs
             return new_tensors, _named_outputs(out), run.logs
 
-        guard = _PythonState(module.client)
+        guard = None if block.checked else _PythonState(module.client)  # at the block's first step
         try:
             new_tensors, outputs, logs = vmap(one_client, randomness="different")(tensors, batch, extras)
         except RuntimeError as error:
             if "vmap" not in str(error):
                 raise
-            guard.check()  # a Metric's update, a counter: the clearer reason, where it is one
+            if guard is not None:
+                guard.check()  # a Metric's update, a counter: the clearer reason, where it is one
             raise ValueError(
                 f"{type(module).__name__}.{'client_step' if phase == 'step' else 'client_share'} cannot be vectorized "
                 "over clients: the client module's training_step (or the algorithm's step) reads a tensor's value in "
                 "Python (.item(), float(), bool(), an if on a tensor, a torchmetrics update) or calls an operation "
                 "torch.func.vmap does not support; use client_backend='sequential' (torch's message follows)"
             ) from error
-        guard.check()
+        if guard is not None:
+            guard.check()
         for name, (total, size) in logs.items():
             module.client_logs.add(name, total.sum(), int(size.sum()), side["options"].get(name, {}))
         return new_tensors, side["spec"], side["static"], outputs
@@ -484,13 +551,17 @@ def _stack(carries: list[dict[str, Any]]) -> tuple[list[Tensor], Any, dict[int, 
     return [torch.stack(column) for column in zip(*columns)], spec, static
 
 
+def _gather(module: "FederatedModule", indices: Tensor) -> Any:
+    """The samples of the pool at ``indices`` ``[clients, batch]``, on the device."""
+    return move_data_to_device(gather(module.datamodule.pool, indices), module.device)
+
+
 def _stack_batches(module: "FederatedModule", batches: list[Any]) -> Any:
     """The clients' batches of a step stacked along a new first dimension: gathered from the
     dataset in one go when given as indices, else stacked leaf by leaf."""
     first = batches[0]
     if isinstance(first, _Indices):
-        stacked = gather(module.datamodule.pool, torch.stack([b.indices for b in batches]))
-        return move_data_to_device(stacked, module.device)
+        return _gather(module, torch.stack([b.indices for b in batches]))
     if isinstance(first, tuple) and all(isinstance(t, Tensor) for t in first):  # the usual (x, y)
         return tuple(torch.stack(column) for column in zip(*batches))
     flat = [tree_flatten(b) for b in batches]
