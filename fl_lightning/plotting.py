@@ -112,7 +112,7 @@ def plot_metrics(runs: Sequence[Run], path: str | Path, metrics: Optional[Sequen
     handles = [lines[i] for i in sorted(lines)]
     fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=min(len(handles), 4),
                fontsize="small", frameon=False)
-    fig.tight_layout(rect=(0, 0.4 / (3.6 * rows + 0.4) + 0.02 * math.ceil(len(handles) / 4), 1, 1))
+    fig.tight_layout(rect=(0, 0.3 * math.ceil(len(handles) / 4) / (3.6 * rows + 0.4), 1, 1))  # 0.3 in a legend row
     return _save(fig, path)
 
 
