@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import pytorch_lightning as pl
 from torch.nn.parallel import DistributedDataParallel
@@ -52,3 +56,21 @@ def test_lightning_ddp_is_refused():
     module = FedAvg(tiny_client(), clients_per_round=2, local_steps=1)
     with pytest.raises(ValueError, match="fl_ddp"):
         trainer(1, strategy="ddp", devices=1).fit(module, synthetic(4))
+
+
+def test_the_process_group_is_closed_at_exit():
+    """Left to C++ static destructors, a gloo group sometimes aborts a process after a good run."""
+    script = (
+        "import atexit, torch.distributed as dist\n"
+        "from fl_lightning.algorithms import FedAvg\n"
+        "from tests.helpers import synthetic, tiny_client, trainer\n"
+        "trainer(1, strategy='fl_ddp', devices=1).fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1),"
+        " synthetic(4))\n"
+        "assert dist.is_initialized()\n"
+        "atexit._run_exitfuncs()\n"
+        "print('open after exit handlers:', dist.is_initialized())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "open after exit handlers: False" in done.stdout
