@@ -56,6 +56,7 @@ from torch import Tensor, nn
 from fl_lightning.backends import BatchedBackend, ClientBackend, ModuleRun, SequentialBackend
 from fl_lightning.backends.functional import FunctionalClient
 from fl_lightning.checkpoints import CheckpointError, install_safe_io, is_plain, load_checkpoint
+from fl_lightning.datamodules.client_data import ClientData, to_device
 from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and_world
 from fl_lightning.hooks import Aggregator, FederatedCallback
 from fl_lightning.lightning_compat import (
@@ -639,9 +640,7 @@ class FederatedModule(pl.LightningModule):
 
     def prepare_batch(self, client_id: int, batch: Any) -> Any:
         """``batch`` on the device, after the callbacks' ``on_local_batch`` (data poisoning)."""
-        device = self.device
-        if not (isinstance(batch, tuple) and all(isinstance(t, Tensor) and t.device == device for t in batch)):
-            batch = move_data_to_device(batch, device)
+        batch = to_device(batch, self.device)
         for cb in self._batch_callbacks:
             batch = cb.on_local_batch(self.trainer, self, client_id, batch)
         return batch
@@ -651,8 +650,7 @@ class FederatedModule(pl.LightningModule):
     ) -> Iterator[Any]:
         """The client's mini-batches, ready for a step, in an order from ``(seed, stream, round, client)``:
         ``num_steps`` batches, or ``local_epochs`` passes when ``num_steps`` is None."""
-        data = self.datamodule.client_data(client_id, "train")
-        g = generator(self.seed, stream, self.current_epoch if round_idx is None else round_idx, client_id)
+        data, g = self._batch_order(client_id, stream, round_idx)
         if num_steps is not None:
             batches = data.step_batches(num_steps, g)
         else:
@@ -661,18 +659,37 @@ class FederatedModule(pl.LightningModule):
         for batch in batches:
             yield self.prepare_batch(client_id, batch)
 
+    def _batch_order(
+        self, client_id: int, stream: str, round_idx: Optional[int]
+    ) -> tuple[ClientData, torch.Generator]:
+        """The client's train split and the generator of its batch order in ``stream`` this round."""
+        data = self.datamodule.client_data(client_id, "train")
+        return data, generator(self.seed, stream, self.current_epoch if round_idx is None else round_idx, client_id)
+
     def client_indices(
         self, client_id: int, num_steps: Optional[int], stream: str = "batches", round_idx: Optional[int] = None
     ) -> Iterator[Tensor]:
         """The dataset indices of :meth:`client_batches`' batches (the same keyed order), for a
         backend that gathers many clients' batches at once (then ``on_local_batch`` callbacks do
         not run: backends use it only when no callback changes local batches)."""
-        data = self.datamodule.client_data(client_id, "train")
-        g = generator(self.seed, stream, self.current_epoch if round_idx is None else round_idx, client_id)
         if num_steps is not None:
-            return data.step_indices(num_steps, g)
+            return iter(self.client_step_indices(client_id, num_steps, stream, round_idx))
+        data, g = self._batch_order(client_id, stream, round_idx)
         assert self.local_epochs is not None
         return data.epoch_indices(self.local_epochs, g)
+
+    def client_step_indices(
+        self, client_id: int, num_steps: int, stream: str = "batches", round_idx: Optional[int] = None
+    ) -> Tensor:
+        """:meth:`client_indices` of ``num_steps`` steps as one table, ``[num_steps, batch]``."""
+        data, g = self._batch_order(client_id, stream, round_idx)
+        return data.step_indices(num_steps, g)
+
+    @property
+    def overrides_client_init(self) -> bool:
+        """Whether the algorithm prepares its clients' rounds (overrides :meth:`client_init`): a
+        backend need not set up a client's local work to run the default, which does nothing."""
+        return type(self).client_init is not FederatedModule.client_init
 
     @property
     def changes_local_batches(self) -> bool:

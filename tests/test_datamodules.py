@@ -84,6 +84,19 @@ def test_client_batches_are_keyed_by_seed_round_client():
     assert all(len(x) == min(dm.batch_size, len(data)) for x in a)
 
 
+def test_step_indices_are_passes_of_fresh_permutations_without_the_remainder():
+    """5 samples in batches of 2: a pass gives 2 batches (one sample left out), then a new permutation."""
+    from fl_lightning.datamodules.client_data import ClientData
+
+    indices, data = torch.tensor([10, 11, 12, 13, 14]), TensorDataset(torch.arange(20))
+    table = ClientData(data, indices, batch_size=2).step_indices(5, torch.Generator().manual_seed(7))
+    g = torch.Generator().manual_seed(7)
+    perms = [indices[torch.randperm(5, generator=g)] for _ in range(3)]
+    expected = torch.stack([perms[0][0:2], perms[0][2:4], perms[1][0:2], perms[1][2:4], perms[2][0:2]])
+    assert torch.equal(table, expected)
+    assert ClientData(data, indices, batch_size=8).step_indices(3, g).shape == (3, 5)  # a batch is at most the split
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

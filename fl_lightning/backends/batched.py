@@ -55,10 +55,9 @@ from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torchmetrics import Metric
 
-from lightning_fabric.utilities.apply_func import move_data_to_device
 
 from fl_lightning.backends.base import ClientBackend
-from fl_lightning.datamodules.client_data import gather
+from fl_lightning.datamodules.client_data import gather, to_device
 from fl_lightning.backends.sequential import training_loss
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
 from fl_lightning.lightning_compat import routed_log
@@ -231,20 +230,24 @@ class _BlockStep:
         self.main, self.extras = main, extras
 
 
-def _step_table(items: list[list[tuple[_Indices, dict[str, _Indices]]]]) -> Optional[list[_BlockStep]]:
+def _step_table(module: "FederatedModule", runs: list[FunctionalRun]) -> Optional[list[_BlockStep]]:
     """The block's steps as :class:`_BlockStep` when every client takes the same number of steps with
-    batches of the same sizes (``local_steps``), else None (``local_epochs`` on unequal clients)."""
-    if not items or any(len(i) != len(items[0]) for i in items):
+    batches of the same size (``local_steps``), else None (``local_epochs``, a client smaller than
+    the batch): each client's steps are one table of dataset indices, the block's one stack."""
+    counts = {run.num_steps for run in runs}
+    if len(counts) != 1 or None in counts:
         return None
-    steps = []
-    for k in range(len(items[0])):
-        column = [client[k] for client in items]
-        if len({_signature(item) for item in column}) != 1:
-            return None
-        main = torch.stack([batch.indices for batch, _ in column])
-        extras = {name: torch.stack([e[name].indices for _, e in column]) for name in column[0][1]}
-        steps.append(_BlockStep(main, extras))
-    return steps
+    (steps,) = counts
+    assert steps is not None
+
+    def stacked(stream: str) -> Optional[Tensor]:
+        tables = [module.client_step_indices(run.client_id, steps, stream) for run in runs]
+        return torch.stack(tables) if len({t.shape for t in tables}) == 1 else None
+
+    main, extras = stacked("batches"), {name: stacked(name) for name in module.extra_batch_streams}
+    if main is None or any(e is None for e in extras.values()):
+        return None
+    return [_BlockStep(main[:, k], {name: e[:, k] for name, e in extras.items() if e is not None}) for k in range(steps)]
 
 
 def _index_stream(module: "FederatedModule", run: FunctionalRun) -> Iterator[tuple[Any, dict[str, Any]]]:
@@ -343,10 +346,14 @@ class BatchedBackend(ClientBackend):
         self._finish_block(module, block)
 
     # ------------------------------------------------------------ runs
-    def new_run(self, module: "FederatedModule", client_id: int) -> FunctionalRun:
-        """A run of ``client_id`` from the global model, with its state and the optimizer as a function."""
+    def new_run(self, module: "FederatedModule", client_id: int, function: Optional[FunctionalSGD] = None
+                ) -> FunctionalRun:
+        """A run of ``client_id`` from the global model, with its state and ``function``, the round's
+        local optimizer as a function (default: made from the client's; the same for every client
+        of a round, since it holds no state)."""
         assert module.round_start is not None
-        function = functional_optimizer(module.local_optimizer(), module.state.params)
+        if function is None:
+            function = functional_optimizer(module.local_optimizer(), module.state.params)
         start = module.round_start
         return FunctionalRun(
             module, function, [t.clone() for t in module.state.layout.split(start)],
@@ -357,23 +364,25 @@ class BatchedBackend(ClientBackend):
 
     def _init_block(self, module: "FederatedModule", clients: list[int]) -> _Block:
         runs = []
+        function = functional_optimizer(module.local_optimizer(), module.state.params)
         for cid in clients:
             if not module.lockstep and module.upload_is_forged(cid):
                 module.receive(module.forged_placeholder(cid), None)
                 continue
-            run = self.new_run(module, cid)
-            with module.local_work(cid, "round", run.round):
-                module.client_init(run)
+            run = self.new_run(module, cid, function)
+            if module.overrides_client_init:
+                with module.local_work(cid, "round", run.round):
+                    module.client_init(run)
             if run.optimizer is not None:
                 raise ValueError(f"{type(module).__name__}.client_init sets a torch optimizer of its own; the batched "
                                  "backend runs the client's optimizer as a function: use client_backend='sequential'")
             runs.append(run)
         if module.changes_local_batches or any(run.batches is not None for run in runs):
             return _Block(runs, [module.step_batches(run) for run in runs])
-        if module.lockstep:
-            return _Block(runs, [_index_stream(module, run) for run in runs])  # gathered a step at a time
-        items = [list(_index_stream(module, run)) for run in runs]
-        return _Block(runs, [iter(i) for i in items], _step_table(items))
+        table = None if module.lockstep or not runs else _step_table(module, runs)
+        if table is not None:
+            return _Block(runs, [], table)
+        return _Block(runs, [_index_stream(module, run) for run in runs])  # gathered a step at a time
 
     def _finish_block(self, module: "FederatedModule", block: _Block) -> None:
         block.unstack()
@@ -553,7 +562,7 @@ def _stack(carries: list[dict[str, Any]]) -> tuple[list[Tensor], Any, dict[int, 
 
 def _gather(module: "FederatedModule", indices: Tensor) -> Any:
     """The samples of the pool at ``indices`` ``[clients, batch]``, on the device."""
-    return move_data_to_device(gather(module.datamodule.pool, indices), module.device)
+    return to_device(gather(module.datamodule.pool, indices), module.device)
 
 
 def _stack_batches(module: "FederatedModule", batches: list[Any]) -> Any:

@@ -4,8 +4,8 @@ Batches come from a ``torch.Generator`` the caller derives from (seed, round, cl
 client's batch order does not depend on anything else. Tensor-backed datasets
 (``TensorDataset``) are sliced directly, which is what makes per-client batching cheap;
 other map-style datasets go through ``default_collate``. The batch streams are also available as
-the dataset indices of each batch (``step_indices``, ``epoch_indices``), so that a backend can
-gather the batches of many clients at once (:func:`gather`).
+the dataset indices of each batch (``step_indices``: all steps as one table; ``epoch_indices``), so
+that a backend can gather the batches of many clients at once (:func:`gather`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional
 
 import torch
+from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
@@ -24,6 +25,14 @@ def gather(dataset: Dataset, indices: Tensor) -> Any:
         return tuple(t[indices] for t in dataset.tensors)
     flat = default_collate([dataset[i] for i in indices.reshape(-1).tolist()])
     return tuple(t.reshape(*indices.shape, *t.shape[1:]) for t in flat) if isinstance(flat, (list, tuple)) else flat
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` on ``device``: as it is when it is a tuple of tensors there already (the common
+    case, checked without walking the collection), else moved by Lightning's ``move_data_to_device``."""
+    if isinstance(batch, tuple) and all(isinstance(t, Tensor) and t.device == device for t in batch):
+        return batch
+    return move_data_to_device(batch, device)
 
 
 class ClientData:
@@ -43,18 +52,18 @@ class ClientData:
         """The batch of the split's samples at ``positions`` (positions within the split)."""
         return gather(self.dataset, self.indices[positions])
 
-    def step_indices(self, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
-        """The dataset indices of ``steps`` batches of ``min(batch_size, len)`` samples, reshuffling at each pass."""
+    def step_indices(self, steps: int, generator: torch.Generator) -> Tensor:
+        """The dataset indices of ``steps`` batches of ``b = min(batch_size, len)`` samples, one row
+        each (``[steps, b]``): each pass over the split is a fresh permutation cut into ``len // b``
+        batches (the remainder is left out), the next pass starting when a batch would not fit."""
         n = len(self)
         if n == 0:
             raise ValueError("the client split is empty")
         b = min(self.batch_size, n)
-        perm, pos = torch.randperm(n, generator=generator), 0
-        for _ in range(steps):
-            if pos + b > n:
-                perm, pos = torch.randperm(n, generator=generator), 0
-            yield self.indices[perm[pos : pos + b]]
-            pos += b
+        per_pass = n // b
+        passes = max(1, -(-steps // per_pass))
+        orders = [torch.randperm(n, generator=generator)[: per_pass * b] for _ in range(passes)]
+        return self.indices[torch.cat(orders).view(-1, b)[:steps]]
 
     def step_batches(self, steps: int, generator: torch.Generator) -> Iterator[Any]:
         """``steps`` batches of ``min(batch_size, len)`` samples, reshuffling at each pass."""
