@@ -6,7 +6,7 @@ vmapped loss gets the same per-client gradients (each client's loss depends on i
 parameters only) with one transform fewer, but needs the step split around the gradient. The
 clients are the quickstart's (logistic regression 60 -> 10, batch 10), 30 to a block.
 
-    python benchmarks/grad_transforms.py [--clients 30] [--threads 2]
+    python benchmarks/grad_transforms.py [--clients 30] [--threads 2] [--steps 400]
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from torch.utils.data import TensorDataset
 
 from fl_lightning.datamodules import (
     CIFAR10Federated,
+    ClientData,
     FederatedDataModule,
     MNISTFederated,
     SyntheticFederated,
@@ -86,8 +87,6 @@ def test_client_batches_are_keyed_by_seed_round_client():
 
 def test_step_indices_are_passes_of_fresh_permutations_without_the_remainder():
     """5 samples in batches of 2: a pass gives 2 batches (one sample left out), then a new permutation."""
-    from fl_lightning.datamodules.client_data import ClientData
-
     indices, data = torch.tensor([10, 11, 12, 13, 14]), TensorDataset(torch.arange(20))
     table = ClientData(data, indices, batch_size=2).step_indices(5, torch.Generator().manual_seed(7))
     g = torch.Generator().manual_seed(7)

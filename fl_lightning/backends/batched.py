@@ -55,10 +55,9 @@ from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torchmetrics import Metric
 
-
 from fl_lightning.backends.base import ClientBackend
-from fl_lightning.datamodules.client_data import gather, to_device
 from fl_lightning.backends.sequential import training_loss
+from fl_lightning.datamodules.client_data import gather, to_device
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
 from fl_lightning.lightning_compat import routed_log
 from fl_lightning.local_logging import call_options
@@ -234,20 +233,16 @@ def _step_table(module: "FederatedModule", runs: list[FunctionalRun]) -> Optiona
     """The block's steps as :class:`_BlockStep` when every client takes the same number of steps with
     batches of the same size (``local_steps``), else None (``local_epochs``, a client smaller than
     the batch): each client's steps are one table of dataset indices, the block's one stack."""
-    counts = {run.num_steps for run in runs}
-    if len(counts) != 1 or None in counts:
+    steps = runs[0].num_steps
+    if steps is None or any(run.num_steps != steps for run in runs):
         return None
-    (steps,) = counts
-    assert steps is not None
-
-    def stacked(stream: str) -> Optional[Tensor]:
-        tables = [module.client_step_indices(run.client_id, steps, stream) for run in runs]
-        return torch.stack(tables) if len({t.shape for t in tables}) == 1 else None
-
-    main, extras = stacked("batches"), {name: stacked(name) for name in module.extra_batch_streams}
-    if main is None or any(e is None for e in extras.values()):
+    tables = {stream: [module.client_step_indices(run.client_id, steps, stream) for run in runs]
+              for stream in ("batches", *module.extra_batch_streams)}
+    if any(len({t.shape for t in column}) != 1 for column in tables.values()):
         return None
-    return [_BlockStep(main[:, k], {name: e[:, k] for name, e in extras.items() if e is not None}) for k in range(steps)]
+    stacked = {stream: torch.stack(column) for stream, column in tables.items()}
+    main = stacked.pop("batches")
+    return [_BlockStep(main[:, k], {name: t[:, k] for name, t in stacked.items()}) for k in range(steps)]
 
 
 def _index_stream(module: "FederatedModule", run: FunctionalRun) -> Iterator[tuple[Any, dict[str, Any]]]:
