@@ -5,6 +5,7 @@
     fl-lightning fit --config configs/quickstart.yaml
     fl-lightning fit --config configs/fedavg_mnist.yaml --model.local_steps 5 --trainer.max_epochs 50
     fl-lightning validate --config configs/quickstart.yaml --ckpt_path last.ckpt
+    fl-lightning predict --config configs/quickstart.yaml --ckpt_path last.ckpt   # -> <log folder>/predictions.pt
     fl-lightning fit --config configs/quickstart.yaml --print_config
     fl-lightning pefll-predict --config configs/pefll/<run>.yaml --predict.ckpt_path last.ckpt
     fl-lightning plot runs/quickstart
@@ -29,7 +30,7 @@ from typing import Any, Optional
 
 import torch
 from jsonargparse import Namespace
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from fl_lightning import plotting
@@ -58,6 +59,8 @@ class FederatedCLI(LightningCLI):
       false;
     * ``fit`` writes the run's per-round history and prints a summary at the end
       (``RoundHistory``) unless the configuration has one;
+    * ``predict`` writes the predictions to ``predictions.pt`` in the run's folder
+      (``PredictionWriter``) unless the configuration has a prediction writer;
     * ``--ckpt_path`` never replaces the configured model with the checkpoint's: a checkpoint of
       another algorithm is refused, and settings that differ from the checkpoint's are used as
       configured, with a warning naming each (``FederatedModule.on_load_checkpoint``).
@@ -77,7 +80,14 @@ class FederatedCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """Add a ``RoundCheckpoint`` to ``fit`` when the configuration has no checkpoint callback,
-        and a ``RoundHistory`` when it has none."""
+        and a ``RoundHistory`` when it has none; a ``PredictionWriter`` to ``predict`` when it has
+        no prediction writer."""
+        if self.subcommand == "predict":
+            trainer = self.config["predict"]["trainer"]
+            callbacks = list(trainer.get("callbacks") or [])
+            if not any(_configured_is(c, BasePredictionWriter) for c in callbacks):
+                callbacks.append(Namespace(class_path="fl_lightning.callbacks.PredictionWriter", init_args=Namespace()))
+            trainer["callbacks"] = callbacks
         if self.subcommand != "fit":
             return
         trainer = self.config["fit"]["trainer"]

@@ -88,7 +88,7 @@ class Aggregator(FederatedCallback):
     linear reduction says so with :attr:`linear_reduction`; the engine then combines its
     uploads with the algorithm's other linear ones, in one all-reduce. With no aggregator (no
     ``Aggregator`` callback, no ``default_aggregator`` of the algorithm) the engine takes the
-    sample-weighted mean, the reduction of ``WeightedMean()``.
+    mean ``WeightedMean(module.weighting)``: the paper's weights unless ``weighting`` is given.
     """
 
     #: ``"weighted_mean"``, ``"mean"`` or ``"sum"`` if the aggregate is that linear reduction, else None

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.core.optimizer import LightningOptimizer
+from pytorch_lightning.core.saving import _default_map_location, _load_state
 from pytorch_lightning.overrides.distributed import _sync_module_states
 from torch import nn
 
@@ -153,3 +154,23 @@ def rich_train_description(bar: Any, description: str) -> str:
     calls that method, which ``RichRoundProgressBar`` overrides, for each training epoch)."""
     width = len(bar.validation_description)
     return f"{description:{width}}" if width > len(description) else description
+
+
+def default_map_location(map_location: Any) -> Any:
+    """``map_location`` of ``load_from_checkpoint``, Lightning's default when None: every tensor on
+    the device it was saved from, or on the CPU when that device is not available."""
+    return _default_map_location if map_location is None else map_location
+
+
+def build_from_checkpoint(cls: type, checkpoint: dict[str, Any], strict: Optional[bool] = None, **kwargs: Any) -> Any:
+    """What Lightning's ``load_from_checkpoint`` does once the file is read: ``cls`` (a
+    ``LightningModule`` or ``LightningDataModule``) built from the checkpoint's hyperparameters
+    (``kwargs`` take precedence), its state loaded, a module moved to its state's device."""
+    checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {}).update(kwargs)
+    built = _load_state(cls, checkpoint, strict=strict, **kwargs)
+    if isinstance(built, pl.LightningModule):
+        state = checkpoint.get("state_dict") or {}
+        tensor = next((t for t in state.values() if isinstance(t, torch.Tensor)), None)
+        if tensor is not None:
+            built = built.to(tensor.device)
+    return built

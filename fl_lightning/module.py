@@ -36,11 +36,11 @@ server. ``docs/engine.md`` lists them with a complete example; each has one mean
 
 from __future__ import annotations
 
-import importlib
+import functools
 import inspect
 import os
-import sys
 import time
+import uuid
 import warnings
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Literal, Mapping, Optional
@@ -55,25 +55,48 @@ from torch import Tensor, nn
 
 from fl_lightning.backends import BatchedBackend, ClientBackend, ModuleRun, SequentialBackend
 from fl_lightning.backends.functional import FunctionalClient
-from fl_lightning.checkpoints import CheckpointError, install_safe_io, is_plain, load_checkpoint
+from fl_lightning.checkpoints import (
+    AllowedClasses,
+    CheckpointError,
+    build_checked,
+    check_weights_only,
+    check_written_by,
+    class_path_of,
+    install_safe_io,
+    is_plain,
+    load_checkpoint,
+    resolve_class,
+)
 from fl_lightning.datamodules.client_data import ClientData, to_device
 from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and_world
 from fl_lightning.hooks import Aggregator, FederatedCallback
 from fl_lightning.lightning_compat import (
     attached_trainer,
     count_optimizer_step,
+    default_map_location,
     raw_optimizer,
     routed_log,
     set_current_hook,
     set_logger_step,
 )
 from fl_lightning.local_logging import LocalLogBuffer
+from fl_lightning.optim.functional import optimizer_lr
 from fl_lightning.progress import round_progress_bar
 from fl_lightning.run import ClientRun, StepOutput
 from fl_lightning.schedules import LocalSchedule
 from fl_lightning.seeding import generator, keyed_rng, sample_clients
-from fl_lightning.state import ClientStateStore, StateDefault, StateSpec
-from fl_lightning.update import ClientUpdate, Reduction, UpdateSpec, all_finite, finish_linear, linear_sums
+from fl_lightning.state import ClientStateStore, StateDefault, StateSpec, check_folder
+from fl_lightning.update import (
+    ClientUpdate,
+    LinearReduction,
+    Reduction,
+    UpdateSpec,
+    Weighting,
+    all_finite,
+    finish_linear,
+    linear_sums,
+    weighted_reduction,
+)
 from fl_lightning.validation import check_int, check_number
 from fl_lightning.vectors import StateVector
 
@@ -124,8 +147,9 @@ class FederatedModule(pl.LightningModule):
             ``fraction_fit``): ``max(min_clients, int(fraction * training clients))``.
         min_clients: the fewest clients a round samples with ``clients_fraction`` (Flower's
             ``min_fit_clients``).
-        local_steps: local optimizer steps per client per round (default 10 when
-            ``local_epochs`` is not given). Exclusive with ``local_epochs``.
+        local_steps: local optimizer steps per client per round (default ``default_local_steps``,
+            10 unless the algorithm's paper says otherwise, when ``local_epochs`` is not given).
+            Exclusive with ``local_epochs``.
         local_epochs: passes over the client's training split per round, instead of steps.
         server_lr: learning rate of the default server optimizer (SGD on the pseudo-gradient
             ``-mean(delta)``); 1.0 with no momentum is plain FedAvg.
@@ -146,12 +170,19 @@ class FederatedModule(pl.LightningModule):
         client_state_memory: bytes of per-client state (control variates, personal models) kept
             in RAM; beyond it the least recently written clients' entries are spilled to disk.
         client_state_dir: where client state files go (spilled entries, and every entry a checkpoint
-            names; default: ``client_state`` in the run's log folder); with several processes, a
-            folder they all reach.
+            names; default: ``client_state`` in the run's log folder, or below ``default_root_dir``
+            without a logger): each run writes into a folder of its own there, named by a run id
+            (runs may share it), and checkpoints name it by its absolute path; with several
+            processes, a folder they all reach.
         client_state_checkpoints: how many of the latest checkpoints keep the client-state files they
             name (checkpoints are incremental: they name files in ``client_state_dir``); None keeps
             every file. Raise it (or None) when an older checkpoint (``ModelCheckpoint``'s best)
             must restore client state (resume, personalized evaluation).
+        weighting: how the mean aggregate (no ``Aggregator`` callback) weighs the round's clients
+            ``S``: ``"num_samples"`` (``sum_i n_i u_i / sum_i n_i``, FedAvg's) or ``"uniform"``
+            (``(1/|S|) sum_i u_i``); None (default) takes the paper's, stated in each algorithm's
+            docstring (see :attr:`weighting`). Algorithms whose default aggregator is robust pass it on
+            (the geometric median's weights).
     """
 
     #: whether the round's clients move in lock-step: a work item is one local step of all of
@@ -166,6 +197,10 @@ class FederatedModule(pl.LightningModule):
     #: whether the algorithm trains a global model (False for personalized algorithms whose clients'
     #: models come only from ``client_eval_state``: local training alone, a hypernetwork)
     has_global_model: bool = True
+    #: ``local_steps`` when neither ``local_steps`` nor ``local_epochs`` is given (an algorithm sets its paper's)
+    default_local_steps: int = 10
+    #: the mean aggregate's client weights in the algorithm's paper (``weighting=None``; see :attr:`weighting`)
+    paper_weighting: Weighting = "num_samples"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -193,12 +228,13 @@ class FederatedModule(pl.LightningModule):
         client_state_memory: int = 2**30,
         client_state_dir: Optional[str] = None,
         client_state_checkpoints: Optional[int] = 2,
+        weighting: Optional[Weighting] = None,
     ) -> None:
         super().__init__()
         if not isinstance(client, pl.LightningModule):
             raise TypeError(f"client must be a LightningModule, got {type(client).__name__}")
         if local_steps is None and local_epochs is None:
-            local_steps = 10
+            local_steps = self.default_local_steps
         if clients_per_round is not None and clients_fraction is not None:
             raise ValueError(f"give at most one of clients_per_round and clients_fraction, got clients_per_round="
                              f"{clients_per_round}, clients_fraction={clients_fraction}")
@@ -225,6 +261,8 @@ class FederatedModule(pl.LightningModule):
         if client_backend not in ("sequential", "batched"):
             raise ValueError(f"client_backend must be 'sequential' or 'batched', got {client_backend!r}")
         check_int("clients_per_block", clients_per_block, 1)
+        if weighting not in (None, "num_samples", "uniform"):
+            raise ValueError(f"weighting must be 'num_samples', 'uniform' or None (the paper's), got {weighting!r}")
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
         # that checkpoints hold no pickled object and load with weights_only=True
         self.save_hyperparameters(ignore=["client"])
@@ -244,7 +282,12 @@ class FederatedModule(pl.LightningModule):
         self.nonfinite_updates = nonfinite_updates
         self.seed = seed
         self.automatic_optimization = False
-        self.store = ClientStateStore(client_state_memory, client_state_dir, client_state_checkpoints)
+        check_int("client_state_memory", client_state_memory, 0)
+        if client_state_checkpoints is not None:
+            check_int("client_state_checkpoints", client_state_checkpoints, 1)
+        #: the folder below which the run's client-state folder is made (absolute; None: the run's log folder)
+        self.client_state_dir = check_folder("client_state_dir", client_state_dir)
+        self.store = ClientStateStore(client_state_memory, None, client_state_checkpoints)
         self.state = StateVector(client)
         #: declared uploads (:meth:`add_update`); FedAvg's model delta unless an algorithm says otherwise
         self.update_specs: dict[str, UpdateSpec] = {}
@@ -252,8 +295,9 @@ class FederatedModule(pl.LightningModule):
         self.state_specs: dict[str, StateSpec] = {}
         self.add_update("delta", self.state.dim)
         #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's.
-        #: None: the sample-weighted mean (``WeightedMean()``), reduced with the other linear uploads
+        #: None: the mean ``WeightedMean(self.weighting)``, reduced with the other linear uploads
         self.default_aggregator: Optional[Aggregator] = None
+        self._weighting = weighting
         self.client_backend = client_backend
         self.backend: ClientBackend = (
             BatchedBackend(clients_per_block) if client_backend == "batched" else SequentialBackend()
@@ -375,14 +419,17 @@ class FederatedModule(pl.LightningModule):
             )
 
     def _client_state_dir(self) -> str:
-        """The run's own folder for client-state files: ``client_state`` in the logger's version folder,
-        or, with no logger, a folder of its own below ``default_root_dir/client_state`` (named by
-        rank 0's start time and process, the same on every process): two runs never share files."""
+        """The run's own folder for client-state files (absolute): a folder named by the run id below
+        ``client_state_dir``, by default ``client_state`` in the logger's version folder or, with no
+        logger, in ``default_root_dir``. The id is rank 0's start time, process and a random part, the
+        same on every process: two runs never share files. Nothing is created until a file is written."""
         trainer = self.trainer
-        if trainer.loggers and trainer.log_dir is not None:
-            return os.path.join(trainer.log_dir, "client_state")
-        run = trainer.strategy.broadcast(f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        return os.path.join(trainer.default_root_dir, "client_state", run)
+        base = self.client_state_dir
+        if base is None:
+            logged = trainer.loggers and trainer.log_dir is not None
+            base = os.path.join(trainer.log_dir if logged else trainer.default_root_dir, "client_state")
+        run = trainer.strategy.broadcast(f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        return os.path.abspath(os.path.join(base, run))
 
     @property
     def datamodule(self) -> Any:
@@ -392,17 +439,38 @@ class FederatedModule(pl.LightningModule):
             raise RuntimeError("a FederatedModule needs a FederatedDataModule: trainer.fit(module, datamodule=...)")
         return dm
 
+    @property
+    def hparams_initial(self) -> Any:
+        """What the loggers record as the run's hyperparameters (TensorBoard's ``hparams.yaml``):
+        the module's, the client module's under ``client`` and the datamodule's under ``data``,
+        each as ``class_path`` + ``init_args`` (nested: the names they share, such as ``seed``,
+        do not collide; tuples as lists, so that the file reads with ``yaml.safe_load``).
+        Checkpoints keep the module's own ``hparams``."""
+        hparams = super().hparams_initial
+        recipe = client_recipe(self.client)
+        hparams["client"] = {"class_path": recipe["class_path"], "init_args": recipe["hparams"]}
+        dm = getattr(attached_trainer(self), "datamodule", None)
+        if dm is not None:
+            data = {k: v for k, v in dict(dm.hparams).items() if not k.startswith("_")}
+            hparams["data"] = {"class_path": class_path_of(type(dm)), "init_args": data}
+        for key, value in hparams.items():
+            hparams[key] = _tuples_as_lists(value)
+        return hparams
+
     def configure_optimizers(self) -> Any:
         """The server optimizer, and the local optimizer's template with its per-round schedule.
 
         The template is the client's ``configure_optimizers`` optimizer, never stepped: its
         learning rate is the scheduled rate of the current round, which every fresh local
         optimizer starts at. Lightning saves both in checkpoints, and ``LearningRateMonitor``
-        reports the client's rate as ``lr-client``.
+        reports the client's rate as ``lr-client`` and the server's as ``lr-server`` (it names a
+        rate by its scheduler's ``name``: the server's is a constant one, never stepped).
         """
         server = self.configure_server_optimizer()
         template, scheduler = self.local_schedule.build(self.client.configure_optimizers(), self.local_lr_scheduler)
-        return [server, template], [{"scheduler": scheduler, "interval": "epoch", "name": "lr-client"}]
+        server_name = torch.optim.lr_scheduler.ConstantLR(server, factor=1.0, total_iters=0)
+        return [server, template], [{"scheduler": scheduler, "interval": "epoch", "name": "lr-client"},
+                                    {"scheduler": server_name, "interval": "epoch", "name": "lr-server"}]
 
     def configure_callbacks(self) -> list[pl.Callback]:
         """A progress bar counting rounds and clients in place of the Trainer's (TQDM or Rich)."""
@@ -428,10 +496,9 @@ class FederatedModule(pl.LightningModule):
 
     @property
     def local_lr(self) -> float:
-        """The scheduled local learning rate of the current round (first parameter group)."""
-        if self.local_schedule.active:
-            return self.local_schedule.lrs()[0]
-        return float(self.local_optimizer().param_groups[0]["lr"])
+        """The scheduled local learning rate of the current round: the one rate of the parameter
+        groups that hold trainable parameters (:func:`~fl_lightning.optim.functional.optimizer_lr`)."""
+        return optimizer_lr(self.local_optimizer())
 
     @property
     def grad_scaler(self) -> Optional[torch.amp.GradScaler]:
@@ -537,7 +604,7 @@ class FederatedModule(pl.LightningModule):
         Returns None when no process kept an update.
         """
         aggregator = self.aggregator
-        reduction = "weighted_mean" if aggregator is None else aggregator.linear_reduction
+        reduction = self.aggregator_reduction
         linear = {n: (s.size, s.reduction) for n, s in self.update_specs.items() if s.reduction != "aggregator"}
         delegated = self.aggregated_sizes()
         if delegated and reduction is not None:
@@ -558,11 +625,40 @@ class FederatedModule(pl.LightningModule):
 
     @property
     def aggregator(self) -> Optional[Aggregator]:
-        """The Trainer's ``Aggregator`` callback, or the algorithm's default (None: the sample-weighted mean)."""
+        """The Trainer's ``Aggregator`` callback, or the algorithm's default (None: the mean with
+        :attr:`weighting`, the reduction of ``WeightedMean(self.weighting)``)."""
         found = [cb for cb in self.trainer.callbacks if isinstance(cb, Aggregator)]
         if len(found) > 1:
             raise ValueError(f"give at most one Aggregator callback, got {[type(c).__name__ for c in found]}")
         return found[0] if found else self.default_aggregator
+
+    @property
+    def aggregator_reduction(self) -> Optional[LinearReduction]:
+        """The linear reduction that combines the ``"aggregator"`` uploads (None: a non-linear
+        aggregator combines them)."""
+        aggregator = self.aggregator
+        return weighted_reduction(self.weighting) if aggregator is None else aggregator.linear_reduction
+
+    @property
+    def weighting(self) -> Weighting:
+        """How the mean aggregate weighs the round's clients ``S``: ``"num_samples"``
+        (``sum_i n_i u_i / sum_i n_i``) or ``"uniform"`` (``(1/|S|) sum_i u_i``).
+
+        The ``weighting`` argument if given, else the paper's: the ``server_optimizer``'s
+        ``paper_weighting`` if it declares one (Reddi et al.'s ``FedAdam``, ``FedYogi``,
+        ``FedAdagrad``: ``"uniform"``), else the algorithm's :attr:`paper_weighting`.
+        """
+        if self._weighting is not None:
+            return self._weighting
+        return self._server_paper_weighting or self.paper_weighting
+
+    @functools.cached_property
+    def _server_paper_weighting(self) -> Optional[Weighting]:
+        """The ``paper_weighting`` of the ``server_optimizer`` argument's class, if it has one (read
+        from one built for the purpose: the argument may be any callable, a YAML one included)."""
+        if self.make_server_optimizer is None:
+            return None
+        return getattr(self.make_server_optimizer(self.client.parameters()), "paper_weighting", None)
 
     # ------------------------------------------------------------ client protocol
     def client_init(self, run: ClientRun) -> None:
@@ -828,7 +924,11 @@ class FederatedModule(pl.LightningModule):
         return self._client_hook("test_step", batch, batch_idx)
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
-        return self._client_hook("predict_step", batch, batch_idx)
+        """The client's own ``predict_step``; for a client without one, the global model's
+        outputs on the inputs: the batch's first element (the datamodule's batches are ``(x, y)``)."""
+        if type(self.client).predict_step is not pl.LightningModule.predict_step:
+            return self._client_hook("predict_step", batch, batch_idx)
+        return self.client(batch[0] if isinstance(batch, (list, tuple)) else batch)
 
     def on_validation_epoch_start(self) -> None:
         self._client_hook("on_validation_epoch_start")
@@ -862,22 +962,39 @@ class FederatedModule(pl.LightningModule):
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
         cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None, strict: Optional[bool] = None,
-        **kwargs: Any,
+        allowed_classes: AllowedClasses = (), weights_only: Optional[bool] = None, **kwargs: Any,
     ) -> "FederatedModule":
-        """The module of a checkpoint, read with ``weights_only=True`` (loading runs no code).
+        """The module of a checkpoint this algorithm wrote, read with ``weights_only=True`` (loading runs no code).
 
         The client module is rebuilt from the class path and hyperparameters the checkpoint
         holds (its weights come from the checkpoint) unless given as ``client=...``; other
         constructor arguments that are objects (an embedding network, an objective) must be given.
+        A class the checkpoint names (the client's, a server optimizer's) is built only if it is
+        already imported (its module is in ``sys.modules``) or in ``allowed_classes``: loading
+        imports no module a file names, since importing runs the module's code.
+
+        Args:
+            checkpoint_path, map_location, hparams_file, strict, **kwargs: as Lightning's
+                (``hparams_file`` is read as plain YAML).
+            allowed_classes: classes the checkpoint may name although they are not imported
+                yet: class paths (``"my_package.models.Net"``, imported here) or the classes.
+            weights_only: True or None: checkpoints are always read with ``weights_only=True``.
+
+        Raises:
+            CheckpointError: the file cannot be used (see :func:`~fl_lightning.checkpoints.load_checkpoint`),
+                another algorithm wrote it, or it names a class that is neither imported nor allowed.
         """
+        check_weights_only(weights_only)
+        allowed_classes = list(allowed_classes)
+        checkpoint = load_checkpoint(checkpoint_path, default_map_location(map_location), name="checkpoint_path")
+        check_written_by(checkpoint, cls, checkpoint_path)
         if "client" not in kwargs:
-            recipe = load_checkpoint(checkpoint_path, name="checkpoint_path").get("federated", {}).get("client")
+            recipe = checkpoint.get("federated", {}).get("client")
             if recipe is None:
                 raise CheckpointError(f"{checkpoint_path} holds no client recipe (written before it was saved): "
                                       "pass client=<the client module>")
-            kwargs["client"] = build_client(recipe)
-        return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict, weights_only=True,
-                                            **kwargs)
+            kwargs["client"] = build_client(recipe, allowed_classes)
+        return build_checked(cls, checkpoint, hparams_file, strict, allowed_classes, **kwargs)
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed by this run."""
@@ -919,10 +1036,24 @@ class FederatedModule(pl.LightningModule):
         if saved.get("shared") is not None and not all_finite([saved["shared"]]):
             raise CheckpointError("the checkpoint holds NaN or Inf in the lock-step shared value; it cannot be resumed")
         store = ClientStateStore(self.store.memory_budget, self.store.directory, self.store.keep_checkpoints)
+        resuming = trainer is not None and trainer.state.fn == "fit"
         try:
-            store.load_state_dict(saved["store"])  # reads (and checks) the entries that fit in RAM
-        except (ValueError, FileNotFoundError) as error:
+            # reads (and checks) the entries that fit in RAM; finds the files beside the checkpoint if they moved with it
+            store.load_state_dict(saved["store"], checkpoint_path=getattr(trainer, "ckpt_path", None))
+        except FileNotFoundError as error:
+            if resuming:
+                raise CheckpointError(f"the checkpoint's client state cannot be resumed: {error}") from error
+            # validate/test/predict and load_from_checkpoint need the global model only
+            rank_zero_warn(f"the checkpoint's client state is not loaded ({error}); the global model is")
+            store = ClientStateStore(self.store.memory_budget, self.store.directory, self.store.keep_checkpoints)
+        except ValueError as error:
             raise CheckpointError(f"the checkpoint's client state cannot be resumed: {error}") from error
+        missing = store.missing_files() if resuming else []
+        if missing:
+            raise CheckpointError(
+                f"the checkpoint's client state cannot be resumed: {len(missing)} file(s) it names are missing "
+                f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); they were removed "
+                "(client_state_checkpoints) or moved: put them back, or resume from a later checkpoint")
         self.store = store
         shared = saved.get("shared")
         self.shared = None if shared is None else shared.to(self.device)
@@ -948,28 +1079,20 @@ class FederatedModule(pl.LightningModule):
                           UserWarning, stacklevel=2)
 
 
-def build_client(recipe: dict[str, Any]) -> pl.LightningModule:
+def build_client(recipe: dict[str, Any], allowed_classes: AllowedClasses = ()) -> pl.LightningModule:
     """A client module from :func:`client_recipe`'s output: its class (which must be a
     ``LightningModule``) called with the hyperparameters its constructor takes.
 
-    The class is looked up only in packages this process has already imported (the checkpoint
-    names it; importing a package it names would run that package's code): import the client's
-    package before loading, or pass ``client=``.
+    The class must be already imported (its module in ``sys.modules``) or in ``allowed_classes``
+    (class paths, imported here, or classes): the checkpoint names it, and importing a module a
+    file names would run that module's code. Import the client's module before loading, allow
+    it, or pass ``client=``.
     """
     path = recipe["class_path"]
-    module_name, _, name = path.rpartition(".")
-    package = module_name.split(".")[0]
-    if module_name not in sys.modules and package not in sys.modules:
-        raise CheckpointError(
-            f"the checkpoint's client class {path} is in package {package!r}, which this process has not imported; "
-            f"loading does not import packages a file names: `import {package}` first, or pass client=<the client module>"
-        )
     try:
-        cls = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as error:
-        raise CheckpointError(f"the client class {path} of the checkpoint cannot be imported: {error}")
-    if not (isinstance(cls, type) and issubclass(cls, pl.LightningModule)):
-        raise CheckpointError(f"the checkpoint's client class {path} is not a LightningModule")
+        cls = resolve_class(path, pl.LightningModule, allowed_classes, "checkpoint's client class")
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}; or pass client=<the client module>") from error
     parameters = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     arguments = {k: v for k, v in recipe["hparams"].items() if takes_any or k in parameters}
@@ -985,7 +1108,16 @@ def build_client(recipe: dict[str, Any]) -> pl.LightningModule:
 def client_recipe(client: pl.LightningModule) -> dict[str, Any]:
     """The client module's class path and its plain hyperparameters (what rebuilds it)."""
     hparams = {k: v for k, v in dict(getattr(client, "hparams", {})).items() if is_plain(v) and not k.startswith("_")}
-    return {"class_path": f"{type(client).__module__}.{type(client).__qualname__}", "hparams": hparams}
+    return {"class_path": class_path_of(type(client)), "hparams": hparams}
+
+
+def _tuples_as_lists(value: Any) -> Any:
+    """``value`` with every tuple inside it (dict values, list items) turned into a list."""
+    if isinstance(value, dict):
+        return {k: _tuples_as_lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tuples_as_lists(v) for v in value]
+    return value
 
 
 def _drop_log(*args: Any, **kwargs: Any) -> None:

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-#: metrics drawn by default, in this order, when the runs logged them
-DEFAULT_METRICS = ("val_acc", "val_loss", "round/client_loss")
+#: metrics drawn by default, after the global validation accuracy and loss (:func:`metric_names`)
+DEFAULT_METRICS = ("round/client_loss",)
+#: how the names of global validation metrics start (the client module names them: ``val_acc``, ``val/acc``)
+VALIDATION_PREFIXES = ("val_", "val/", "valid_", "valid/", "validation_", "validation/")
 #: annotate the heatmap's cells with counts up to this many cells
 ANNOTATE_CELLS = 400
 
@@ -75,10 +77,15 @@ def load_run(path: str | Path, label: Optional[str] = None) -> Run:
 
 
 def metric_names(runs: Sequence[Run]) -> list[str]:
-    """The default metrics that some run logged, then every per-client mean accuracy."""
+    """The metrics drawn by default, from what the runs logged: the global validation accuracies
+    then losses (names starting with one of :data:`VALIDATION_PREFIXES`), the default metrics, then
+    every per-client mean accuracy."""
     logged = {name for run in runs for row in run.rows for name, value in row.items() if isinstance(value, float)}
+    validation = sorted(name for name in logged if name.startswith(VALIDATION_PREFIXES))
+    accuracies = [name for name in validation if "acc" in name.split("/")[-1]]
+    losses = [name for name in validation if "loss" in name.split("/")[-1]]
     client_means = sorted(name for name in logged if name.endswith("/acc_mean"))
-    return [name for name in DEFAULT_METRICS if name in logged] + client_means
+    return accuracies + losses + [name for name in DEFAULT_METRICS if name in logged] + client_means
 
 
 def plot_metrics(runs: Sequence[Run], path: str | Path, metrics: Optional[Sequence[str]] = None) -> Path:
@@ -161,8 +168,8 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     )
     parser.add_argument("runs", nargs="+", help="run folders (a folder holding history.json, or one above it)")
     parser.add_argument("--labels", nargs="+", help="a legend label per run (default: the folders)")
-    parser.add_argument("--metrics", nargs="+", help=f"metrics to draw (default: {', '.join(DEFAULT_METRICS)} "
-                        "and every */acc_mean that was logged)")
+    parser.add_argument("--metrics", nargs="+", help="metrics to draw (default: the global validation accuracy and loss as "
+                        f"logged (val_acc, val/acc...), {', '.join(DEFAULT_METRICS)} and every */acc_mean)")
     parser.add_argument("--out", help="output folder (default: <first run's folder>/plots)")
     args = parser.parse_args(argv)
     if args.labels and len(args.labels) != len(args.runs):

@@ -17,7 +17,8 @@ does not hold: :func:`mask_absent_classes`.
 ::
 
     from fl_lightning.predict import load_pefll, personalize
-    model = personalize(load_pefll("last.ckpt", client=client, embedding=embedding), (x, y))  # a client module
+    model = personalize(load_pefll("last.ckpt"), (x, y))  # a client module (checkpoint of fl-lightning fit)
+    model = personalize(load_pefll("last.ckpt", embedding=embedding), (x, y))  # of Trainer.fit in Python
     logits = model(x_new)
 """
 
@@ -110,25 +111,35 @@ def mask_absent_classes(logits: Tensor, present: Tensor) -> Tensor:
 
 
 def load_pefll(checkpoint_path: Union[str, Path], map_location: Any = "cpu", **overrides: Any) -> PeFLL:
-    """A ``PeFLL`` restored from a Lightning checkpoint (``fl-lightning fit`` or ``Trainer.fit``).
+    """A ``PeFLL`` restored from a Lightning checkpoint (``fl-lightning fit`` or ``Trainer.fit``),
+    in eval mode.
 
     The checkpoint holds tensors and plain hyper-parameters only (it is read with
-    ``weights_only=True``: loading it runs no code); the networks' architectures are given here.
+    ``weights_only=True``: loading it runs no code). The client module is rebuilt from the class
+    and hyper-parameters the checkpoint records; the embedding network from its ``class_path`` and
+    ``init_args`` when ``fl-lightning fit`` wrote the checkpoint (its configuration is in the
+    hyper-parameters). A checkpoint of ``Trainer.fit`` in Python holds no recipe of the embedding:
+    pass ``embedding=``. See :meth:`FederatedModule.load_from_checkpoint` for the classes a
+    checkpoint may name.
 
     Args:
         checkpoint_path: the ``.ckpt`` file.
         map_location: where to load the tensors.
-        **overrides: constructor arguments the checkpoint does not hold: ``client`` (the client
-            module) and ``embedding`` (the embedding network), built as for training.
+        **overrides: constructor arguments in place of the checkpoint's: ``embedding`` (the
+            embedding network, built as for training), ``client`` (the client module, for one that
+            cannot be rebuilt from its hyper-parameters), ``allowed_classes``.
+
+    Raises:
+        ValueError: the checkpoint holds no embedding network's recipe and ``embedding`` is not given.
     """
-    checkpoint = load_checkpoint(checkpoint_path, map_location, name="checkpoint_path")
-    hparams = {**checkpoint.get("hyper_parameters", {}), **overrides}
-    hparams.pop("_instantiator", None)
-    hparams.pop("_class_path", None)
-    model = PeFLL(**hparams)
-    model.on_load_checkpoint(checkpoint)
-    model.load_state_dict(checkpoint["state_dict"])
-    return model.eval()
+    if "embedding" not in overrides:
+        hparams = load_checkpoint(checkpoint_path, map_location, name="checkpoint_path").get("hyper_parameters", {})
+        if not isinstance(hparams.get("embedding"), dict):
+            raise ValueError(
+                f"checkpoint_path {str(checkpoint_path)!r} does not record the embedding network (a checkpoint of "
+                "Trainer.fit in Python): pass embedding=<the embedding network, built as for training>"
+            )
+    return PeFLL.load_from_checkpoint(checkpoint_path, map_location=map_location, **overrides).eval()
 
 
 def predict_clients(

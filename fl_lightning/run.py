@@ -104,7 +104,8 @@ class ClientRun:
 
     @property
     def lr(self) -> float:
-        """The learning rate of the local optimizer (its first parameter group), this round."""
+        """The one learning rate of the local optimizer's trainable parameters, this round
+        (ValueError if they have several: see :func:`~fl_lightning.optim.functional.single_lr`)."""
         raise NotImplementedError
 
     def loss_and_grad(

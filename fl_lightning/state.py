@@ -12,10 +12,18 @@ per entry and version, named by the round that wrote it) and read back when thei
 part again. Checkpoints are incremental: a checkpoint writes the files of the entries that are
 new since the last one (the round's clients) and holds only the manifest (every entry's
 version), so its size and the time to write it do not grow with the clients. The files a
-checkpoint names are kept until ``keep_checkpoints`` newer checkpoints no longer name them;
-loading one warms the RAM part from them (checking every value it reads is finite). A run that
-resumes another's checkpoint reads that run's files where they are and writes its own into its
-own directory, so it never changes or removes what another run's checkpoints name. The entries
+checkpoint names are kept while it is among the ``keep_checkpoints`` latest ones, and while the
+next one is being written (a kill during that write leaves it whole); loading one warms the RAM
+part from them (checking every value it reads is finite).
+
+A run owns its folder: the engine gives every run a folder of its own, named by a run id, below
+``client_state_dir``, and records it in checkpoints as an absolute path. A run that resumes a
+checkpoint (its own run's, or another's, in the same ``client_state_dir`` or not) is a new run:
+it reads the checkpoint's files where they are, never changes or removes them, and writes its own
+into its own folder; so two runs sharing a ``client_state_dir`` never touch each other's files.
+A checkpoint whose folder was moved together with it is found at the same place relative to it.
+Temporary files that a killed write left in the checkpoint's folders are removed on resume when
+their writer (named in the file) is no longer running on this machine. The entries
 in RAM are the same on every process (``sync`` exchanges the round's new entries); with several
 processes the directory must be on a file system they share (one node, or a shared file system).
 """
@@ -23,15 +31,20 @@ processes the directory must be on a file system they share (one node, or a shar
 from __future__ import annotations
 
 import os
+import pickle
+import socket
+import tempfile
 import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from fl_lightning.checkpoints import checksum
 from fl_lightning.validation import check_int
 
 #: a state entry's value before the client's first round: a tensor (copied), a function giving
@@ -63,8 +76,9 @@ class ClientStateStore:
         directory: where spilled entries go (set by the engine to the run's folder when None;
             needed only once the budget is exceeded).
         keep_checkpoints: how many of the latest checkpoints keep the files they name (None: every
-            checkpoint, no file is ever removed). An older checkpoint still loads (what it
-            names and is gone fails only when read: a personalized evaluation, a resume).
+            checkpoint, no file is ever removed); the files of the one being written are kept too.
+            An older checkpoint still loads (what it names and is gone fails only when read: a
+            personalized evaluation, a resume).
     """
 
     def __init__(
@@ -72,13 +86,14 @@ class ClientStateStore:
     ) -> None:
         self.memory_budget = check_int("memory_budget", memory_budget, 0)
         self.keep_checkpoints = None if keep_checkpoints is None else check_int("keep_checkpoints", keep_checkpoints, 1)
-        self.directory = directory
+        self.directory = None if directory is None else os.path.abspath(directory)
         self._ram: OrderedDict[int, dict[str, Tensor]] = OrderedDict()  # least recently used first
         self._ram_bytes = 0
         self._spilled: dict[int, dict[str, int]] = {}  # client -> name -> version on disk (not in RAM)
         self._versions: dict[int, dict[str, int]] = {}  # client -> name -> version of its current value
         self._written: dict[int, dict[str, Tensor]] = {}  # this process's entries of the round (for sync)
-        self._named: deque[set[str]] = deque(maxlen=keep_checkpoints)  # files the latest checkpoints name
+        #: files the latest checkpoints name: the one being written and the ``keep_checkpoints`` before it
+        self._named: deque[set[str]] = deque(maxlen=(keep_checkpoints or 0) + 1)
         self._on_disk: set[str] = set()  # files of this store's directory it wrote or was given
         #: the directory of an entry's file when another run wrote it (loaded from its checkpoint): read
         #: from there, never rewritten or removed
@@ -162,7 +177,7 @@ class ClientStateStore:
 
     def _spill(self) -> None:
         """Move the least recently used clients to disk until the RAM part fits the budget."""
-        rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        rank0 = _rank0()
         spilled_any = False
         while self._ram_bytes > self.memory_budget and len(self._ram) > 1:
             cid, entry = self._ram.popitem(last=False)
@@ -186,16 +201,27 @@ class ClientStateStore:
             raise RuntimeError("the client state store needs a directory to spill to (FederatedModule sets the run's)")
         return os.path.join(self.directory, f"{client_id}.{name}.{version}.pt")
 
-    def _read(self, client_id: int, name: str, version: int) -> Tensor:
+    def _file(self, client_id: int, name: str, version: int) -> str:
+        """The file an entry's version is read from (this store's directory, or another run's)."""
         elsewhere = self._elsewhere.get((client_id, name))
-        path = (os.path.join(elsewhere, f"{client_id}.{name}.{version}.pt") if elsewhere is not None
+        return (os.path.join(elsewhere, f"{client_id}.{name}.{version}.pt") if elsewhere is not None
                 else self._path(client_id, name, version))
+
+    def _read(self, client_id: int, name: str, version: int) -> Tensor:
+        path = self._file(client_id, name, version)
         if not os.path.exists(path):
             raise FileNotFoundError(f"the stored entry {name!r} of client {client_id} ({path}) is missing: the "
                                     "checkpoint refers to client state that was removed (keep_checkpoints) or moved")
-        value = torch.load(path, map_location="cpu", weights_only=True)
+        value = read_state_file(path)
         _check_finite(client_id, name, value)
         return value
+
+    def missing_files(self) -> list[str]:
+        """The files of the entries on disk (not in RAM) that are gone: what a resume would fail on
+        when their clients are next sampled."""
+        files = (self._file(cid, name, version)
+                 for cid, entry in self._spilled.items() for name, version in entry.items())
+        return sorted(path for path in files if not os.path.exists(path))
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -216,19 +242,33 @@ class ClientStateStore:
             elsewhere.setdefault(cid, {})[name] = directory
         return {"entries": entries, "directory": self.directory, "elsewhere": elsewhere}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], checkpoint_path: Optional[str] = None) -> None:
         """Replace all entries with those a checkpoint names, reading back into RAM the most recently
         written ones that fit the budget (the rest stays on disk until its client takes part).
 
         A file the checkpoint names that is gone (removed after ``keep_checkpoints`` newer
-        checkpoints) is warned about; reading its entry fails.
+        checkpoints) is warned about; reading its entry fails. Stale temporary files in the
+        checkpoint's folders are removed (:func:`remove_stale_temporaries`).
+
+        Args:
+            state: a :meth:`state_dict`.
+            checkpoint_path: the checkpoint's file: its folders are looked for beside it when they
+                are no longer where they were written (:func:`locate_folder`).
 
         Raises:
+            FileNotFoundError: a folder that holds entries of the checkpoint is missing.
             ValueError: a value read holds NaN or Inf (the checkpoint cannot be resumed).
         """
         self._ram, self._ram_bytes, self._written, self._elsewhere = OrderedDict(), 0, {}, {}
         self._unsaved = set()
-        written_in = state.get("directory")
+        located: dict[str, str] = {}
+
+        def locate(directory: str) -> str:
+            if directory not in located:
+                located[directory] = locate_folder(directory, checkpoint_path)
+            return located[directory]
+
+        written_in = None if state.get("directory") is None else locate(state["directory"])
         if self.directory is None:
             self.directory = written_in
         if "entries" not in state:  # the formats of earlier checkpoints: entries in the file
@@ -237,13 +277,26 @@ class ClientStateStore:
         self._versions = {int(cid): dict(v) for cid, v in state["entries"].items()}
         self._spilled = {cid: dict(v) for cid, v in self._versions.items()}
         elsewhere = state.get("elsewhere", {})
+        own: set[str] = set()
         for cid, entry in self._versions.items():
             for name, version in entry.items():
-                directory = elsewhere.get(cid, {}).get(name, written_in)
-                if directory is not None and os.path.abspath(directory) != os.path.abspath(self.directory):
+                written_by = elsewhere.get(cid, {}).get(name)
+                directory = written_in if written_by is None else locate(written_by)
+                if directory is not None and directory != self.directory:
                     self._elsewhere[(cid, name)] = directory  # another run's file: read only
                 else:
-                    self._on_disk.add(self._path(cid, name, version))
+                    own.add(self._path(cid, name, version))
+        self._on_disk |= own
+        self._named = deque([own], maxlen=self._named.maxlen)  # kept while this checkpoint may be the latest
+        folders = set(self._elsewhere.values()) | ({self.directory} if own else set())
+        gone = sorted(folder for folder in folders if not os.path.isdir(folder))
+        if gone:
+            raise FileNotFoundError(f"the client state folder {gone[0]} that the checkpoint names is missing (moved or "
+                                    "deleted; it is also looked for at the same place relative to the checkpoint): "
+                                    "put it back there")
+        if _rank0():
+            for folder in sorted(folders):
+                remove_stale_temporaries(folder)
         by_recency = sorted(((v, cid, n) for cid, e in self._versions.items() for n, v in e.items()), reverse=True)
         missing = 0
         for version, cid, name in by_recency:
@@ -276,7 +329,7 @@ class ClientStateStore:
                 self._unsaved.add((int(cid), name))  # no file yet: the next checkpoint writes it
         for cid, entry in self._spilled.items():
             for name, version in entry.items():
-                if written_in is not None and os.path.abspath(written_in) != os.path.abspath(self.directory or ""):
+                if written_in is not None and written_in != self.directory:
                     self._elsewhere[(cid, name)] = written_in
                 else:
                     self._on_disk.add(self._path(cid, name, version))
@@ -284,7 +337,7 @@ class ClientStateStore:
     def _persist(self) -> None:
         """Write the file of every entry whose current value has none yet: the entries written
         since the last checkpoint and still in RAM (rank 0; the others wait)."""
-        rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        rank0 = _rank0()
         for cid, name in sorted(self._unsaved):
             path = self._path(cid, name, self._versions[cid][name])
             if rank0:  # (a file of another run with this name is replaced)
@@ -296,7 +349,7 @@ class ClientStateStore:
 
     def _prune(self) -> None:
         """Remove files no recent checkpoint and no current entry names (rank 0)."""
-        if self.keep_checkpoints is None or (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
+        if self.keep_checkpoints is None or not _rank0():
             return
         keep = set().union(*self._named) if self._named else set()
         keep |= {self._path(cid, n, v) for cid, entry in self._spilled.items() for n, v in entry.items()}
@@ -317,8 +370,126 @@ def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _rank0() -> bool:
+    """Whether this is the process that writes and removes files (rank 0, or the only one)."""
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _writer() -> str:
+    """This process, as named in its temporary files: ``host-pid``."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 def _atomic_save(value: Tensor, path: str) -> None:
+    """Write ``value`` to ``path`` through a temporary file named by its writer (the folder is made here,
+    when a run first writes: a run with no client state has none)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    temporary = path + ".tmp"
-    torch.save(value, temporary)
+    temporary = f"{path}.{_writer()}.tmp"
+    torch.save(state_file(value, path), temporary)
     os.replace(temporary, path)
+
+
+def state_file(value: Tensor, path: str) -> dict[str, Any]:
+    """What the client-state file ``path`` holds: the entry's tensor, the file's name (the client,
+    entry and version it is for) and their checksum (:func:`~fl_lightning.checkpoints.checksum`)."""
+    entry = os.path.basename(path)
+    return {"entry": entry, "value": value, "checksum": checksum([entry, value])}
+
+
+def read_state_file(path: str) -> Tensor:
+    """The tensor of the client-state file ``path`` (read with ``weights_only=True``), after checking
+    that the file is whole, is a client-state file, is the one of its entry, and matches its checksum.
+
+    Raises:
+        ValueError: naming the file and what is wrong with it.
+    """
+    where = f"the client-state file {path}"
+    try:
+        content = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"{where} holds objects that are not tensors (loading it could run code), so it is refused "
+                         f"({str(error).splitlines()[0]})") from error
+    except (EOFError, RuntimeError, OSError) as error:
+        raise ValueError(f"{where} is truncated or damaged ({error})") from error
+    if not (isinstance(content, dict) and set(content) == {"entry", "value", "checksum"}
+            and isinstance(content["value"], Tensor)):
+        got = sorted(content) if isinstance(content, dict) else type(content).__name__
+        raise ValueError(f"{where} is not a client-state file written by fl_lightning (a dict of 'entry', 'value' "
+                         f"and 'checksum'): it holds {got}")
+    entry = os.path.basename(path)
+    if content["entry"] != entry:
+        raise ValueError(f"{where} holds the entry of file {content['entry']!r}, not of {entry!r} (renamed or copied)")
+    if content["checksum"] != checksum([entry, content["value"]]):
+        raise ValueError(f"{where} is damaged: its contents do not match the checksum written with it "
+                         f"({content['checksum']})")
+    return content["value"]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is running (or cannot be told apart from running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str) -> list[str]:
+    """Remove the temporary files a killed write left in ``folder``: those whose writer (``host-pid``,
+    named in the file) ran on this machine and is no longer running. A live process's (another run
+    writing now), another machine's and an unnamed writer's are left. Returns the removed names."""
+    removed = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        host, _, pid = name.removesuffix(".tmp").rpartition(".pt.")[2].rpartition("-")
+        if name.endswith(".tmp") and host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.remove(os.path.join(folder, name))
+                removed.append(name)
+            except FileNotFoundError:  # removed by another process meanwhile
+                pass
+    return removed
+
+
+def locate_folder(directory: str, checkpoint_path: Optional[str] = None, levels: int = 4) -> str:
+    """Where a checkpoint's client-state folder is now: ``directory`` (absolute; a relative one, of an
+    older checkpoint, is taken from the working directory) if it exists; else, when the run's folder
+    was moved together with its checkpoint, the folder with the same last path components (the
+    longest such suffix) below one of the checkpoint's ``levels`` nearest parent folders; else
+    ``directory`` as it was."""
+    directory = os.path.abspath(directory)
+    if os.path.isdir(directory) or checkpoint_path is None:
+        return directory
+    parts = Path(directory).parts[1:]
+    for parent in list(Path(os.path.abspath(checkpoint_path)).parents)[:levels]:
+        for start in range(len(parts)):
+            candidate = parent.joinpath(*parts[start:])
+            if candidate.is_dir():
+                return str(candidate)
+    return directory
+
+
+def check_folder(name: str, value: Any) -> Optional[str]:
+    """``value`` as an absolute folder path (None stays None); a ValueError naming ``name`` unless it is
+    a path (``str`` or ``os.PathLike``) of a folder this process can write in or create (checked
+    without creating anything)."""
+    if value is None:
+        return None
+    allowed = "a folder path (str or os.PathLike) that this process can write in"
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    path = existing = os.path.abspath(value)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}: {existing} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}: this process cannot write in {existing} "
+                         f"({error.strerror})") from None
+    return path

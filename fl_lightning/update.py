@@ -28,6 +28,13 @@ Reduction = Literal["aggregator", "weighted_mean", "mean", "sum"]
 REDUCTIONS: tuple[str, ...] = ("aggregator", "weighted_mean", "mean", "sum")
 #: the reductions that are linear in the updates: one all-reduce combines them on every process
 LinearReduction = Literal["weighted_mean", "mean", "sum"]
+#: the client weights of a mean: ``n_i`` (the client's sample count) or 1
+Weighting = Literal["num_samples", "uniform"]
+
+
+def weighted_reduction(weighting: Weighting) -> LinearReduction:
+    """The mean with ``weighting``'s client weights: ``"weighted_mean"`` or ``"mean"``."""
+    return "weighted_mean" if weighting == "num_samples" else "mean"
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,16 @@ _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 _ports = itertools.count(29500 + 200 * int(_worker[2:] or 0) + 1)
 
 
+#: what a DDP launcher leaves in ``os.environ``: a process that inherits ``LOCAL_RANK`` believes it
+#: was launched by another and waits for ranks nobody starts
+_LAUNCHER_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                       "MASTER_ADDR")
+
+
 @pytest.fixture(autouse=True)
 def _master_port(monkeypatch):
     """DDP tests of parallel pytest-xdist workers (and successive tests of one worker) must
-    not share a rendezvous port."""
+    not share a rendezvous port, nor see the variables an earlier test's launcher set."""
     monkeypatch.setenv("MASTER_PORT", str(next(_ports)))
+    for name in _LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)

@@ -118,6 +118,38 @@ def test_frozen_parameters_stay_frozen():
     assert_close(outcome(seq), outcome(bat), atol=1e-5)
 
 
+def _first_layer_frozen(how: str) -> MLP:
+    """``mlp()`` whose first layer (the first parameters) is left out of ``configure_optimizers``
+    or has ``requires_grad=False``."""
+    client = mlp()
+    if how == "left_out":
+        client.configure_optimizers = lambda: torch.optim.SGD(client.net[-1].parameters(), lr=0.1)
+    else:
+        client.net[1].requires_grad_(False)
+    return client
+
+
+@pytest.mark.parametrize("how", ["left_out", "requires_grad"])
+@pytest.mark.parametrize("algorithm", [SCAFFOLD, FedDeper])
+def test_a_frozen_first_layer_in_both_backends(algorithm, how):
+    """The local rate is that of the parameters the optimizer moves, not 0 for the frozen first
+    layer: SCAFFOLD's (x - y) / (K lr) and FedDeper's steps stay finite, the model trains, both
+    backends agree; the frozen layer stays put in the global model and in every stored state
+    (FedDeper's personal models v_i, SCAFFOLD's controls: 0 there)."""
+    make = lambda b, k: algorithm(_first_layer_frozen(how), clients_per_round=5, **common(b, k))  # noqa: E731
+    (seq, _), (bat, _) = fitted(make, "sequential"), fitted(make, "batched")
+    x0 = torch.cat([p.detach().reshape(-1) for p in mlp().parameters()])
+    first = mlp().net[1].weight.numel() + mlp().net[1].bias.numel()
+    for module in (seq, bat):
+        assert torch.equal(module.client.net[1].weight, mlp().net[1].weight)
+        assert (module.client.net[-1].weight - mlp().net[-1].weight).abs().max() > 1e-3
+        for cid in module.store.clients():
+            for name, value in module.load_client_state(cid).items():
+                frozen_part = x0[:first] if name == "personal" else torch.zeros(first)
+                assert torch.equal(value[:first].cpu(), frozen_part), name
+    assert_close(outcome(seq), outcome(bat), atol=1e-5)
+
+
 class BatchNormClient(pl.LightningModule):
     """BatchNorm in train mode (per-client running statistics) and a logged loss."""
 

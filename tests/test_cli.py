@@ -95,3 +95,29 @@ def test_pefll_predict_subcommand(tmp_path, capsys):
     printed = capsys.readouterr().out
     unseen = sorted(int(p.stem.split("_")[1]) for p in out.glob("client_*.pt"))
     assert len(unseen) == 2 and all(f"client {c}: test accuracy" in printed for c in unseen)
+    # the Python API on the same checkpoint, called as docs/results/pefll.md writes it (no client=, no embedding=)
+    import torch
+
+    from fl_lightning.datamodules import SyntheticFederated
+    from fl_lightning.predict import load_pefll, personalize, predict_clients
+
+    dm = SyntheticFederated(num_clients=8, dim=20, max_samples=60, unseen_fraction=0.25, batch_size=8)
+    models = predict_clients(str(ckpt), dm)
+    assert sorted(models) == unseen
+    written = torch.load(out / f"client_{unseen[0]}.pt", weights_only=True)
+    torch.testing.assert_close(models[unseen[0]].state_dict(), written)
+    x, y = dm.client_data(unseen[0], "train").full()
+    torch.testing.assert_close(personalize(load_pefll(str(ckpt)), (x, y)).state_dict(), written)
+
+
+def test_predict_writes_the_predictions_into_the_run_folder(tmp_path):
+    import torch
+
+    from fl_lightning.callbacks import PredictionWriter
+
+    cli = FederatedCLI(args=["predict", "--config", QUICK, *FAST, "--trainer.default_root_dir", str(tmp_path)])
+    assert sum(isinstance(c, PredictionWriter) for c in cli.trainer.callbacks) == 1
+    predictions = torch.load(tmp_path / "predictions.pt", weights_only=True)
+    assert predictions.shape == (len(cli.datamodule.global_test_set()), 10)
+    x, _ = cli.datamodule.global_test_set()[:]
+    torch.testing.assert_close(predictions, cli.model.client(x))

@@ -99,6 +99,45 @@ NAMES = list(ALGORITHMS)
 WITHOUT_GLOBAL_MODEL = ("PeFLL", "PFedHN", "LocalOnly")
 
 
+#: each algorithm's default client weights of its mean (or geometric median) aggregate: its paper's
+PAPER_WEIGHTING = {
+    "FedAvg": "num_samples",  # McMahan et al., Algorithm 1: n_k / n
+    "FedProx": "num_samples",  # Li et al. sample with p_k = n_k / n and average uniformly; sampled uniformly: n_k / n
+    "SCAFFOLD": "uniform",  # Karimireddy et al., Algorithm 1: x + eta_g / |S| sum dy_i
+    "FedDeper": "uniform",  # spec A5
+    "FedProxVR-SVRG": "num_samples",  # spec A14: D_n / D
+    "FedProxVR-SARAH": "num_samples",
+    "RAGA": "num_samples",  # alpha_m = S_m / sum S
+    "RFA": "num_samples",  # alpha_k = n_k / n
+    "ByrdSAGA": "uniform",  # the unweighted geometric median
+    "FedDRO": "num_samples",  # spec A7: n_k / n for x_bar (and y_bar)
+    "CompositionalFedAvg": "num_samples",
+    "PeFLL": "uniform",  # Algorithm 2: mean over |P|
+    "PFedHN": "uniform",
+    "LocalOnly": "num_samples",  # nothing is aggregated
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_default_weighting_is_the_papers(name):
+    """The mean aggregate (and a robust default aggregator) weighs clients as the algorithm's paper."""
+    module = build(name)
+    assert module.weighting == PAPER_WEIGHTING[name]
+    if module.default_aggregator is not None:  # a robust rule of the algorithm's: the same weights
+        assert module.default_aggregator.weighting == module.weighting
+
+
+@pytest.mark.parametrize("cls", [RAGA, RFA, ByrdSAGA])
+def test_weighting_is_one_argument_away_for_robust_aggregators(cls):
+    other = {"num_samples": "uniform", "uniform": "num_samples"}[cls.paper_weighting]
+    assert cls(_client(), weighting=other).default_aggregator.weighting == other
+
+
+def test_weighting_is_checked():
+    with pytest.raises(ValueError, match=r"weighting must be 'num_samples', 'uniform' or None .*got 'median'"):
+        FedAvg(_client(), weighting="median")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_local_finetuning_and_client_metrics(name):
     module = build(name)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ from fl_lightning.distributed import all_gather_object
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class CheckRoundWork(FederatedCallback):
@@ -74,3 +78,26 @@ def test_the_process_group_is_closed_at_exit():
                           cwd=Path(__file__).parent.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "open after exit handlers: False" in done.stdout
+
+
+def test_the_cli_fits_on_two_processes(tmp_path):
+    """The CLI adds RoundHistory and RoundCheckpoint: their folders (``trainer.log_dir``, a
+    broadcast) are read on every process, so ``fl_ddp`` with 2 processes does not deadlock."""
+    command = [sys.executable, "-m", "fl_lightning.cli", "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"),
+               "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "fl_ddp",
+               "--trainer.max_epochs", "2", "--trainer.check_val_every_n_epoch", "1",
+               "--trainer.enable_progress_bar", "false", "--data.init_args.print_summary", "false",
+               "--trainer.default_root_dir", str(tmp_path)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               start_new_session=True)  # its own process group: both ranks are ended on a hang
+    try:
+        stdout, stderr = process.communicate(timeout=240)  # ~30 s on 2 busy cores
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError(f"fl_ddp with 2 processes hung:\n{process.communicate()[1][-2000:]}") from None
+    assert process.returncode == 0, stderr[-3000:]
+    [history] = tmp_path.glob("**/history.json")
+    assert [row["round"] for row in json.loads(history.read_text())] == [1, 2]
+    assert (history.parent / "partition.json").is_file()
+    assert len(list(tmp_path.glob("**/checkpoints/last.ckpt"))) == 1
+    assert "fl_lightning: 2 rounds" in stdout

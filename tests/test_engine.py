@@ -192,6 +192,49 @@ def test_client_must_be_a_lightning_module():
         FedAvg(nn.Linear(2, 2))
 
 
+class LossShapeClient(PlainClassifier):
+    """A training_step whose loss is per sample (``"vector"``), detached (``"detached"``) or one
+    element of shape ``(1,)`` (``"one"``, allowed)."""
+
+    def __init__(self, kind: str):
+        torch.manual_seed(0)
+        super().__init__()
+        self.kind = kind
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        losses = F.cross_entropy(self.layer(x), y, reduction="none")
+        if self.kind == "vector":
+            return losses
+        if self.kind == "detached":
+            return {"loss": losses.mean().detach()}
+        return losses.mean().reshape(1)
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+@pytest.mark.parametrize(
+    "kind, match",
+    [
+        ("vector", r"the client's training_step returned a loss of shape \(16,\): it must be a scalar tensor "
+                   r"\(one element\); reduce it, e.g. with \.mean\(\)"),
+        ("detached", r"the client's training_step returned a loss that does not require grad"),
+    ],
+)
+def test_a_loss_that_is_not_a_differentiable_scalar_is_refused(backend, kind, match):
+    module = FedAvg(LossShapeClient(kind), clients_per_round=2, local_steps=1, client_backend=backend)
+    t = trainer(1)
+    with pytest.raises(ValueError, match=match):
+        t.fit(module, synthetic(4))
+    assert t.global_step == 0  # no round finished
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+def test_a_one_element_loss_counts_as_a_scalar(backend):
+    module = FedAvg(LossShapeClient("one"), clients_per_round=2, local_steps=2, client_backend=backend)
+    trainer(1).fit(module, synthetic(4))
+    assert torch.isfinite(global_vector(module)).all()
+
+
 # ------------------------------------------------------------------ a second model in a run
 class SecondModel(FedProx):
     """FedProx whose clients also train a second model (from the start) by plain SGD on the same

@@ -10,10 +10,11 @@ import torch.nn.functional as F
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.algorithms.feddeper import FedDeper, check_plain_sgd, mix_personal
+from fl_lightning.algorithms.feddeper import FedDeper, mix_personal
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.callbacks.personalized import PersonalizedAccuracy, add_extra_classes, local_test_indices
 from fl_lightning.models.cnn import CNN
+from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.seeding import generator
 from tests.helpers import checkpoint_client_state, global_vector, synthetic, tiny_client, trainer
 
@@ -49,11 +50,11 @@ def test_mixing():
 
 def test_plain_sgd_is_required():
     p = [torch.nn.Parameter(torch.zeros(2))]
-    assert check_plain_sgd(torch.optim.SGD(p, lr=0.05)) == 0.05
+    assert require_plain_sgd(torch.optim.SGD(p, lr=0.05), "FedDeper") == 0.05
     with pytest.raises(ValueError, match="momentum=0.9"):
-        check_plain_sgd(torch.optim.SGD(p, lr=0.05, momentum=0.9))
+        require_plain_sgd(torch.optim.SGD(p, lr=0.05, momentum=0.9), "FedDeper")
     with pytest.raises(ValueError, match="plain torch.optim.SGD, got Adam"):
-        check_plain_sgd(torch.optim.Adam(p))
+        require_plain_sgd(torch.optim.Adam(p), "FedDeper")
     module = FedDeper(tiny_client(hidden=(8,)), clients_per_round=2, local_steps=1)
     module.client.momentum = 0.9
     with pytest.raises(ValueError, match="momentum"):
@@ -77,11 +78,27 @@ def test_small_lam_warns():
 
 # ------------------------------------------------------------------ the update rules
 def test_rho_zero_gives_fedavg_trajectory():
-    deper, avg = make(rho=0.0, lam=0.7), make(FedAvg)
+    deper, avg = make(rho=0.0, lam=0.7), make(FedAvg, weighting="uniform")  # FedDeper's mean is uniform (A5)
     trainer(3).fit(deper, synthetic(6))
     trainer(3).fit(avg, synthetic(6))
     assert torch.equal(global_vector(deper), global_vector(avg))
     assert (global_vector(deper) - global_vector(make())).abs().max() > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("weighting", [None, "num_samples"])
+def test_aggregate_is_the_uniform_mean_by_default(weighting):
+    """Spec A5: x1 = x0 + (1/|U|) sum_i (y_i - x0) on clients of unequal size; ``weighting="num_samples"``
+    gives sum_i n_i (y_i - x0) / sum_i n_i."""
+    recorder, module, dm = Recorder(), make(weighting=weighting), synthetic(6)
+    trainer(1, callbacks=[recorder]).fit(module, dm)
+    uploads = recorder.rounds[0]["uploads"]
+    sizes = torch.tensor([float(dm.num_samples(c)) for c in uploads], dtype=torch.float64)
+    assert len(set(sizes.tolist())) > 1
+    deltas = torch.stack(list(uploads.values())).double()
+    means = {"uniform": deltas.mean(0), "num_samples": (deltas * sizes[:, None]).sum(0) / sizes.sum()}
+    assert (means["uniform"] - means["num_samples"]).abs().max() > 1e-4
+    expected = recorder.rounds[0]["start"] + means[weighting or "uniform"].float()
+    assert torch.allclose(global_vector(module), expected, atol=1e-6)
 
 
 def test_one_round_matches_the_equations():

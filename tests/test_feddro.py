@@ -158,11 +158,15 @@ def test_partial_participation_is_refused():
         trainer(1).fit(module, synthetic(4))
 
 
-def test_momentum_optimizer_is_refused():
+@pytest.mark.parametrize("algorithm", [FedDRO, CompositionalFedAvg])
+@pytest.mark.parametrize("option, value", [("momentum", 0.9), ("weight_decay", 0.01)])
+def test_a_local_optimizer_other_than_plain_sgd_is_refused(algorithm, option, value):
+    """The local step is x <- x - eta [grad h + grad g grad f(y)]: momentum or weight decay would change it silently."""
     client = tiny_client()
-    client.momentum = 0.9
-    with pytest.raises(ValueError, match="plain SGD"):
-        trainer(1).fit(FedDRO(client, KLDRO(), clients_per_round=4), synthetic(4))
+    setattr(client, option, value)
+    message = f"{algorithm.__name__} needs plain SGD: the client's optimizer has {option}={value}"
+    with pytest.raises(ValueError, match=message):
+        trainer(1).fit(algorithm(client, KLDRO(), clients_per_round=4), synthetic(4))
 
 
 # ------------------------------------------------------------------------ learning

@@ -3,12 +3,14 @@ The prox step and the SVRG / SARAH estimators are tested in tests/functional/.""
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
@@ -20,7 +22,7 @@ from fl_lightning.datamodules.partitioners import PowerLawPartitioner
 from fl_lightning.functional.partition import power_law
 from fl_lightning.datamodules.vision import TorchvisionFederated
 from fl_lightning.functional.prox import prox_step
-from fl_lightning.models import LogisticRegression
+from fl_lightning.models import MLP, LogisticRegression
 from fl_lightning.models.fedproxvr_cnn import FedProxVRCNN
 from fl_lightning.optim import ProxSGD
 from fl_lightning.seeding import generator
@@ -189,6 +191,36 @@ class RecordStepSize(FedProxVR):
         self.step_sizes.setdefault(run.round, set()).add(run.optimizer.param_groups[0]["lr"])
 
 
+class RecordFullGradient(FedProxVR):
+    """Records every client's ``v_0`` and whether the client module is in train mode after it."""
+
+    def client_init(self, run):
+        super().client_init(run)
+        self.v0 = getattr(self, "v0", {})
+        self.v0[run.client_id] = [v.clone() for v in run.scratch["direction"]]
+        self.training_after_v0 = self.client.training
+
+
+def test_the_full_gradient_pass_runs_in_eval_mode():
+    """``v_0`` is deterministic (spec: an eval-mode pass, no Dropout, no BatchNorm update): it equals the
+    eval-mode gradient of the client's mean loss, and the stochastic steps are back in train mode."""
+    torch.manual_seed(0)
+    client = MLP(in_features=20, hidden=(16,), num_classes=10, lr=0.1)
+    client.net.insert(3, nn.Dropout(0.5))  # after the hidden ReLU
+    reference = copy.deepcopy(client).eval()
+    module = RecordFullGradient(client, local_steps=2, output_iterate="last")
+    data = synthetic(3)
+    trainer(1).fit(module, data)
+    assert module.training_after_v0 and sorted(module.v0) == [0, 1, 2]
+    for cid, v0 in module.v0.items():
+        split = data.client_data(cid, "train")
+        x, y = split.fetch(torch.arange(len(split)))
+        reference.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        for v, p in zip(v0, reference.parameters()):
+            assert torch.allclose(v, p.grad, atol=1e-6)
+
+
 def test_step_size_and_bad_arguments():
     assert FedProxVR(tiny_client(), beta=5.0, smoothness=2.0).eta == pytest.approx(0.1)
     module = RecordStepSize(tiny_client(lr=0.07), estimator="sarah", local_steps=2)
@@ -203,6 +235,7 @@ def test_step_size_and_bad_arguments():
         (dict(lr=-1.0), "lr must be > 0, got -1.0"),
         (dict(beta=-1.0, smoothness=1.0), "beta and smoothness must be > 0"),
         (dict(full_gradient_batch_size=0), "full_gradient_batch_size must be >= 1, got 0"),
+        (dict(local_epochs=1), "local_epochs must be None: FedProxVR runs tau = local_steps steps, got 1"),
     ]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
             FedProxVR(tiny_client(), **kwargs)

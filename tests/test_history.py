@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fl_lightning.algorithms import FedAvg
-from fl_lightning.callbacks import ClientMetrics, FederatedCallback, RoundHistory
+from fl_lightning.callbacks import ClientMetrics, FederatedCallback, RoundCheckpoint, RoundHistory
 from fl_lightning.cli import FederatedCLI, main
-from fl_lightning.plotting import load_run, plot_label_distribution, plot_metrics
+from fl_lightning.plotting import Run, load_run, metric_names, plot_label_distribution, plot_metrics
 from tests.helpers import synthetic, tiny_client, trainer
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -95,6 +95,25 @@ def test_history_resumes_with_the_checkpoint(tmp_path):
     assert resumed.rows[3]["round/client_loss"] == pytest.approx(straight.rows[3]["round/client_loss"], abs=1e-6)
 
 
+def test_a_run_resumed_from_its_round_checkpoint_has_every_round_once(tmp_path):
+    """RoundCheckpoint saves at the round's end: the row of the round it saves (validation metrics
+    included) is in it, so 3 rounds resumed to 5 give the rows of an uninterrupted run."""
+    def run(folder, rounds, **fit_kwargs):
+        history = RoundHistory(dirpath=str(tmp_path / folder), summary=False)
+        module = FedAvg(tiny_client(), clients_per_round=2, local_steps=1, seed=3)
+        t = trainer(rounds, callbacks=[history, ClientMetrics(split="val"), RoundCheckpoint(dirpath=str(tmp_path / "ckpt"))],
+                    enable_checkpointing=True, check_val_every_n_epoch=2)
+        t.fit(module, synthetic(4), **fit_kwargs)
+        return json.loads((tmp_path / folder / "history.json").read_text())
+
+    run("first", 3)
+    resumed = run("resumed", 5, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    straight = run("straight", 5)
+    assert [r["round"] for r in resumed] == [1, 2, 3, 4, 5]
+    assert ["val_acc" in r for r in resumed] == [False, True, False, True, False]
+    assert resumed == straight
+
+
 def test_plots_are_written_for_several_runs(tmp_path):
     fit(tmp_path / "a")
     fit(tmp_path / "b")
@@ -104,6 +123,17 @@ def test_plots_are_written_for_several_runs(tmp_path):
         assert path.read_bytes()[:8] == PNG and path.stat().st_size > 5000
     with pytest.raises(ValueError, match=r"metrics \['test_acc'\] were not logged by these runs; logged: \["):
         plot_metrics(runs, tmp_path / "x.png", ["test_acc"])
+
+
+def test_the_default_plot_metrics_come_from_what_was_logged():
+    """Global validation accuracy and loss under the client's own names (``val/acc``, ``val_acc``),
+    then the mean client loss, then the per-client mean accuracies."""
+    logged = {"round": 1, "val/acc": 0.5, "val/loss": 1.0, "round/client_loss": 0.3, "clients_val/acc_mean": 0.4,
+              "train_loss": 0.2, "round/excluded": 0.0}
+    run = Run("a", Path("."), [logged], None)
+    assert metric_names([run]) == ["val/acc", "val/loss", "round/client_loss", "clients_val/acc_mean"]
+    other = Run("b", Path("."), [{"round": 1, "val_loss": 1.0, "val_acc": 0.5, "round/client_loss": 0.3}], None)
+    assert metric_names([other]) == ["val_acc", "val_loss", "round/client_loss"]
 
 
 def test_plot_command_finds_the_newest_run_below_a_folder(tmp_path, capsys):

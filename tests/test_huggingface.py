@@ -159,3 +159,70 @@ trainer:
     cli = FederatedCLI(args=["fit", "--config", str(config)])
     assert cli.datamodule.num_clients == 5 and cli.trainer.current_epoch == 2
     assert "val_acc" in cli.trainer.callback_metrics
+
+
+def table(**columns) -> "datasets.Dataset":
+    """A small in-memory dataset with the given columns."""
+    return datasets.Dataset.from_dict(columns)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(features=5), r"features must be a column name or a non-empty list of them, got 5"),
+    (dict(label=3), r"label must be a column name, got 3"),
+    (dict(num_classes=0), r"num_classes must be >= 1 and an integer, got 0"),
+])
+def test_argument_types_are_checked_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HuggingFaceFederated(table(x=[1.0, 2.0], label=[0, 1]), num_clients=2, **{"features": "x", **kwargs})
+
+
+@pytest.mark.parametrize("labels, kwargs, match", [
+    ([0, -8, 0, 1], {}, r"label column 'label' holds -8 \(row 1\); labels are class indices in \[0, num_classes\)"),
+    ([0, 10**9, 0, 1], {}, r"label column 'label' holds 1000000000 \(row 1\), which would make 1000000001 classes "
+                           r"for 3 distinct labels.*num_classes="),
+    ([0, 1, 4, 1], dict(num_classes=4), r"label column 'label' holds 4 \(row 2\), outside \[0, num_classes=4\)"),
+])
+def test_labels_must_be_class_indices(labels, kwargs, match):
+    dm = HuggingFaceFederated(table(x=[1.0, 2.0, 3.0, 4.0], label=labels), features="x", num_clients=2, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        dm.setup()
+
+
+def test_class_label_names_bound_the_labels_and_num_classes_allows_sparse_ids():
+    named = table(x=[1.0, 2.0, 3.0, 4.0], label=[0, 1, 2, 1]).cast_column("label", datasets.ClassLabel(names=["a", "b"]))
+    with pytest.raises(ValueError, match=r"label column 'label' holds 2 \(row 2\), outside \[0, num_classes=2\) "
+                                         r"\(the column's ClassLabel has 2 names\)"):
+        HuggingFaceFederated(named, features="x", num_clients=2).setup()
+    sparse = HuggingFaceFederated(table(x=[1.0, 2.0, 3.0, 4.0], label=[0, 999, 0, 999]), features="x", num_clients=2,
+                                  num_classes=1000, val_fraction=0.0)
+    sparse.setup()
+    assert sparse.pool.tensors[1].tolist() == [0, 999, 0, 999]
+
+
+@pytest.mark.parametrize("column, match", [
+    ([1.0, None, 3.0, 4.0], r"column 'x' has a missing value \(None\) at row 1"),
+    ([[1.0, 2.0], None, [3.0, 4.0], [1.0, 1.0]], r"column 'x' has a missing value \(None\) at row 1"),
+    ([[1.0, 2.0], [3.0, 4.0], [None, 1.0], [1.0, 1.0]], r"feature column 'x' has a missing value \(None or NaN\) at row 2"),
+])
+def test_missing_feature_values_name_the_column_and_row(column, match):
+    dm = HuggingFaceFederated(table(x=column, label=[0, 1, 0, 1]), features="x", num_clients=2)
+    with pytest.raises(ValueError, match=match):
+        dm.setup()
+    with pytest.raises(ValueError, match=r"column 'label' has a missing value \(None\) at row 3"):
+        HuggingFaceFederated(table(x=[1.0, 2.0, 3.0, 4.0], label=[0, 1, 0, None]), features="x", num_clients=2).setup()
+
+
+def test_one_scalar_feature_column_becomes_one_feature_per_sample():
+    dm = HuggingFaceFederated(table(x=[0.5, 1.5, 2.5, 3.5], label=[0, 1, 0, 1]), features="x", num_clients=2,
+                              val_fraction=0.0)
+    dm.setup()
+    assert dm.pool.tensors[0].shape == (4, 1)
+
+
+def test_an_empty_dataset_is_refused_as_empty():
+    with pytest.raises(ValueError, match=r"the dataset \(split='train'\) is empty: it has no rows"):
+        HuggingFaceFederated(table(x=[], label=[]), features="x", num_clients=2)
+    both = datasets.DatasetDict({"train": table(x=[1.0, 2.0], label=[0, 1]),
+                                 "test": table(x=[1.0], label=[0]).select([])})
+    with pytest.raises(ValueError, match=r"the dataset \(test_split='test'\) is empty: it has no rows"):
+        HuggingFaceFederated(both, features="x", test_split="test", num_clients=2)

@@ -85,8 +85,12 @@ def test_functional_depends_on_torch_and_the_standard_library_only():
     modules = sorted("fl_lightning.functional." + p.stem for p in (PACKAGE / "functional").glob("*.py")
                      if p.stem != "__init__")
     assert {"fl_lightning.functional.prox", "fl_lightning.functional.robust"} <= set(modules)
+    # fl_lightning.validation (argument checks) is allowed: it depends on the standard library only.
+    assert not runtime_imports("fl_lightning.validation")
+    assert third_party_imports("fl_lightning.validation") <= set(sys.stdlib_module_names)
     for module in ["fl_lightning.functional", *modules]:
-        assert all(m.startswith("fl_lightning.functional") for m in runtime_imports(module)), module
+        assert all(m.startswith("fl_lightning.functional") or m == "fl_lightning.validation"
+                   for m in runtime_imports(module)), module
         assert third_party_imports(module) <= {"torch", "numpy"} | set(sys.stdlib_module_names), module
 
 

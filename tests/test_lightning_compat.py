@@ -13,11 +13,14 @@ from packaging.version import Version
 from torch import nn
 
 from fl_lightning.algorithms import FedAvg
+from fl_lightning.checkpoints import load_checkpoint
 from fl_lightning.lightning_compat import (
     OVERRIDDEN_PRIVATE_METHODS,
     TESTED_LIGHTNING,
     attached_trainer,
+    build_from_checkpoint,
     current_hook,
+    default_map_location,
     lightning_log,
     raw_optimizer,
     results_batch,
@@ -111,3 +114,15 @@ def test_the_overridden_private_methods_exist():
         cls = getattr(importlib.import_module(module_name), name)
         for method in methods:
             assert callable(getattr(cls, method, None)), f"{path}.{method}"
+
+
+def test_build_from_checkpoint_and_default_map_location(tmp_path):
+    """What ``load_from_checkpoint`` does after the file is read: the module from its hyperparameters and state."""
+    t = trainer(1)
+    module = FedAvg(tiny_client(), clients_per_round=2, local_steps=3)
+    t.fit(module, synthetic(4))
+    t.save_checkpoint(tmp_path / "x.ckpt")
+    checkpoint = load_checkpoint(tmp_path / "x.ckpt")
+    built = build_from_checkpoint(FedAvg, checkpoint, client=tiny_client(seed=1))
+    assert built.local_steps == 3 and all(torch.equal(a, b) for a, b in zip(built.parameters(), module.parameters()))
+    assert default_map_location("cpu") == "cpu" and callable(default_map_location(None))

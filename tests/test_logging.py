@@ -82,3 +82,32 @@ def test_the_rich_progress_bar_counts_rounds():
                    enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu")
     t.fit(FedAvg(tiny_client(), clients_per_round=3, local_steps=1), synthetic(4))
     assert seen == [(RichRoundProgressBar, "Round 1/2"), (RichRoundProgressBar, "Round 2/2")]
+
+
+def test_the_learning_rate_monitor_names_the_server_and_the_client_rates(tmp_path):
+    from pytorch_lightning.callbacks import LearningRateMonitor
+
+    logger = CSVLogger(tmp_path)
+    module = FedAvg(tiny_client(lr=0.1), clients_per_round=2, local_steps=1, server_lr=0.5)
+    trainer(2, logger=logger, callbacks=[LearningRateMonitor(logging_interval="epoch")]).fit(module, synthetic(4))
+    with open(f"{logger.log_dir}/metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {k for r in rows for k, v in r.items() if k.startswith("lr-") and v} == {"lr-server", "lr-client"}
+    assert [float(r["lr-server"]) for r in rows if r.get("lr-server")] == [0.5, 0.5]
+    assert [float(r["lr-client"]) for r in rows if r.get("lr-client")] == [0.1, 0.1]
+
+
+def test_the_loggers_hyperparameters_hold_the_client_and_the_data(tmp_path):
+    """hparams.yaml: the algorithm's arguments, the client's under ``client`` and the
+    datamodule's under ``data`` (nested: the seed of each is its own, no collision)."""
+    import yaml
+
+    logger = TensorBoardLogger(tmp_path)
+    module = FedAvg(tiny_client(lr=0.3), clients_per_round=2, local_steps=1, seed=5)
+    trainer(1, logger=logger).fit(module, synthetic(4, seed=2))
+    hparams = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text())
+    assert hparams["clients_per_round"] == 2 and hparams["seed"] == 5
+    assert hparams["client"]["class_path"].endswith(".LogisticRegression")
+    assert {k: hparams["client"]["init_args"][k] for k in ("in_features", "lr")} == {"in_features": 20, "lr": 0.3}
+    assert hparams["data"]["class_path"].endswith(".SyntheticFederated")
+    assert hparams["data"]["init_args"]["num_clients"] == 4 and hparams["data"]["init_args"]["seed"] == 2

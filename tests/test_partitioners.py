@@ -1,5 +1,5 @@
 """Partitioner objects: each option on hand-made labels, the old shortcuts pinned bit for bit,
-clear errors, datamodule wiring, and agreement with flwr-datasets where the semantics agree."""
+clear errors, datamodule wiring, and flwr-datasets' partitions reproduced exactly."""
 
 from __future__ import annotations
 
@@ -62,15 +62,20 @@ class Pinned(FederatedDataModule):
 
 # ------------------------------------------------------------ the old shortcuts, bit for bit
 # Digests of the partitions the code before partitioner objects gave (fl_lightning.datamodules.partition,
-# powerlaw.two_label_power_law, imbalanced.st_indices and the datamodules), for these inputs and seeds.
+# powerlaw.two_label_power_law, imbalanced.st_indices and the datamodules), for these inputs and seeds;
+# the Dirichlet and class splits of before are sample_order="shuffled" (the default is now Flower's draw).
+# The old "shards" split with 2+ shards per client is gone: ShardPartitioner is now Flower's (below).
 @pytest.mark.parametrize("name,call,expected", [
     ("iid", lambda: P.iid(600, 7, seed=3), "0422c2f5edc89e65"),
-    ("dirichlet", lambda: P.dirichlet(LABELS, 10, 0.5, min_partition_size=1, seed=0), "4b191c4590f64059"),
-    ("dirichlet min", lambda: P.dirichlet(LABELS, 8, 0.3, min_partition_size=10, seed=5), "3dc870583d7e834e"),
+    ("dirichlet", lambda: P.dirichlet(LABELS, 10, 0.5, min_partition_size=1, seed=0, sample_order="shuffled"),
+     "4b191c4590f64059"),
+    ("dirichlet min", lambda: P.dirichlet(LABELS, 8, 0.3, min_partition_size=10, seed=5, sample_order="shuffled"),
+     "3dc870583d7e834e"),
     ("shards 1", lambda: P.sorted_split(LABELS, 10, seed=0), "a4c79dd1e77aec70"),
-    ("shards 2", lambda: P.shards(LABELS, 15, 2, seed=2), "4da4a2e65ba6d0a7"),
-    ("classes 2", lambda: P.pathological(LABELS, 12, 2, "round-robin", seed=1), "f3916fc6679a2e8c"),
-    ("classes 3", lambda: P.pathological(LABELS, 7, 3, "round-robin", seed=4), "28f7ba539d0e5aac"),
+    ("classes 2", lambda: P.pathological(LABELS, 12, 2, "round-robin", seed=1, sample_order="shuffled"),
+     "f3916fc6679a2e8c"),
+    ("classes 3", lambda: P.pathological(LABELS, 7, 3, "round-robin", seed=4, sample_order="shuffled"),
+     "28f7ba539d0e5aac"),
     ("natural", lambda: P.natural(KEYS), "3466b08e414a7298"),
     ("power law", lambda: P.power_law(LABELS, 20, min_per_class=5, seed=0), "7af1c9211f52c3df"),
     ("power law options", lambda: P.power_law(LABELS, 10, num_classes_per_partition=3, min_per_class=2, sigma=1.0,
@@ -83,28 +88,30 @@ def test_pure_functions_give_the_partitions_of_before(name, call, expected):
 
 
 @pytest.mark.parametrize("kwargs,expected", [
-    (dict(partition="iid"), "c61ccd441c9f1abf"),
-    (dict(partition="dirichlet", alpha=0.3, min_samples=5), "47821615d72d687e"),
-    (dict(partition="shards", shards_per_client=1), "952516bd208e837b"),
-    (dict(partition="shards"), "c777a7ce1920b764"),
-    (dict(partition="classes", classes_per_client=3), "d0944dbcf3f8facd"),
-    (dict(partition="natural", num_clients=13), "b299f69321f62698"),
+    (dict(partition="iid"), "73aa1aade11c2b5d"),
+    (dict(partition="dirichlet", alpha=0.3, min_samples=5), "209cd21968b5bd3c"),
+    (dict(partition="shards", shards_per_client=1), "61ad97890e024352"),
+    (dict(partition="shards"), "7a548b86ae16816b"),  # Flower's shards now (before: 28c03f7cc46b7034)
+    (dict(partition="classes", classes_per_client=3), "2da307f1a335ba57"),
+    (dict(partition="natural", num_clients=13), "787773d7e362f246"),
 ])
 def test_each_old_shortcut_gives_the_clients_of_before(kwargs, expected):
     kwargs.setdefault("num_clients", 10)
     dm = Pinned(test_fraction=0.2, seed=4, **kwargs)
     dm.setup()
-    assert dm.partition_hash() == expected  # train / val / test indices of every client
+    assert digest([idx for name in ("train", "val", "test") for idx in dm.splits[name]]) == expected
 
 
 @pytest.mark.parametrize("kwargs,partitioner", [
     (dict(partition="iid"), IidPartitioner()),
-    (dict(partition="dirichlet", alpha=0.3, min_samples=5), DirichletPartitioner(alpha=0.3, min_partition_size=5)),
-    (dict(partition="dirichlet"), DirichletPartitioner(alpha=0.5, min_partition_size=1)),
+    (dict(partition="dirichlet", alpha=0.3, min_samples=5),
+     DirichletPartitioner(alpha=0.3, min_partition_size=5, sample_order="shuffled")),
+    (dict(partition="dirichlet"), DirichletPartitioner(alpha=0.5, min_partition_size=1, sample_order="shuffled")),
     (dict(partition="shards", shards_per_client=1), SortedPartitioner()),
     (dict(partition="shards"), ShardPartitioner(num_shards_per_partition=2)),
     (dict(partition="classes", classes_per_client=3),
-     PathologicalPartitioner(num_classes_per_partition=3, class_assignment_mode="round-robin")),
+     PathologicalPartitioner(num_classes_per_partition=3, class_assignment_mode="round-robin",
+                             sample_order="shuffled")),
     (dict(partition="natural"), NaturalIdPartitioner()),
 ])
 def test_a_shortcut_is_its_partitioner(kwargs, partitioner):
@@ -202,10 +209,14 @@ def test_pathological_unused_classes_warn_and_small_classes_fail():
 
 
 def test_shard_options():
-    # num_shards_per_partition alone: 4 x 2 shards of 12-13 samples, all samples used
+    # num_shards_per_partition alone: 4 x 2 shards of 100 // 8 = 12 samples, the other 4 unused (Flower's)
     parts = ShardPartitioner(num_shards_per_partition=2).split(BLOCKS, 4)
-    assert_exact_cover(parts, 100)
-    assert all(len(h) <= 3 for h in classes_of(parts, BLOCKS))
+    assert [len(p) for p in parts] == [24] * 4 and len(np.unique(np.concatenate(parts))) == 96
+    assert all(len(h) <= 4 for h in classes_of(parts, BLOCKS))
+    # ... and with keep_incomplete_shard the 9th shard (the last 4 samples) may be dealt instead of one of 12
+    kept = [ShardPartitioner(num_shards_per_partition=2, keep_incomplete_shard=True).split(BLOCKS, 4, seed=s)
+            for s in range(10)]
+    assert any(96 - 12 + 4 == sum(len(p) for p in parts) for parts in kept)
     # shard_size alone: 10 shards of 10 dealt 4, 3, 3
     parts = ShardPartitioner(shard_size=10).split(BLOCKS, 3)
     assert [len(p) for p in parts] == [40, 30, 30] and all(len(h) <= 4 for h in classes_of(parts, BLOCKS))
@@ -252,6 +263,10 @@ def test_partitioners_are_deterministic_from_their_seed():
     (lambda: DirichletPartitioner(num_partitions=3, alpha=[1.0]), "alpha has 1 values but num_partitions=3"),
     (lambda: DirichletPartitioner(alpha=1.0, min_partition_size=-1), "min_partition_size must be >= 0.*got -1"),
     (lambda: DirichletPartitioner(alpha=1.0, self_balancing="yes"), "self_balancing must be True or False, got 'yes'"),
+    (lambda: DirichletPartitioner(alpha=1.0, sample_order="random"),
+     r"sample_order must be one of \('dataset', 'shuffled'\), got 'random'"),
+    (lambda: PathologicalPartitioner(num_classes_per_partition=2, sample_order=None),
+     r"sample_order must be one of \('dataset', 'shuffled'\), got None"),
     (lambda: PathologicalPartitioner(num_classes_per_partition=0), "num_classes_per_partition must be >= 1.*got 0"),
     (lambda: PathologicalPartitioner(num_classes_per_partition=2, class_assignment_mode="cyclic"),
      r"class_assignment_mode must be one of \('random', 'deterministic', 'first-deterministic', 'round-robin'\), "
@@ -351,65 +366,62 @@ def test_checkpointed_hyperparameters_are_plain():
 
 
 # ------------------------------------------------------------------------ flwr-datasets
-def flower_parts(partitioner, labels) -> list[np.ndarray]:
-    """Flower's partitions of ``labels`` (a one-column Hugging Face dataset) as sorted index arrays."""
+def flower_parts(partitioner, labels, shuffle_seed=None) -> list[np.ndarray]:
+    """Flower's partitions of ``labels`` (a one-column Hugging Face dataset, shuffled first as
+    ``FederatedDataset(shuffle=True, seed=shuffle_seed)`` does if given) as sorted index arrays."""
     datasets = pytest.importorskip("datasets")
-    partitioner.dataset = datasets.Dataset.from_dict({"label": labels.tolist(), "row": np.arange(len(labels))})
+    table = datasets.Dataset.from_dict({"label": labels.tolist(), "row": np.arange(len(labels))})
+    partitioner.dataset = table if shuffle_seed is None else table.shuffle(seed=shuffle_seed)
     return [np.sort(np.asarray(partitioner.load_partition(i)["row"])) for i in range(partitioner.num_partitions)]
 
 
-def test_iid_sizes_agree_with_flower():
+MANY = np.random.default_rng(9).integers(0, 10, 2000)  # for 30 self-balanced partitions
+
+
+@pytest.mark.parametrize("labels,num_partitions,cls,options", [
+    (LABELS, 10, DirichletPartitioner, dict(alpha=0.5)),
+    (LABELS, 6, DirichletPartitioner, dict(alpha=[0.2, 0.5, 1.0, 2.0, 5.0, 1.0], min_partition_size=5)),
+    (LABELS, 5, DirichletPartitioner, dict(alpha=1000.0, self_balancing=True)),
+    (MANY, 30, DirichletPartitioner, dict(alpha=0.5, self_balancing=True)),  # np.sum would move cuts here
+    (LABELS, 7, ShardPartitioner, dict(num_shards_per_partition=2)),
+    (LABELS, 7, ShardPartitioner, dict(num_shards_per_partition=3, keep_incomplete_shard=True)),
+    (LABELS, 7, ShardPartitioner, dict(shard_size=25)),
+    (LABELS, 7, ShardPartitioner, dict(shard_size=25, keep_incomplete_shard=True)),
+    (LABELS, 7, ShardPartitioner, dict(shard_size=20, num_shards_per_partition=3)),
+    (LABELS, 12, PathologicalPartitioner, dict(num_classes_per_partition=3)),
+    (LABELS, 12, PathologicalPartitioner, dict(num_classes_per_partition=2, class_assignment_mode="deterministic")),
+    (LABELS, 12, PathologicalPartitioner,
+     dict(num_classes_per_partition=3, class_assignment_mode="first-deterministic")),
+])
+def test_flwr_named_partitioners_give_flowers_partitions(labels, num_partitions, cls, options):
     flwr = pytest.importorskip("flwr_datasets.partitioner")
-    ours = IidPartitioner().split(LABELS, 7)
-    theirs = flower_parts(flwr.IidPartitioner(num_partitions=7), LABELS)
-    assert [len(p) for p in ours] == [len(p) for p in theirs]
+    ours = cls(**options)
+    for seed in range(5):
+        theirs = getattr(flwr, cls.__name__)(num_partitions=num_partitions, partition_by="label", seed=seed, **options)
+        expected = flower_parts(theirs, labels)
+        assert [p.tolist() for p in ours.split(labels, num_partitions, seed=seed)] == [p.tolist() for p in expected]
 
 
-@pytest.mark.parametrize("mode", ["random", "deterministic", "first-deterministic"])
-def test_pathological_classes_and_sizes_agree_with_flower(mode):
+def test_iid_gives_the_partitions_of_flowers_shuffled_federated_dataset():
     flwr = pytest.importorskip("flwr_datasets.partitioner")
-    ours = PathologicalPartitioner(num_classes_per_partition=3, class_assignment_mode=mode).split(LABELS, 8, seed=42)
-    theirs = flower_parts(flwr.PathologicalPartitioner(num_partitions=8, partition_by="label", num_classes_per_partition=3,
-                                                       class_assignment_mode=mode, seed=42), LABELS)
-    assert classes_of(ours) == classes_of(theirs)
-    assert [len(p) for p in ours] == [len(p) for p in theirs]
+    for seed in range(5):
+        expected = flower_parts(flwr.IidPartitioner(num_partitions=7), LABELS, shuffle_seed=seed)
+        assert [p.tolist() for p in IidPartitioner().split(LABELS, 7, seed=seed)] == [p.tolist() for p in expected]
 
 
-@pytest.mark.parametrize("kwargs", [dict(shard_size=10), dict(shard_size=10, num_shards_per_partition=3)])
-def test_shard_sizes_agree_with_flower(kwargs):
-    flwr = pytest.importorskip("flwr_datasets.partitioner")
-    ours = ShardPartitioner(**kwargs).split(LABELS, 7, seed=0)
-    theirs = flower_parts(flwr.ShardPartitioner(num_partitions=7, partition_by="label", **kwargs), LABELS)
-    assert [len(p) for p in ours] == [len(p) for p in theirs]
-    assert max(len(c) for c in classes_of(ours)) <= max(len(c) for c in classes_of(theirs)) + 1
-
-
-def test_shard_with_num_shards_alone_uses_all_samples_where_flower_drops_some():
-    flwr = pytest.importorskip("flwr_datasets.partitioner")
-    ours = ShardPartitioner(num_shards_per_partition=2).split(LABELS, 7)
-    theirs = flower_parts(flwr.ShardPartitioner(num_partitions=7, partition_by="label", num_shards_per_partition=2),
-                          LABELS)
-    assert_exact_cover(ours, 600)
-    assert sum(len(p) for p in theirs) == 7 * 2 * (600 // 14) < 600
-
-
-@pytest.mark.parametrize("alpha,classes", [(0.05, (3, 6)), (1000.0, (10, 10))])
-def test_dirichlet_properties_agree_with_flower(alpha, classes):
-    flwr = pytest.importorskip("flwr_datasets.partitioner")
-    for seed in (0, 1):
-        ours = DirichletPartitioner(alpha=alpha).split(LABELS, 5, seed=seed)
-        theirs = flower_parts(flwr.DirichletPartitioner(num_partitions=5, partition_by="label", alpha=alpha, seed=seed),
-                              LABELS)
-        for parts in (ours, theirs):
-            assert_exact_cover(parts, 600)
-            assert min(len(p) for p in parts) >= 10  # both default min_partition_size=10
-            assert classes[0] <= np.mean([len(c) for c in classes_of(parts)]) <= classes[1]
-
-
-def test_natural_id_agrees_with_flower():
+def test_natural_id_gives_flowers_partitions():
     flwr = pytest.importorskip("flwr_datasets.partitioner")
     theirs = flower_parts(flwr.NaturalIdPartitioner(partition_by="label"), KEYS)
     assert [p.tolist() for p in NaturalIdPartitioner().split(KEYS)] == [p.tolist() for p in theirs]
+
+
+def test_shuffled_sample_order_keeps_flowers_classes_and_sizes():
+    flwr = pytest.importorskip("flwr_datasets.partitioner")
+    ours = PathologicalPartitioner(num_classes_per_partition=3, sample_order="shuffled").split(LABELS, 8, seed=42)
+    theirs = flower_parts(flwr.PathologicalPartitioner(num_partitions=8, partition_by="label",
+                                                       num_classes_per_partition=3, seed=42), LABELS)
+    assert classes_of(ours) == classes_of(theirs) and [len(p) for p in ours] == [len(p) for p in theirs]
+    assert [p.tolist() for p in ours] != [p.tolist() for p in theirs]
 
 
 def test_flower_partitioner_adapter_gives_flowers_partitions():
@@ -429,3 +441,19 @@ def test_flower_partitioner_adapter_gives_flowers_partitions():
         Pinned(num_clients=4, partitioner=FlowerPartitioner(flower())).setup()
     with pytest.raises(ValueError, match="partitioner must be a flwr_datasets.partitioner.Partitioner"):
         FlowerPartitioner("dirichlet")
+
+
+def test_flower_partitioner_refuses_too_many_partitions_and_a_column_mismatch():
+    flwr = pytest.importorskip("flwr_datasets.partitioner")
+    from fl_lightning.datamodules import FlowerPartitioner
+
+    for too_many in (flwr.IidPartitioner(num_partitions=700),
+                     flwr.DirichletPartitioner(num_partitions=700, partition_by="label", alpha=1.0)):
+        with pytest.raises(ValueError, match="the Flower partitioner's num_partitions=700 is more than the 600 samples"):
+            Pinned(partitioner=FlowerPartitioner(too_many)).setup()
+    digits = flwr.DirichletPartitioner(num_partitions=3, partition_by="digit", alpha=1.0)
+    with pytest.raises(ValueError, match=r"DirichletPartitioner reads the column 'digit' \(its partition_by\), but "
+                                         r"FlowerPartitioner\(partition_by=None\) hands it the column 'label'"):
+        FlowerPartitioner(digits)
+    with pytest.raises(ValueError, match="Pinned has no column 'digit'"):  # the datamodule names what it has
+        Pinned(partitioner=FlowerPartitioner(digits, partition_by="digit")).setup()

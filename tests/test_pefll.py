@@ -258,6 +258,11 @@ def test_checkpoint_round_trip(tmp_path):
                                StateVector(personalize(module, (x, y))).flatten())
     with pytest.raises(ValueError, match="checkpoint_path"):
         load_pefll(tmp_path / "missing.ckpt")
+    with pytest.raises(ValueError, match="does not record the embedding network.*pass embedding="):
+        load_pefll(path)  # Trainer.fit in Python: the embedding is an object, not in the hyper-parameters
+    rebuilt = load_pefll(path, embedding=MLPEmbedding(20, 10, 4, hidden=(8,)))  # the client from its recipe
+    torch.testing.assert_close(StateVector(personalize(rebuilt, (x, y))).flatten(),
+                               StateVector(personalize(module, (x, y))).flatten())
     models = predict_clients(path, dm, output_dir=tmp_path / "models", client=tiny_client(hidden=(8,)),
                              embedding=MLPEmbedding(20, 10, 4, hidden=(8,)))
     assert sorted(models) == sorted(dm.unseen_clients)
@@ -297,6 +302,36 @@ def test_local_only_trains_each_client_alone():
     unseen = module.client_eval_state(dm.unseen_clients[0])
     assert (unseen - initial).abs().max() > 0 and dm.unseen_clients[0] not in module.store
     assert {"clients_test/acc_mean", "clients_unseen_test/acc_mean"} <= set(tr.callback_metrics)
+
+
+class RecordSteps(FederatedCallback):
+    """Adds up the local steps each client took over the run."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, float] = {}
+
+    def on_client_update(self, trainer, module, update):
+        self.steps[update.client_id] = self.steps.get(update.client_id, 0.0) + update.metrics["steps"]
+        return update
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+def test_local_only_spends_one_budget_per_client_whatever_the_rounds(backend):
+    """Three rounds leave every client's model as one round does (the budget of an unseen client,
+    trained once when evaluated); with partial participation no client trains twice."""
+    def run(rounds, per_round):
+        module = LocalOnly(tiny_client(hidden=(8,)), clients_per_round=per_round, local_steps=3, client_backend=backend)
+        dm, record = data(10, unseen_fraction=0.2), RecordSteps()
+        trainer(rounds, callbacks=[record]).fit(module, dm)
+        return module, dm, record.steps
+
+    one, dm, _ = run(1, 8)
+    three, _, steps = run(3, 8)
+    assert steps == {cid: 3.0 for cid in dm.train_clients}
+    for cid in dm.train_clients:
+        torch.testing.assert_close(three.client_eval_state(cid), one.client_eval_state(cid), rtol=0, atol=0)
+    _, _, steps = run(4, 3)
+    assert set(steps.values()) == {3.0}
 
 
 def test_local_finetuning_restores_the_global_model():

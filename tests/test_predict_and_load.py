@@ -4,8 +4,10 @@ the errors when a checkpoint cannot rebuild its client."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -15,10 +17,13 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from fl_lightning.algorithms import SCAFFOLD, FedAvg
-from fl_lightning.checkpoints import CheckpointError
+from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedProx
+from fl_lightning.checkpoints import CheckpointError, load_checkpoint, with_checksum
+from fl_lightning.datamodules import SyntheticFederated
 from fl_lightning.models import LogisticRegression
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def fitted(tmp_path, module=None, rounds: int = 2):
@@ -85,24 +90,6 @@ def test_a_client_without_saved_hyperparameters_needs_client_given(tmp_path):
     assert torch.equal(global_vector(loaded), global_vector(module))
 
 
-def test_loading_imports_no_package_the_checkpoint_names(tmp_path):
-    """A checkpoint whose client class names a package not imported yet is refused, and the package's
-    code does not run (loading a file never executes code)."""
-    _, _, path = fitted(tmp_path)
-    checkpoint = torch.load(path, weights_only=True)
-    checkpoint["federated"]["client"]["class_path"] = "antigravity.Client"  # importing it opens a web browser
-    crafted = tmp_path / "crafted.ckpt"
-    torch.save(checkpoint, crafted)
-    script = (
-        "import sys\nfrom fl_lightning.algorithms import FedAvg\nfrom fl_lightning.checkpoints import CheckpointError\n"
-        f"try:\n    FedAvg.load_from_checkpoint({str(crafted)!r})\nexcept CheckpointError as e:\n    print('refused:', e)\n"
-        "print('imported:', 'antigravity' in sys.modules)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120).stdout
-    assert "refused: the checkpoint's client class antigravity.Client is in package 'antigravity'" in out
-    assert "imported: False" in out
-
-
 def test_local_epochs_alone_and_fl_lightning_help_lists_every_subcommand():
     module = FedAvg(LogisticRegression(in_features=20, num_classes=10, lr=0.1), clients_per_round=2, local_epochs=1)
     assert module.local_epochs == 1 and module.local_steps is None
@@ -111,3 +98,140 @@ def test_local_epochs_alone_and_fl_lightning_help_lists_every_subcommand():
                          timeout=120).stdout
     for subcommand in ("fit", "validate", "test", "predict", "pefll-predict", "plot"):
         assert subcommand in out
+
+
+class NoPredictStep(pl.LightningModule):
+    """A client with no predict_step of its own (Lightning's default calls ``self(batch)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(20, 10)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_predict_with_a_client_without_predict_step_gives_its_outputs_on_the_inputs():
+    module, dm = FedAvg(NoPredictStep(), clients_per_round=2, local_steps=1), synthetic(4)
+    trainer(1).fit(module, dm)
+    logits = torch.cat(trainer(1).predict(module, datamodule=dm))  # (x, y) batches: the client's forward on x
+    x, _ = next(iter(DataLoader(dm.global_test_set(), batch_size=len(dm.global_test_set()))))
+    torch.testing.assert_close(logits, module.client(x))
+    x_only = torch.cat(trainer(1).predict(module, DataLoader(TensorDataset(x), batch_size=16)))
+    torch.testing.assert_close(x_only, module.client(x))
+
+
+# ------------------------------------------------------------------ classes a checkpoint names
+def crafted_checkpoint(tmp_path, change) -> str:
+    """A checkpoint of ``fitted`` after ``change(checkpoint)``, saved with a valid checksum."""
+    _, _, path = fitted(tmp_path)
+    checkpoint = load_checkpoint(path)
+    change(checkpoint)
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save(with_checksum(checkpoint), crafted)
+    return str(crafted)
+
+
+def test_a_client_class_in_a_module_not_imported_is_refused_and_runs_nothing(tmp_path):
+    """Importing ``unittest.__main__`` runs every test*.py of the working directory (and exits), importing
+    ``numpy.f2py.__main__`` exits, ``antigravity`` opens a web browser: a checkpoint naming a class
+    there is refused, saying how to allow it, and nothing runs."""
+    _, _, path = fitted(tmp_path)
+    modules = ["unittest.__main__", "numpy.f2py.__main__", "antigravity"]
+    for module_name in modules:
+        checkpoint = load_checkpoint(path)
+        checkpoint["federated"]["client"]["class_path"] = f"{module_name}.MLP"
+        torch.save(with_checksum(checkpoint), tmp_path / f"{module_name}.ckpt")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "test_marker.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    script = (
+        "import sys\nfrom fl_lightning.algorithms import FedAvg\nfrom fl_lightning.checkpoints import CheckpointError\n"
+        f"for name in {modules!r}:\n"
+        f"    try:\n        FedAvg.load_from_checkpoint({str(tmp_path)!r} + f'/{{name}}.ckpt')\n"
+        "    except CheckpointError as e:\n        print('refused:', e)\n"
+        "    print('imported:', name in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=work,
+                         env=env).stdout
+    for module_name in modules:
+        assert f"refused: the checkpoint's client class {module_name}.MLP is not imported by this process" in out
+        assert f"allowed_classes=['{module_name}.MLP']" in out
+    assert out.count("pass client=") == 3 and out.count("imported: False") == 3 and not (tmp_path / "ran").exists()
+
+
+def test_a_client_class_not_imported_loads_when_allowed(tmp_path, monkeypatch):
+    (tmp_path / "my_clients.py").write_text(
+        "from fl_lightning.models import MLP\n\nclass Net(MLP):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from my_clients import Net
+
+    module, _, path = fitted(tmp_path, FedAvg(Net(in_features=20, hidden=(4,), num_classes=10), clients_per_round=3,
+                                              local_steps=1))
+    monkeypatch.delitem(sys.modules, "my_clients")  # a fresh process that has not imported it
+    with pytest.raises(CheckpointError, match=r"my_clients\.Net is not imported.*import my_clients.*"
+                                              r"allowed_classes=\['my_clients\.Net'\]"):
+        FedAvg.load_from_checkpoint(path)
+    assert "my_clients" not in sys.modules
+    loaded = FedAvg.load_from_checkpoint(path, allowed_classes=["my_clients.Net"])
+    assert type(loaded.client).__name__ == "Net" and torch.equal(global_vector(loaded), global_vector(module))
+    assert type(FedAvg.load_from_checkpoint(path, allowed_classes=[Net]).client) is Net
+
+
+def set_hyperparameter(key, value):
+    def change(checkpoint):
+        checkpoint["hyper_parameters"].update({key: value, "_instantiator": "pytorch_lightning.cli.instantiate_module"})
+    return change
+
+
+@pytest.mark.parametrize("value", [{"class_path": "unittest.__main__.Optimizer"}, "unittest.__main__.main"])
+def test_a_hyperparameter_naming_a_module_not_imported_is_refused(tmp_path, monkeypatch, value):
+    """A CLI run's checkpoint names classes in its hyperparameters (the server optimizer's ``class_path``,
+    or an import path given as a string): none of their modules is imported."""
+    monkeypatch.chdir(tmp_path)
+    path = crafted_checkpoint(tmp_path, set_hyperparameter("server_optimizer", value))
+    with pytest.raises((CheckpointError, ValueError), match=r"unittest\.__main__.*not imported"):
+        FedAvg.load_from_checkpoint(path)
+    assert "unittest.__main__" not in sys.modules
+
+
+def test_a_datamodule_checkpoint_naming_a_module_not_imported_is_refused(tmp_path):
+    path = crafted_checkpoint(tmp_path, lambda c: c["datamodule_hyper_parameters"].update(
+        partitioner={"class_path": "unittest.__main__.Partitioner"},
+        _instantiator="pytorch_lightning.cli.instantiate_module"))
+    with pytest.raises(CheckpointError, match=r"unittest\.__main__\.Partitioner is not imported.*allowed_classes"):
+        SyntheticFederated.load_from_checkpoint(path)
+    assert "unittest.__main__" not in sys.modules
+
+
+def test_an_hparams_file_is_read_as_plain_yaml(tmp_path):
+    _, _, path = fitted(tmp_path)
+    (tmp_path / "hparams.yaml").write_text("clients_per_round: 2\nlocal_steps: 5\n")
+    assert FedAvg.load_from_checkpoint(path, hparams_file=tmp_path / "hparams.yaml").local_steps == 5
+    (tmp_path / "objects.yaml").write_text("clients_per_round: !!python/object:argparse.Namespace {a: 1}\n")
+    with pytest.raises(CheckpointError, match="objects.yaml' is not plain YAML"):
+        FedAvg.load_from_checkpoint(path, hparams_file=tmp_path / "objects.yaml")
+
+
+def test_a_checkpoint_of_another_algorithm_is_refused_naming_both(tmp_path):
+    _, _, path = fitted(tmp_path)
+    with pytest.raises(CheckpointError, match=r"was written by FedAvg, not FedProx: load it with "
+                                              r"FedAvg\.load_from_checkpoint"):
+        FedProx.load_from_checkpoint(path)
+
+
+def test_load_from_checkpoint_takes_weights_only_true_and_refuses_false(tmp_path):
+    module, _, path = fitted(tmp_path)
+    assert torch.equal(global_vector(FedAvg.load_from_checkpoint(path, weights_only=True)), global_vector(module))
+    with pytest.raises(ValueError, match="weights_only must be True or None, got False"):
+        FedAvg.load_from_checkpoint(path, weights_only=False)

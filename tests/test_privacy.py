@@ -67,6 +67,10 @@ def test_the_noise_needs_a_uniform_mean():
             FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
     trainer(1, callbacks=[DifferentialPrivacy(1.0, 1.0), WeightedMean("uniform")]).fit(  # control is a uniform mean
         SCAFFOLD(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    trainer(1, callbacks=[DifferentialPrivacy(1.0, 1.0)]).fit(  # the module's weighting makes its mean uniform
+        FedAvg(tiny_client(), clients_per_round=2, local_steps=1, weighting="uniform"), synthetic(4))
+    trainer(1, callbacks=[DifferentialPrivacy(1.0, 1.0)]).fit(  # SCAFFOLD's paper mean is uniform
+        SCAFFOLD(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
     with pytest.raises(ValueError, match="noise_multiplier must be >= 0 and finite, got -1.0"):
         DifferentialPrivacy(1.0, -1.0)
     with pytest.raises(ValueError, match="mode must be 'central' or 'local', got 'both'"):
@@ -85,7 +89,10 @@ def test_the_privacy_spent_is_logged_per_round():
             _, _, _, t = run(dp, rounds=3)
         assert math.isnan(float(t.callback_metrics["privacy/epsilon"]))
     assert float(t.callback_metrics["privacy/noise_multiplier"]) == pytest.approx(1.1)
-    assert dp.state_dict() == {"rounds": 3}
+    assert dp.state_dict() == {"rounds": 3, "history": [[1.1, 4 / 6, 3]]}
+    old = DifferentialPrivacy(clip_norm=0.1, noise_multiplier=1.1)
+    old.load_state_dict({"rounds": 3})  # a checkpoint of before the history was kept: its rounds at this run's noise
+    assert old.rounds == 3 and old.history == [[1.1, None, 3]]
 
 
 def test_epsilon_is_nan_without_opacus(monkeypatch):
@@ -101,3 +108,30 @@ def test_epsilon_of_full_participation_matches_the_gaussian_mechanisms_rdp(z, st
     Opacus' tighter conversion gives at most 10% less."""
     classic = min(steps * a / (2 * z * z) + math.log(1e5) / (a - 1) for a in (1 + i / 100 for i in range(1, 20000)))
     assert 0.9 * classic <= dp_epsilon(z, 1.0, steps, 1e-5) <= classic
+
+
+@pytest.mark.skipif(not HAS_OPACUS, reason="needs Opacus (the [privacy] extra)")
+def test_a_resume_with_another_noise_multiplier_accounts_both_segments(tmp_path):
+    """3 rounds at z = 0.3, resumed at z = 3.0 to 6 rounds: the RDP of the two segments adds up, so epsilon is that
+    of the mixed history (and more than the first segment alone); the change is warned about."""
+    from fl_lightning.callbacks import RoundCheckpoint
+    from fl_lightning.callbacks.privacy import composed_epsilon
+
+    def fit(z, rounds, **kwargs):
+        dp = DifferentialPrivacy(clip_norm=0.1, noise_multiplier=z, mode="local")
+        t = trainer(rounds, callbacks=[dp, WeightedMean("uniform"), RoundCheckpoint(dirpath=str(tmp_path))],
+                    enable_checkpointing=True)
+        t.fit(FedAvg(tiny_client(), clients_per_round=4, local_steps=1, seed=3), synthetic(6), **kwargs)
+        return float(t.callback_metrics["privacy/epsilon"]), dp
+
+    first, _ = fit(0.3, 3)
+    with pytest.warns(UserWarning, match=r"noise_multiplier=3\.0.*checkpoint's rounds used 0\.3"):
+        resumed, dp = fit(3.0, 6, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert dp.state_dict()["history"] == [[0.3, 1.0, 3], [3.0, 1.0, 3]]
+    assert resumed == pytest.approx(composed_epsilon([(0.3, 1.0, 3), (3.0, 1.0, 3)], 1e-5), rel=1e-6)
+    assert resumed > first == pytest.approx(dp_epsilon(0.3, 1.0, 3, 1e-5), rel=1e-6)
+    # by formula: with sample rate 1 the RDP of order a is sum_i T_i a / (2 z_i^2); Opacus' conversion is within
+    # 10% below the classic min_a [RDP(a) + log(1/delta) / (a - 1)]
+    rdp = 3 / (2 * 0.3**2) + 3 / (2 * 3.0**2)
+    classic = min(a * rdp + math.log(1e5) / (a - 1) for a in (1 + i / 100 for i in range(1, 20000)))
+    assert 0.9 * classic <= resumed <= classic

@@ -29,8 +29,9 @@ def linear_grad(w: torch.Tensor, batch) -> torch.Tensor:
     return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
 
 
-def hand_scaffold(dm, x0, rounds, per_round, steps, lr, seed):
-    """SCAFFOLD (Algorithm 1, option II) written out: server c, client c_i, uniform mean of dc_i."""
+def hand_scaffold(dm, x0, rounds, per_round, steps, lr, seed, weighting="uniform"):
+    """SCAFFOLD (Algorithm 1, option II) written out: server c, client c_i, uniform mean of dc_i;
+    the model deltas averaged uniformly (the paper's) or by sample count."""
     n = dm.num_clients
     x, c, ci = x0.clone(), torch.zeros_like(x0), {}
     for r in range(rounds):
@@ -43,18 +44,23 @@ def hand_scaffold(dm, x0, rounds, per_round, steps, lr, seed):
             new = own - c + (x - y) / (steps * lr)
             deltas.append(y - x), controls.append(new - own), sizes.append(dm.num_samples(i))
             ci[i] = new
-        w = torch.tensor(sizes, dtype=torch.float64)
+        w = torch.tensor(sizes if weighting == "num_samples" else [1] * len(sizes), dtype=torch.float64)
         x = x + ((torch.stack(deltas).double() * w[:, None]).sum(0) / w.sum()).float()
         c = c + len(chosen) / n * torch.stack(controls).double().mean(0).float()
     return x, c, ci
 
 
-def test_scaffold_equals_the_hand_written_algorithm():
+@pytest.mark.parametrize("weighting", [None, "num_samples"])
+def test_scaffold_equals_the_hand_written_algorithm(weighting):
+    """By default the model deltas' uniform mean, x <- x + (1/|S|) sum_i dy_i (Algorithm 1);
+    ``weighting="num_samples"`` weighs them by sample count (the clients have unequal sizes)."""
     dm, lr, seed = synthetic(6), 0.1, 4
-    module = SCAFFOLD(tiny_client(lr=lr), clients_per_round=3, local_steps=3, seed=seed)
+    module = SCAFFOLD(tiny_client(lr=lr), clients_per_round=3, local_steps=3, seed=seed, weighting=weighting)
     x0 = global_vector(module)
     trainer(3).fit(module, dm)
-    x, c, ci = hand_scaffold(dm, x0, 3, 3, 3, lr, seed)
+    x, c, ci = hand_scaffold(dm, x0, 3, 3, 3, lr, seed, weighting or "uniform")
+    other, _, _ = hand_scaffold(dm, x0, 3, 3, 3, lr, seed, "num_samples" if weighting is None else "uniform")
+    assert (x - other).abs().max() > 1e-3  # the two weightings differ on these clients
     assert torch.allclose(global_vector(module), x, atol=1e-5)
     assert torch.allclose(module.server_control.cpu(), c, atol=1e-5)
     assert sorted(module.store.clients()) == sorted(ci)
@@ -73,6 +79,33 @@ def test_scaffold_server_control_is_the_mean_of_all_client_controls():
     assert len(list(module.store.clients())) < 8  # some clients never ran
     assert module.server_control.norm() > 0.1
     assert torch.allclose(module.server_control.cpu(), total / 8, atol=1e-6)
+
+
+@pytest.mark.parametrize("option, value", [("momentum", 0.9), ("weight_decay", 0.001)])
+def test_scaffold_refuses_a_local_optimizer_other_than_plain_sgd(option, value):
+    """Option II's c_i+ = c_i - c + (x - y) / (K lr) assumes plain SGD steps: refused at setup."""
+    client = tiny_client()
+    setattr(client, option, value)  # the client's configure_optimizers reads it
+    with pytest.raises(ValueError, match=rf"SCAFFOLD \(option II\) needs plain SGD: .*{option}={value}, allowed: 0"):
+        trainer(1).fit(SCAFFOLD(client, clients_per_round=2, local_steps=1), synthetic(4))
+
+
+def test_scaffold_needs_one_learning_rate_for_its_trainable_parameters():
+    """Two rates for trainable parameters are refused (option II divides by K lr); a group of frozen
+    parameters at another rate (here 0, first) does not count: the rate is 0.1 and the run trains."""
+    def client_with(groups):
+        client = tiny_client(hidden=(8,))
+        client.configure_optimizers = lambda: torch.optim.SGD(groups(client.net), lr=0.1)
+        return client
+
+    two_rates = client_with(lambda net: [{"params": net[1].parameters(), "lr": 0.05}, {"params": net[3].parameters()}])
+    with pytest.raises(ValueError, match=r"one learning rate \(lr\).*\[0\.05, 0\.1\]"):
+        trainer(1).fit(SCAFFOLD(two_rates, clients_per_round=2, local_steps=1), synthetic(4))
+    frozen = client_with(lambda net: [{"params": net[1].parameters(), "lr": 0.0}, {"params": net[3].parameters()}])
+    frozen.net[1].requires_grad_(False)
+    module = SCAFFOLD(frozen, clients_per_round=2, local_steps=2, nonfinite_updates="raise")
+    trainer(2).fit(module, synthetic(4))
+    assert 0 < module.server_control.norm() < 100
 
 
 def test_fedprox_round_by_hand():

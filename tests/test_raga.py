@@ -70,6 +70,43 @@ def test_raga_steps_with_the_paper_schedule():
     assert module.local_steps == 3
 
 
+def test_constant_schedule_steps_the_server_with_the_local_rate():
+    """eq. 14 with the paper's eta_m^{t,k} = eta^t: w <- w - eta z, eta the client optimizer's rate."""
+    lr, rec = 0.05, Record()
+    module = RAGA(tiny_client(lr=lr), schedule="constant", clients_per_round=1, local_steps=2, seed=1)
+    start = global_vector(module)
+    fit(module, 1, [rec], clients=1)
+    assert torch.allclose(global_vector(module), start - lr * rec.updates[0].tensors["grad"], atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["paper", "constant"])
+def test_server_lr_fixes_the_global_rate(schedule):
+    server_lr, rec = 0.5, Record()
+    module = RAGA(tiny_client(lr=0.05), schedule=schedule, server_lr=server_lr, total_rounds=10, clients_per_round=1,
+                  local_steps=2, seed=1)
+    start = global_vector(module)
+    fit(module, 1, [rec], clients=1)
+    assert torch.allclose(global_vector(module), start - server_lr * rec.updates[0].tensors["grad"], atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", [RAGA, RFA])
+def test_local_epochs_replace_the_default_local_steps(algorithm):
+    assert algorithm(tiny_client()).local_steps == 3
+    module = algorithm(tiny_client(), local_epochs=1, clients_per_round=2, total_rounds=2)
+    assert (module.local_steps, module.local_epochs) == (None, 1)
+    fit(module, 1)
+
+
+@pytest.mark.parametrize("option, value", [("momentum", 0.9), ("weight_decay", 0.01)])
+def test_raga_refuses_a_local_optimizer_other_than_plain_sgd(option, value):
+    """The upload is the mean of the raw gradients of plain SGD steps (eq. 13): momentum or weight
+    decay would change the trajectory the gradients are taken on, silently."""
+    client = tiny_client()
+    setattr(client, option, value)
+    with pytest.raises(ValueError, match=f"RAGA needs plain SGD: the client's optimizer has {option}={value}"):
+        fit(RAGA(client, clients_per_round=2, total_rounds=2), 1)
+
+
 def test_default_aggregators_of_the_baselines():
     rfa, saga = RFA(tiny_client()), ByrdSAGA(tiny_client())
     assert (rfa.default_aggregator.max_iter, rfa.default_aggregator.nu) == (4, 1e-5)

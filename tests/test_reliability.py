@@ -20,10 +20,11 @@ from torch.utils.data import TensorDataset
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO
 from fl_lightning.callbacks import FederatedCallback, RoundCheckpoint, SignFlipAttack
-from fl_lightning.checkpoints import CheckpointError, load_checkpoint
+from fl_lightning.checkpoints import CheckpointError, load_checkpoint, with_checksum
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
 from fl_lightning.functional.dro import KLDRO
+from fl_lightning.state import read_state_file, state_file
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,18 +200,108 @@ def test_a_checkpoint_with_non_finite_client_state_is_refused(tmp_path):
     store = load_checkpoint(tmp_path / "last.ckpt")["federated"]["store"]
     cid = sorted(store["entries"])[0]
     path = Path(store["directory"]) / f"{cid}.control.{store['entries'][cid]['control']}.pt"
-    value = torch.load(path, weights_only=True)
+    value = read_state_file(str(path))
     value[0] = float("inf")
-    torch.save(value, path)
+    torch.save(state_file(value, str(path)), path)
     with pytest.raises(CheckpointError, match=f"client state cannot be resumed: the stored entry 'control' of client "
                                               f"{cid} holds NaN or Inf"):
         trainer(2).fit(build("SCAFFOLD"), data(), ckpt_path=str(tmp_path / "last.ckpt"))
     old_format = load_checkpoint(tmp_path / "last.ckpt")  # a checkpoint with the entries inside (before v2)
     old_format["federated"]["store"] = {"memory": {cid: {"control": value}}, "versions": {cid: {"control": 0}},
                                         "spilled": {}}
-    torch.save(old_format, tmp_path / "inline.ckpt")
+    torch.save(with_checksum(old_format), tmp_path / "inline.ckpt")
     with pytest.raises(CheckpointError, match=f"the stored entry 'control' of client {cid} holds NaN or Inf"):
         trainer(2).fit(build("SCAFFOLD"), data(), ckpt_path=str(tmp_path / "inline.ckpt"))
+
+
+# ------------------------------------------------------------------ damaged files
+def checkpointed(tmp_path: Path, name: str = "SCAFFOLD") -> tuple[Path, dict]:
+    """A 2-round run's ``last.ckpt`` and its client-state manifest."""
+    trainer(2, callbacks=[RoundCheckpoint(dirpath=str(tmp_path))], enable_checkpointing=True).fit(build(name), data())
+    last = tmp_path / "last.ckpt"
+    return last, load_checkpoint(last)["federated"]["store"]
+
+
+def resume(last: Path, name: str = "SCAFFOLD") -> None:
+    trainer(3).fit(build(name), data(), ckpt_path=str(last))
+
+
+def flip_a_bit_of(path: Path, tensor: torch.Tensor) -> None:
+    """Flip one bit inside the bytes of ``tensor`` where ``path`` stores them."""
+    content = bytearray(path.read_bytes())
+    at = content.find(tensor.numpy().tobytes())
+    assert at >= 0
+    content[at + 5] ^= 0x10
+    path.write_bytes(bytes(content))
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_refused_naming_the_file(tmp_path):
+    last, _ = checkpointed(tmp_path, "FedAvg")
+    flip_a_bit_of(last, next(iter(load_checkpoint(last)["state_dict"].values())))
+    with pytest.raises(CheckpointError, match=f"ckpt_path '{last}' is damaged: its contents do not match the checksum"):
+        resume(last, "FedAvg")
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.6, 0.95])
+def test_a_truncated_checkpoint_is_refused_naming_the_file(tmp_path, fraction):
+    last, _ = checkpointed(tmp_path, "FedAvg")
+    content = last.read_bytes()
+    last.write_bytes(content[: int(len(content) * fraction)])
+    with pytest.raises(CheckpointError, match=f"ckpt_path '{last}' is not a complete checkpoint"):
+        resume(last, "FedAvg")
+
+
+def test_a_yaml_file_as_ckpt_path_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match=r"quickstart.yaml' is not a checkpoint.*pass it as --config"):
+        load_checkpoint(QUICK)
+
+
+def state_path(tmp_path: Path, store: dict, rank: int = 0) -> Path:
+    cid = sorted(store["entries"])[rank]
+    return Path(store["directory"]) / f"{cid}.control.{store['entries'][cid]['control']}.pt"
+
+
+def damage(path: Path, how: str, tmp_path: Path) -> None:
+    if how == "bit flip":
+        flip_a_bit_of(path, read_state_file(str(path)))
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif how == "pickled":
+        torch.save({"entry": path.name, "value": Exploit(tmp_path / "pwned"), "checksum": ""}, path)
+    elif how == "a bare tensor":
+        torch.save(torch.zeros(3), path)
+    elif how == "another entry's file":
+        other = next(p for p in path.parent.glob("*.pt") if p != path)
+        path.write_bytes(other.read_bytes())
+
+
+@pytest.mark.parametrize("how, problem", [
+    ("bit flip", "is damaged: its contents do not match the checksum"),
+    ("truncated", "is truncated or damaged"),
+    ("pickled", r"holds objects that are not tensors \(loading it could run code\)"),
+    ("a bare tensor", "is not a client-state file written by fl_lightning"),
+    ("another entry's file", "holds the entry of file"),
+])
+def test_a_damaged_client_state_file_is_refused_naming_the_file(tmp_path, how, problem):
+    last, store = checkpointed(tmp_path)
+    path = state_path(tmp_path, store)
+    damage(path, how, tmp_path)
+    with pytest.raises(CheckpointError,
+                       match=f"client state cannot be resumed: the client-state file {path} {problem}"):
+        resume(last)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_missing_client_state_file_is_refused_at_resume_naming_it(tmp_path):
+    """Entries beyond the RAM budget are read only when their client is next sampled: the resume
+    checks every file is there, instead of failing rounds later."""
+    last, store = checkpointed(tmp_path)
+    gone = [state_path(tmp_path, store, rank) for rank in (0, 1)]
+    for path in gone:
+        path.unlink()
+    with pytest.warns(UserWarning, match="no longer in"), pytest.raises(
+            CheckpointError, match=f"2 file\\(s\\) it names are missing \\({gone[0]}, {gone[1]}\\)"):
+        resume(last)
 
 
 # ------------------------------------------------------------------ clear errors

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
+from torch.utils.data import TensorDataset
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg
+from fl_lightning.datamodules import FederatedDataModule
+from fl_lightning.datamodules.base import feature_checksums
 from tests.helpers import checkpoint_client_state, global_vector, synthetic, tiny_client, trainer
 
 CASES = [(FedAvg, {"server_momentum": 0.9, "server_lr": 0.5}), (SCAFFOLD, {})]
@@ -51,3 +54,49 @@ def test_checkpoint_holds_client_state(tmp_path):
     saved = checkpoint_client_state(torch.load(tmp_path / "last.ckpt", weights_only=True))
     assert sorted(saved) == module.round_clients  # created lazily: only the clients that ran
     assert all(entry["control"].device.type == "cpu" for entry in saved.values())
+
+
+class FromFile(FederatedDataModule):
+    """A federation of the (x, y) tensors saved in ``path``."""
+
+    def __init__(self, path: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.path = path
+
+    def build_datasets(self):
+        x, y = torch.load(self.path, weights_only=True)
+        return TensorDataset(x, y), None
+
+
+def test_a_resume_on_changed_features_with_the_same_labels_is_refused(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(120, 20, generator=g), torch.randint(0, 10, (120,), generator=g)
+    data = tmp_path / "data.pt"
+    torch.save((x, y), data)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
+    trainer(1, callbacks=[ckpt], enable_checkpointing=True).fit(make(FedAvg, {}), FromFile(str(data), num_clients=4))
+    x[7, 3] += 1.0  # one sample's features replaced, the labels kept
+    torch.save((x, y), data)
+    with pytest.raises(ValueError, match="another configuration.*partition"):
+        trainer(2).fit(make(FedAvg, {}), FromFile(str(data), num_clients=4), ckpt_path=str(tmp_path / "last.ckpt"))
+
+
+def test_the_data_fingerprint_samples_the_features_of_other_datasets():
+    """A dataset that is not a TensorDataset: a fixed spread of samples is read (random transforms drawn
+    under a fixed RNG, so the fingerprint is the same each time)."""
+
+    class Noisy(torch.utils.data.Dataset):
+        def __init__(self, x):
+            self.x = x
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return self.x[i] + 0.01 * torch.randn(self.x.shape[1]), 0
+
+    x = torch.randn(2000, 4, generator=torch.Generator().manual_seed(0))
+    first = list(feature_checksums(Noisy(x)))
+    assert len(first) == 512 and list(feature_checksums(Noisy(x))) == first
+    x[0] += 1.0  # the first sample is always read
+    assert list(feature_checksums(Noisy(x))) != first

@@ -7,6 +7,7 @@ import math
 import re
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 
@@ -49,16 +50,104 @@ def test_adaptive_server_step_matches_the_paper_by_hand(cls, rule):
     assert x.detach().tolist() == pytest.approx(hand_steps(rule), abs=1e-12)
 
 
-def test_fedadam_on_the_engine_applies_its_step_to_the_mean_delta():
+FLOWER_DELTAS = DELTAS + ([0.1, 0.2, -0.3],)  # three rounds: the bias correction changes every round
+
+
+def flower_steps(rule: str) -> np.ndarray:
+    """Flower's strategies written out as in ``flwr/server/strategy/fed{adam,yogi,adagrad}.py``
+    (``aggregate_fit``; ``flwr/serverapp/strategy`` is the same): ``m_t`` and ``v_t`` start at 0,
+    FedAdagrad passes ``beta_1 = 0``, FedAdam's step is ``eta * sqrt(1 - beta_2^(r+1)) / (1 - beta_1^(r+1))``
+    in ``server_round`` r = 1, 2, ..."""
+    beta_1 = 0.0 if rule == "adagrad" else B1
+    current_weights, m_t, v_t = np.ones(3), np.zeros(3), np.zeros(3)
+    for server_round, delta in enumerate(FLOWER_DELTAS, start=1):
+        delta_t = np.array(delta)
+        m_t = np.multiply(beta_1, m_t) + (1 - beta_1) * delta_t
+        eta = ETA
+        if rule == "adagrad":
+            v_t = v_t + np.multiply(delta_t, delta_t)
+        elif rule == "adam":
+            v_t = B2 * v_t + (1 - B2) * np.multiply(delta_t, delta_t)
+            eta = ETA * np.sqrt(1 - np.power(B2, server_round + 1.0)) / (1 - np.power(B1, server_round + 1.0))
+        else:  # yogi
+            v_t = v_t - (1.0 - B2) * np.multiply(delta_t, delta_t) * np.sign(v_t - np.multiply(delta_t, delta_t))
+        current_weights = current_weights + eta * m_t / (np.sqrt(v_t) + TAU)
+    return current_weights
+
+
+@pytest.mark.parametrize("cls, rule", [(FedAdagrad, "adagrad"), (FedAdam, "adam"), (FedYogi, "yogi")])
+def test_flower_convention_matches_flowers_strategies(cls, rule):
+    def run(convention):
+        x = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+        betas = None if cls is FedAdagrad and convention == "flower" else (B1, B2)
+        opt = cls([x], lr=ETA, betas=betas, tau=TAU, convention=convention)
+        path = []
+        for delta in FLOWER_DELTAS:
+            x.grad = -torch.tensor(delta, dtype=torch.float64)
+            opt.step()
+            path.append(x.detach().clone())
+        return torch.stack(path)
+
+    flower, reddi = run("flower"), run("reddi")
+    np.testing.assert_allclose(flower[-1].numpy(), flower_steps(rule), rtol=0, atol=1e-12)
+    assert (flower - reddi).abs().max() > 1e-2  # the conventions differ by far more than rounding
+
+
+def test_flower_convention_is_checked():
+    x = [torch.nn.Parameter(torch.zeros(1))]
+    with pytest.raises(ValueError, match=r"convention must be one of \('reddi', 'flower'\), got 'keras'"):
+        FedAdam(x, convention="keras")
+    with pytest.raises(ValueError, match=r"betas\[0\] must be 0 with convention='flower' .*got betas=\(0.9, 0.99\)"):
+        FedAdagrad(x, betas=(0.9, 0.99), convention="flower")
+    assert FedAdagrad(x, convention="flower").param_groups[0]["betas"] == (0.0, 0.0)
+    assert FedAdagrad(x).param_groups[0]["betas"] == (0.9, 0.99)
+
+
+def test_a_server_optimizer_state_of_before_conventions_resumes_as_reddi():
+    x = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    opt = FedYogi([x], lr=ETA, betas=(B1, B2), tau=TAU)
+    x.grad = -torch.tensor(DELTAS[0], dtype=torch.float64)
+    opt.step()
+    saved = opt.state_dict()
+    del saved["param_groups"][0]["convention"], saved["state"][0]["step"]
+    resumed = FedYogi([x], lr=ETA, betas=(B1, B2), tau=TAU, convention="flower")
+    resumed.load_state_dict(saved)
+    x.grad = -torch.tensor(DELTAS[1], dtype=torch.float64)
+    resumed.step()
+    assert resumed.param_groups[0]["convention"] == "reddi"
+    assert x.detach().tolist() == pytest.approx(hand_steps("yogi"), abs=1e-12)
+
+
+@pytest.mark.parametrize("weighting", [None, "num_samples"])
+def test_fedadam_on_the_engine_applies_its_step_to_the_mean_delta(weighting):
+    """Algorithm 2's Delta_t = (1/|S|) sum_i Delta_i (uniform: the default with these optimizers) on
+    clients of unequal size; ``weighting="num_samples"`` gives the sample-weighted mean instead."""
     x0 = global_vector(FedAvg(tiny_client(), clients_per_round=4, local_steps=3))
-    plain = FedAvg(tiny_client(), clients_per_round=4, local_steps=3)
-    trainer(1).fit(plain, synthetic(4))
-    delta = global_vector(plain) - x0  # FedAvg with server SGD(lr=1): x1 = x0 + Delta
-    adam = FedAvg(tiny_client(), clients_per_round=4, local_steps=3,
+    deltas = {}
+    for mean in ("uniform", "num_samples"):  # FedAvg with server SGD(lr=1): x1 = x0 + Delta
+        plain = FedAvg(tiny_client(), clients_per_round=4, local_steps=3, weighting=mean)
+        trainer(1).fit(plain, synthetic(4))
+        deltas[mean] = global_vector(plain) - x0
+    assert (deltas["uniform"] - deltas["num_samples"]).abs().max() > 1e-3  # unequal clients: the means differ
+    delta = deltas[weighting or "uniform"]
+    adam = FedAvg(tiny_client(), clients_per_round=4, local_steps=3, weighting=weighting,
                   server_optimizer=partial(FedAdam, lr=ETA, betas=(B1, B2), tau=TAU))
     trainer(1).fit(adam, synthetic(4))
     m, v = (1 - B1) * delta, B2 * TAU**2 + (1 - B2) * delta**2
     torch.testing.assert_close(global_vector(adam), x0 + ETA * m / (v.sqrt() + TAU), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [FedAdam, FedYogi, FedAdagrad])
+def test_reddi_server_optimizers_make_the_mean_uniform_by_default(cls):
+    """A module with one of Reddi et al.'s optimizers averages uniformly unless ``weighting`` says
+    otherwise; with torch's SGD (FedAvg) it weighs by sample count."""
+    assert FedAvg(tiny_client(), server_optimizer=cls).weighting == "uniform"
+    assert FedAvg(tiny_client(), server_optimizer=cls, weighting="num_samples").weighting == "num_samples"
+    assert FedAvg(tiny_client(), server_optimizer=torch.optim.SGD).weighting == "num_samples"
+    # Flower's strategies weigh the deltas by sample count: so does the Flower convention by default
+    flower = partial(cls, convention="flower")
+    assert FedAvg(tiny_client(), server_optimizer=flower).weighting == "num_samples"
+    assert FedAvg(tiny_client(), server_optimizer=flower, weighting="uniform").weighting == "uniform"
 
 
 def test_any_torch_optimizer_is_a_server_optimizer_from_the_cli(tmp_path):
@@ -85,6 +174,7 @@ def test_any_torch_optimizer_is_a_server_optimizer_from_the_cli(tmp_path):
     ], run=False)
     opt = cli.model.configure_server_optimizer()
     assert isinstance(opt, FedYogi) and opt.param_groups[0]["tau"] == 0.01
+    assert cli.model.weighting == "uniform"  # Algorithm 2's mean, also for an optimizer given from YAML
 
 
 @pytest.mark.parametrize("bad", [{"tau": 0.0}, {"lr": -1.0}, {"betas": (1.5, 0.9)}])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from fl_lightning.seeding import derive_seed, generator, sample_clients
-from fl_lightning.state import ClientStateStore, StateSpec
+from fl_lightning.state import ClientStateStore, StateSpec, read_state_file
 from fl_lightning.vectors import StateVector
 
 
@@ -120,7 +122,7 @@ def test_a_small_budget_spills_to_disk_and_changes_nothing(tmp_path):
     bounded = scaffold(tmp_path / "b", 3 * ENTRY)
     trainer(6).fit(bounded, synthetic(8))
     assert bounded.store.nbytes() <= 3 * ENTRY < 8 * ENTRY
-    assert len(list((tmp_path / "b" / "state").glob("*.pt"))) >= 2  # spilled entries live in files
+    assert len(list((tmp_path / "b" / "state").rglob("*.pt"))) >= 2  # spilled entries live in files (the run's folder)
     assert torch.equal(global_vector(straight), global_vector(bounded))
     a, b = outcome(straight), outcome(bounded)
     assert a.keys() == b.keys() and all(torch.equal(a[c], b[c]) for c in a)
@@ -150,7 +152,8 @@ def test_files_no_recent_checkpoint_names_are_removed(tmp_path):
         store.sync()
         store.state_dict()  # a checkpoint
     files = sorted(p.name for p in tmp_path.glob("*.pt"))
-    assert files == ["0.v.2.pt", "1.v.2.pt"]  # the latest checkpoint's; versions 0 and 1, superseded, are gone
+    # the latest checkpoint's, and the one before (kept while the latest was written); version 0 is gone
+    assert files == ["0.v.1.pt", "0.v.2.pt", "1.v.1.pt", "1.v.2.pt"]
     assert torch.equal(store.get(0, "v"), torch.full((2,), 2.0))
     with pytest.raises(ValueError, match="memory_budget must be >= 0 and an integer, got -1"):
         ClientStateStore(memory_budget=-1)
@@ -168,7 +171,7 @@ def test_two_processes_spill_the_same_entries_as_one(tmp_path):
         trainer(5, devices=devices, strategy=strategy, callbacks=[Snapshot(path)]).fit(module, synthetic(8))
         results.append(torch.load(path))
     assert_same(*results, atol=1e-5)
-    assert len(list((tmp_path / "2" / "state").glob("*.pt"))) >= 2
+    assert len(list((tmp_path / "2" / "state").rglob("*.pt"))) >= 2
 
 
 def test_a_checkpoint_of_the_inline_format_resumes_and_is_written_incrementally(tmp_path):
@@ -178,4 +181,149 @@ def test_a_checkpoint_of_the_inline_format_resumes_and_is_written_incrementally(
     store = ClientStateStore(directory=str(tmp_path))
     store.load_state_dict(old)
     assert store.state_dict()["entries"] == {4: {"c": 3}}
-    assert torch.equal(torch.load(tmp_path / "4.c.3.pt"), torch.full((2,), 4.0))
+    assert torch.equal(read_state_file(str(tmp_path / "4.c.3.pt")), torch.full((2,), 4.0))
+
+
+# ------------------------------------------------------------------ a run owns its folder
+from fl_lightning.callbacks import RoundCheckpoint  # noqa: E402
+from fl_lightning.checkpoints import CheckpointError  # noqa: E402
+
+
+def checkpointed(module, rounds: int, folder, **kwargs):
+    """Train ``module`` for ``rounds`` rounds with a ``RoundCheckpoint`` in ``folder``."""
+    trainer(rounds, callbacks=[RoundCheckpoint(dirpath=str(folder))], enable_checkpointing=True).fit(
+        module, synthetic(8), **kwargs)
+    return module
+
+
+def assert_same_run(a, b) -> None:
+    assert torch.equal(global_vector(a), global_vector(b))
+    x, y = outcome(a), outcome(b)
+    assert x.keys() == y.keys() and all(torch.equal(x[c], y[c]) for c in x)
+
+
+class KilledInFirstWrite(RoundCheckpoint):
+    """Dies while writing its first checkpoint: after the module's state is gathered, before the file is whole."""
+
+    def save_round(self, trainer):
+        trainer.save_checkpoint(self.path + ".tmp")
+        raise RuntimeError("killed while writing the checkpoint")
+
+
+def test_a_resumed_run_killed_in_its_first_checkpoint_write_leaves_the_checkpoint_resumable(tmp_path):
+    straight = scaffold(tmp_path / "straight", 2**30)
+    trainer(6).fit(straight, synthetic(8))
+    checkpointed(scaffold(tmp_path, 3 * ENTRY), 3, tmp_path / "ckpt")
+    last = str(tmp_path / "ckpt" / "last.ckpt")
+    with pytest.raises(RuntimeError, match="killed"):  # resumed into the same client_state_dir, killed in its first write
+        trainer(6, callbacks=[KilledInFirstWrite(dirpath=str(tmp_path / "ckpt"))], enable_checkpointing=True).fit(
+            scaffold(tmp_path, 3 * ENTRY), synthetic(8), ckpt_path=last)
+    resumed = scaffold(tmp_path, 3 * ENTRY)
+    trainer(6).fit(resumed, synthetic(8), ckpt_path=last)
+    assert_same_run(straight, resumed)
+
+
+@pytest.mark.parametrize("keep", [2, None])
+def test_two_runs_sharing_a_client_state_dir_keep_their_own_files(tmp_path, keep):
+    def make(lr=0.1):
+        return SCAFFOLD(tiny_client(lr=lr), clients_per_round=2, local_steps=2, seed=4, client_state_memory=3 * ENTRY,
+                        client_state_dir=str(tmp_path / "state"), client_state_checkpoints=keep)
+
+    straight = make()
+    trainer(6).fit(straight, synthetic(8))
+    checkpointed(make(), 3, tmp_path / "a")
+    checkpointed(make(lr=0.05), 6, tmp_path / "b")  # another run in the same folder: the same clients, other values
+    resumed = make()
+    trainer(6).fit(resumed, synthetic(8), ckpt_path=str(tmp_path / "a" / "last.ckpt"))
+    assert_same_run(straight, resumed)
+    runs = [p for p in (tmp_path / "state").iterdir() if p.is_dir()]
+    assert len(runs) == 4 and all(any(p.glob("*.pt")) for p in runs)  # one folder per run (all four share the dir)
+
+
+def test_keeping_one_checkpoint_keeps_its_files_while_the_next_is_written(tmp_path):
+    store = ClientStateStore(memory_budget=0, directory=str(tmp_path), keep_checkpoints=1)
+    store.set(0, "v", torch.zeros(2), version=0)
+    written = store.state_dict()  # the checkpoint on disk
+    store.set(0, "v", torch.ones(2), version=1)
+    store.state_dict()  # the next one, still being written when the process dies
+    copy = ClientStateStore(directory=str(tmp_path / "next"))
+    copy.load_state_dict(written)
+    assert torch.equal(copy.get(0, "v"), torch.zeros(2))
+    same = ClientStateStore(memory_budget=0, directory=str(tmp_path), keep_checkpoints=1)
+    same.load_state_dict(written)  # a store resuming in its own folder knows which files the loaded checkpoint needs
+    same.set(0, "v", torch.full((2,), 2.0), version=2)
+    same.state_dict()  # killed while writing this one
+    assert (tmp_path / "0.v.0.pt").exists()
+
+
+def test_a_relative_client_state_dir_resumes_from_another_working_directory_and_after_a_move(tmp_path, monkeypatch):
+    import shutil
+
+    straight = scaffold(tmp_path / "straight", 3 * ENTRY)
+    trainer(6).fit(straight, synthetic(8))
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    first = SCAFFOLD(tiny_client(), clients_per_round=2, local_steps=2, seed=4, client_state_memory=3 * ENTRY,
+                     client_state_dir="run/state")  # as the shipped configs: a path relative to the working directory
+    checkpointed(first, 3, "run/ckpt")
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "b")
+    resumed = scaffold(tmp_path / "c", 3 * ENTRY)
+    trainer(6).fit(resumed, synthetic(8), ckpt_path=str(tmp_path / "a" / "run" / "ckpt" / "last.ckpt"))
+    assert_same_run(straight, resumed)
+    shutil.move(tmp_path / "a" / "run", tmp_path / "moved")  # the run's folder, checkpoints and state together
+    moved = scaffold(tmp_path / "d", 3 * ENTRY)
+    trainer(6).fit(moved, synthetic(8), ckpt_path=str(tmp_path / "moved" / "ckpt" / "last.ckpt"))
+    assert_same_run(straight, moved)
+    shutil.move(tmp_path / "moved" / "state", tmp_path / "gone")
+    with pytest.raises(CheckpointError, match="client state folder .* is missing"):  # at load, not mid-run
+        trainer(6).fit(scaffold(tmp_path / "e", 3 * ENTRY), synthetic(8),
+                       ckpt_path=str(tmp_path / "moved" / "ckpt" / "last.ckpt"))
+    # loading the global model alone (inference, evaluation) needs no client state: a warning, not a refusal
+    with pytest.warns(UserWarning, match="client state is not loaded"):
+        loaded = SCAFFOLD.load_from_checkpoint(str(tmp_path / "moved" / "ckpt" / "last.ckpt"))
+    assert torch.equal(global_vector(loaded), global_vector(straight))
+
+
+def test_stale_temporary_files_of_a_dead_writer_are_removed_on_resume(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    checkpointed(scaffold(tmp_path, 3 * ENTRY), 2, tmp_path / "ckpt")
+    folder = Path(load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["federated"]["store"]["directory"])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        stale = folder / f"7.control.2.pt.{host}-{int(dead.stdout)}.tmp"  # a write the kill cut short
+        busy = folder / f"7.control.3.pt.{host}-{live.pid}.tmp"  # another live run's write in progress
+        for path in (stale, busy):
+            path.write_bytes(b"PK cut short")
+        trainer(3).fit(scaffold(tmp_path, 3 * ENTRY), synthetic(8), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+        assert not stale.exists() and busy.exists()
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_run_without_client_state_creates_no_folder(tmp_path):
+    from fl_lightning.algorithms import FedAvg
+
+    trainer(2, default_root_dir=str(tmp_path)).fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1),
+                                                   synthetic(4))
+    assert not (tmp_path / "client_state").exists()
+    trainer(1, default_root_dir=str(tmp_path)).fit(scaffold(tmp_path / "s", 0), synthetic(4))  # written: created
+    assert any((tmp_path / "s" / "state").rglob("*.pt"))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"client_state_dir": 123}, "client_state_dir must be a folder path .*, got 123"),
+    ({"client_state_dir": __file__}, "client_state_dir must be a folder path .*, got .*test_state.py.* a file"),
+    ({"client_state_dir": "/proc/fl-lightning/state"}, "client_state_dir must be a folder path .*/proc.*cannot write"),
+    ({"client_state_memory": -1}, "client_state_memory must be >= 0 and an integer, got -1"),
+    ({"client_state_checkpoints": 0}, "client_state_checkpoints must be >= 1 and an integer, got 0"),
+])
+def test_bad_client_state_arguments_fail_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SCAFFOLD(tiny_client(), **kwargs)

@@ -47,6 +47,8 @@ def main() -> None:
         "--trainer.enable_checkpointing", "false", "--trainer.limit_val_batches", "0",
         # the results were measured with every client's data in training (no validation split)
         "--data.init_args.val_fraction", "0",
+        # ... and with the model deltas weighted by sample count (the engine's default then; SCAFFOLD's is uniform)
+        "--model.init_args.weighting", "num_samples",
     ], run=False)
     accuracy = Accuracy()
     cli.trainer.callbacks.append(accuracy)

@@ -43,6 +43,9 @@ def fixed_minibatches(num_samples: int, batch_size: int, g: torch.Generator) -> 
 class ByrdSAGA(FederatedModule):
     """Byrd-SAGA: one SAGA step per client per round, geometric median of the uploads.
 
+    The aggregate is the unweighted geometric median ``argmin_z sum_i ||z - v_i||`` (the paper's,
+    ``weighting="uniform"``); ``weighting="num_samples"`` weighs each distance by ``n_i``.
+
     Args:
         client: the client LightningModule (only its loss is used; no local optimizer).
         step_size: ``gamma`` of the server step with ``schedule="constant"``.
@@ -52,6 +55,7 @@ class ByrdSAGA(FederatedModule):
     """
 
     batchable = False  # a per-client minibatch index picked in client_init
+    paper_weighting = "uniform"
 
     def __init__(
         self,
@@ -73,7 +77,7 @@ class ByrdSAGA(FederatedModule):
         self.step_size = step_size
         self.schedule = schedule
         self.total_rounds = total_rounds
-        self.default_aggregator = GeometricMedian("uniform", eps=1e-5, max_iter=80, stop="movement")
+        self.default_aggregator = GeometricMedian(self.weighting, eps=1e-5, max_iter=80, stop="movement")
         self.remove_update("delta")
         self.add_update("grad", self.state.num_params)
         self.add_client_state(TABLE)  # filled at the client's first round

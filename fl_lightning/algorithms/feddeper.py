@@ -9,7 +9,10 @@ which pulls ``y`` toward the reflection ``2x - v`` of the personal model through
     v_{j+1} = v_j - eta g_i(v_j)
     after tau steps:  v_i <- (1 - lam) v_tau + lam y_tau,   upload  y_tau - x
 
-The server averages the uploads as FedAvg does. ``v_i`` persists in the client state store
+The server averages the uploads uniformly over the round's clients ``U`` (Algorithm 1 line 14,
+spec A5): ``x <- x + (1/|U|) sum_{i in U} (y_i - x)``; ``weighting="num_samples"`` weighs them by
+sample count. Parameters the local optimizer does not move (frozen, or left out of
+``configure_optimizers``) stay put in ``y`` and in ``v``. ``v_i`` persists in the client state store
 (lazily ``x^0``, the global model of round 0), so a client never sampled keeps ``x^0`` and a
 client sampled again resumes its own ``v_i``. During a client's round ``y`` is the run's trained
 model and ``v`` a second model of the run (``run.loss_and_grad(batch, model=v)``).
@@ -19,7 +22,7 @@ model and ``v`` a second model of the run (``run.loss_and_grad(batch, model=v)``
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -27,6 +30,8 @@ from torch import Tensor
 
 from fl_lightning.functional.prox import depersonalization_gradient, depersonalization_strength
 from fl_lightning.module import FederatedModule
+from fl_lightning.optim.functional import moved_by
+from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
 from fl_lightning.vectors import Layout
 
@@ -35,31 +40,22 @@ PERSONAL_BATCHES = "personal_batches"
 UpdateOrder = Literal["jacobi", "gauss_seidel"]
 
 
-def sgd_step(model: Sequence[Tensor], grads: Sequence[Tensor], lr: float) -> list[Tensor]:
+def sgd_step(
+    model: Sequence[Tensor], grads: Sequence[Tensor], lr: float, moves: Optional[Sequence[bool]] = None
+) -> list[Tensor]:
     """``w - lr g`` for the parameters of ``model`` (the first ``len(grads)`` tensors), the rest
-    (floating buffers) unchanged: plain SGD, with ``torch.optim.SGD``'s arithmetic."""
-    return [w.add(g, alpha=-lr) for w, g in zip(model, grads)] + list(model[len(grads):])
+    (floating buffers) unchanged: plain SGD, with ``torch.optim.SGD``'s arithmetic.
+
+    ``moves[k]`` False leaves parameter ``k`` as it is (a parameter the local optimizer does not
+    move: frozen, or not in ``configure_optimizers``); None moves every parameter."""
+    stepped = [w if moves is not None and not moves[k] else w.add(g, alpha=-lr)
+               for k, (w, g) in enumerate(zip(model, grads))]
+    return stepped + list(model[len(grads):])
 
 
 def mix_personal(personal: Tensor, globalized: Tensor, lam: float) -> Tensor:
     """``(1 - lam) v + lam y``: the personal model a client keeps after its round (eq. 6)."""
     return torch.lerp(personal, globalized, lam)
-
-
-def check_plain_sgd(optimizer: torch.optim.Optimizer) -> float:
-    """The learning rate of ``optimizer`` if it is plain SGD (FedDeper's update rule), else ValueError."""
-    if not isinstance(optimizer, torch.optim.SGD):
-        raise ValueError(f"FedDeper needs the client's optimizer to be plain torch.optim.SGD, got {type(optimizer).__name__}")
-    for group in optimizer.param_groups:
-        for name in ("momentum", "weight_decay", "dampening"):
-            if group.get(name, 0) != 0:
-                raise ValueError(f"FedDeper needs plain SGD: the client's optimizer has {name}={group[name]}, allowed: 0")
-        if group.get("nesterov", False):
-            raise ValueError("FedDeper needs plain SGD: the client's optimizer has nesterov=True, allowed: False")
-    lrs = {group["lr"] for group in optimizer.param_groups}
-    if len(lrs) != 1:
-        raise ValueError(f"FedDeper needs one learning rate for all parameters, got {sorted(lrs)}")
-    return lrs.pop()
 
 
 class FedDeper(FederatedModule):
@@ -68,6 +64,9 @@ class FedDeper(FederatedModule):
     Only ``y - x`` is uploaded (FedAvg's communication); each local step costs two
     gradient evaluations. The client module's ``training_step`` gives the loss of both models
     and its ``configure_optimizers`` must return plain SGD (its ``lr`` is ``eta``).
+
+    Default aggregation (spec A5): the uniform mean ``x <- x + (1/|U|) sum_i (y_i - x)``;
+    ``weighting="num_samples"`` gives ``x <- x + sum_i n_i (y_i - x) / sum_i n_i``.
 
     Args:
         client: the client ``LightningModule`` (plain SGD).
@@ -79,8 +78,11 @@ class FedDeper(FederatedModule):
         update_order: ``"jacobi"`` (the spec's reading of Algorithm 1 and of the proofs: the
             y-step uses ``v_j``) or ``"gauss_seidel"`` (``v`` steps first and the y-step uses
             ``v_{j+1}``: the literal "alternating" reading, spec A1).
-        **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps``...).
+        **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps``,
+            ``weighting``...).
     """
+
+    paper_weighting = "uniform"
 
     def __init__(
         self,
@@ -112,7 +114,10 @@ class FedDeper(FederatedModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        check_plain_sgd(self.local_optimizer())
+        optimizer = self.local_optimizer()
+        require_plain_sgd(optimizer, "FedDeper")
+        #: which parameters a local step moves (the others stay put in ``y`` and in ``v``)
+        self.moves = moved_by(optimizer, self.state.params)
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
@@ -137,7 +142,7 @@ class FedDeper(FederatedModule):
         v, v_batch = run.scratch["v"], run.extra_batches.get(PERSONAL_BATCHES, batch)
         if self.update_order == "gauss_seidel":  # v steps first; the y-step pulls toward 2x - v_{j+1}
             loss_v, grads_v = run.loss_and_grad(v_batch, model=v)
-            v = sgd_step(v, grads_v, run.lr)
+            v = sgd_step(v, grads_v, run.lr, self.moves)
         loss_y, grads = run.loss_and_grad(batch)
         if self.rho > 0:
             grads = depersonalization_gradient(
@@ -145,7 +150,7 @@ class FedDeper(FederatedModule):
         run.step(grads)
         if self.update_order == "jacobi":  # the y-step above used v_j, before v's own step
             loss_v, grads_v = run.loss_and_grad(v_batch, model=v)
-            v = sgd_step(v, grads_v, run.lr)
+            v = sgd_step(v, grads_v, run.lr, self.moves)
         run.scratch["v"] = v
         return {"loss": loss_y, "personal_loss": loss_v}
 

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from fl_lightning.functional.dro import CompositionalObjective, check_finite, storm_estimate, surrogate
 from fl_lightning.module import FederatedModule
+from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun, Model
 from fl_lightning.vectors import Layout
 
@@ -64,7 +65,13 @@ class LockStepCompositional(FederatedModule):
     Subclasses define :meth:`inner_estimate` (the ``y`` a client plugs into ``grad f``) and say
     with ``keeps_previous_iterate`` whether they need each client's previous iterate (kept
     across rounds in the state store). The client module's ``configure_optimizers`` must give
-    plain SGD (no momentum), the local update of both algorithms.
+    plain SGD (no momentum, no weight decay: :func:`~fl_lightning.optim.plain_sgd.require_plain_sgd`),
+    the local update of both algorithms.
+
+    Default aggregation (spec A7): the models are averaged by sample count,
+    ``x_bar = sum_k (n_k / n) x_k``: the paper's ``1/K`` on its equal-size splits, and on unequal
+    ones the weights that keep ``sum_k (n_k / n) g_k`` the mean over all data, as for ``y_bar``
+    (always sample-weighted). ``weighting="uniform"`` averages the models with ``1/K``.
 
     Args:
         client: the client ``LightningModule``; its forward gives logits (see :meth:`sample_losses`).
@@ -108,12 +115,7 @@ class LockStepCompositional(FederatedModule):
                 f"sampling): clients_per_round must equal the number of training clients ({num_train}), "
                 f"got {self.clients_per_round}"
             )
-        optimizer = self.local_optimizer()
-        if type(optimizer) is not torch.optim.SGD or any(g["momentum"] != 0 for g in optimizer.param_groups):
-            raise ValueError(
-                f"{type(self).__name__}'s local update is plain SGD: the client's configure_optimizers must return "
-                f"torch.optim.SGD with momentum=0, got {type(optimizer).__name__} {optimizer.defaults}"
-            )
+        require_plain_sgd(self.local_optimizer(), type(self).__name__)
 
     # -------------------------------------------------- inner-function estimate
     def sample_losses(self, output: Tensor, batch: Any) -> Tensor:

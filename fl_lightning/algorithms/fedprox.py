@@ -18,6 +18,13 @@ class FedProx(FederatedModule):
     The proximal gradient is added to the client's (unscaled) gradient at each local step, so
     the client module's loss is used unchanged.
 
+    Default aggregation: the sample-weighted mean ``x <- x + sum_k n_k delta_k / sum_k n_k``.
+    Li et al. (Algorithm 2) sample ``K`` devices with probabilities ``p_k = n_k / n`` and average
+    them uniformly, ``(1/K) sum_k w_k``: an unbiased estimate of ``sum_k p_k w_k``. This framework
+    samples clients uniformly, and under uniform sampling the unbiased equivalent of that average
+    is the ``n_k``-weighted mean. ``weighting="uniform"`` gives ``(1/|S|) sum_k delta_k`` (the
+    paper's average without its sampling).
+
     Args:
         mu: proximal strength, >= 0 (``mu=0`` is FedAvg).
         **kwargs: the ``FederatedModule`` arguments.

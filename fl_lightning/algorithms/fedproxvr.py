@@ -2,7 +2,8 @@
 
 Round s, every client n (all clients by default), with ``eta`` the local step size:
 
-    w_0 = global model;   v_0 = grad F_n(w_0)       (full local gradient, one pass over the data)
+    w_0 = global model;   v_0 = grad F_n(w_0)       (full local gradient, one pass over the data,
+                                                     deterministic: the client module in eval mode)
     w_1 = prox(w_0 - eta v_0)
     for t = 1..tau:        I_t = a minibatch;  v_t = SVRG or SARAH direction on I_t
                            w_{t+1} = prox(w_t - eta v_t)
@@ -38,6 +39,9 @@ OutputIterate = Literal["random", "last"]
 
 class FedProxVR(FederatedModule):
     """Federated learning with proximal stochastic variance-reduced local updates.
+
+    Default aggregation (the paper's, spec A14): ``w_bar = sum_n (D_n / D) w_n`` over the round's
+    devices, ``D = sum_n D_n``; ``weighting="uniform"`` gives ``(1/N) sum_n w_n``.
 
     Args:
         client: the client ``LightningModule`` (its ``training_step`` is the local loss).
@@ -90,6 +94,9 @@ class FedProxVR(FederatedModule):
             raise ValueError(f"beta and smoothness must be > 0, got beta={beta}, smoothness={smoothness}")
         if full_gradient_batch_size is not None and full_gradient_batch_size < 1:
             raise ValueError(f"full_gradient_batch_size must be >= 1, got {full_gradient_batch_size}")
+        if kwargs.get("local_epochs") is not None:
+            raise ValueError(f"local_epochs must be None: FedProxVR runs tau = local_steps steps, "
+                             f"got {kwargs['local_epochs']}")
         per_round = 1 if clients_per_round is None else clients_per_round  # None: set to all clients in setup
         super().__init__(client, clients_per_round=per_round, local_steps=local_steps, **kwargs)
         self.estimator = estimator
@@ -119,7 +126,8 @@ class FedProxVR(FederatedModule):
 
     def client_init(self, run: ClientRun) -> None:
         """``w_0`` = the global model; ``v_0 = grad F_n(w_0)``, ``w_1 = prox(w_0 - eta v_0)``; the
-        steps after it run up to the output iterate."""
+        steps after it run up to the output iterate. ``v_0`` is taken in eval mode (no Dropout,
+        BatchNorm on its running statistics, left unchanged), so it is a deterministic gradient."""
         target = self.output_index(run.client_id, run.round)
         run.metrics["output_iterate"] = float(target)
         eta = self.eta if self.eta is not None else run.lr
@@ -131,7 +139,12 @@ class FedProxVR(FederatedModule):
         if target >= 1:
             size = self.full_gradient_batch_size or self.datamodule.eval_batch_size
             chunks = ((batch, len(batch[-1])) for batch in run.epoch(size))
-            v0 = full_gradient(lambda batch: run.loss_and_grad(batch)[1], chunks)
+            was_training = self.client.training
+            self.client.eval()
+            try:
+                v0 = full_gradient(lambda batch: run.loss_and_grad(batch)[1], chunks)
+            finally:
+                self.client.train(was_training)
             run.scratch["reference"] = run.copy_model()  # w_0
             run.scratch["direction"] = v0
             run.step(v0)

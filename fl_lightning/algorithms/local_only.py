@@ -1,10 +1,16 @@
 """Local only: every client trains its own model alone, from the same initial model; no
 communication, no aggregation (the "Local" baseline of personalized FL papers).
 
-Run it with every training client in one round (``clients_per_round`` = number of training
-clients, ``trainer.max_epochs=1``) and the local budget in ``local_epochs`` or ``local_steps``;
-a client that did not train (an unseen client) is trained with the same budget when it is
-evaluated. Each client's model lives in the client state store.
+Every client's model is the local budget (``local_epochs`` or ``local_steps``) of training from
+the initial model, spent once: a client trains the first round it is sampled in and keeps its
+model in the client state store; sampled again, it takes no step. A client that never trained
+(an unseen client, or one not sampled yet) is trained with the same budget when it is evaluated.
+So the budget is the same for all clients whatever ``max_epochs`` and ``clients_per_round``
+(rather than one budget per round a client happens to be sampled in, against one for the unseen
+clients); a run that trains every client in one round (``clients_per_round`` = the number of
+training clients, ``trainer.max_epochs=1``) does the least work. Multi-round runs are not refused:
+with partial participation they bring clients in round by round, and they keep the evaluation
+schedule of the experiment they are a baseline of.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ class LocalOnly(FederatedModule):
     """Each client's model is trained on its own data only and evaluated on its own split.
 
     Args:
-        **kwargs: the ``FederatedModule`` arguments; the server arguments are unused.
+        **kwargs: the ``FederatedModule`` arguments; the server arguments (and ``weighting``:
+            nothing is aggregated) are unused.
     """
 
     has_global_model = False
@@ -35,8 +42,11 @@ class LocalOnly(FederatedModule):
         self.add_client_state(MODEL, default=self.round_start_model)  # the common initial model: never changes
 
     def client_init(self, run: ClientRun) -> None:
-        """The client goes on from its own model."""
+        """The client goes on from its own model; one that trained in an earlier round (its model is in
+        the store) has spent its budget and takes no step."""
         run.restart(run.state[MODEL])
+        if run.client_id in self.store:
+            run.num_steps = 0
 
     def client_final(self, run: ClientRun) -> dict[str, Tensor]:
         """The model is kept in the store; nothing is sent."""

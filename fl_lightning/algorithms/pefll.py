@@ -27,7 +27,6 @@ import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor, nn
 
-from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.models.hypernetwork import HyperNetwork, HyperNetworkSize, mean_descriptor
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
@@ -87,6 +86,10 @@ class HypernetworkFederation(FederatedModule):
     receive gradient from it (:meth:`code_update`, :meth:`server_groups`) and what input a
     client is evaluated with (:meth:`eval_code`).
 
+    Default aggregation (PeFLL's Algorithm 2): the server networks' updates are averaged uniformly
+    over the round's clients ``P``, ``(1/|P|) sum_i deta_i``; ``weighting="num_samples"`` gives
+    ``sum_i n_i deta_i / sum_i n_i``.
+
     Args:
         client: the client model (a ``LightningModule`` without floating buffers, e.g. no
             BatchNorm); its ``configure_optimizers`` is the local optimizer, its parameters are
@@ -104,6 +107,9 @@ class HypernetworkFederation(FederatedModule):
 
     batchable = False  # the start model carries the hypernetwork's graph
     has_global_model = False  # every client's model is generated: the client module holds none between rounds
+    #: the server networks' updates are averaged uniformly over the round's clients P (PeFLL's Algorithm 2,
+    #: ``(1/|P|) sum_i deta_i``); ``weighting="num_samples"`` weighs them by sample count
+    paper_weighting = "uniform"
 
     hypernetwork: HyperNetwork
 
@@ -141,7 +147,6 @@ class HypernetworkFederation(FederatedModule):
         self.server_optimizer_name = server_optimizer
         self.server_clip = server_clip
         self.client_clip = client_clip
-        self.default_aggregator = WeightedMean("uniform")  # the paper's mean over the round's clients
         self.remove_update("delta")  # the uploads are the server networks' updates, declared in setup
 
     def build_hypernetwork(self, input_dim: int) -> None:

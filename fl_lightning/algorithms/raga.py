@@ -7,9 +7,10 @@ pre-step iterate), not a model and not a delta:
     z_m^t = (1/K) sum_k grad F_m(w_m^{t,k-1}; xi_m^{t,k})
 
 The server takes the data-size-weighted geometric median of all uploads (Weiszfeld, float64,
-``GeometricMedian`` aggregator) and steps ``w^{t+1} = w^t - eta^t z^t``. The paper's schedule
-is ``eta^t = T / (100 t + 10 T)`` for both the local and the global step: a per-round
-learning-rate scheduler of the local optimizer (:class:`PaperLR`), read by the server step.
+``GeometricMedian`` aggregator) and steps ``w^{t+1} = w^t - eta^t z^t`` (eq. 14). The paper
+uses one rate for both, ``eta_m^{t,k} = eta^t``, with the schedule ``eta^t = T / (100 t + 10 T)``:
+a per-round learning-rate scheduler of the local optimizer (:class:`PaperLR`), read by the
+server step. The local rule is plain SGD (eq. 13): momentum or weight decay are refused.
 
 With a constant local rate the upload equals ``(w^t - w_m^{t,K}) / (eta K)``: with a mean
 instead of the median, RAGA's server step is 1/K of FedAvg's (intended by the paper).
@@ -26,6 +27,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 from fl_lightning.module import FederatedModule
+from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
 from fl_lightning.vectors import Layout
 
@@ -98,37 +100,52 @@ def require_parameters_only(module: FederatedModule) -> None:
 class RAGA(FederatedModule):
     """Robust Average Gradient Algorithm: averaged local gradients, weighted geometric median.
 
-    The aggregator is ``GeometricMedian(weighting="num_samples", eps, max_iter)`` unless the
-    Trainer has an ``Aggregator`` callback (e.g. ``WeightedMean`` for an ablation).
+    The aggregator is ``GeometricMedian(weighting, eps, max_iter)`` unless the Trainer has an
+    ``Aggregator`` callback (e.g. ``WeightedMean`` for an ablation): by default (the paper's,
+    ``weighting="num_samples"``) the median with weights ``alpha_m = S_m / sum_m S_m``,
+    ``argmin_z sum_m alpha_m ||z - z_m||``; ``weighting="uniform"`` gives ``alpha_m = 1/M``.
 
     Args:
-        client: the client LightningModule (its SGD optimizer; its rate is replaced by the schedule).
-        schedule: ``"paper"`` (``eta^t = T/(100t + 10T)``, local and global) or ``"constant"``
-            (the client optimizer's rate locally, ``server_lr`` globally).
+        client: the client LightningModule (plain SGD; its rate is replaced by the paper schedule).
+        schedule: the local rate ``eta_m^{t,k}``: ``"paper"`` (``T/(100t + 10T)``) or
+            ``"constant"`` (the client optimizer's rate, following its own schedule if any).
         total_rounds: ``T`` of the schedule (None: the Trainer's ``max_epochs``).
+        server_lr: the global rate ``eta^t`` of eq. 14; None (the paper's choice) takes the round's
+            local rate, a number fixes it for every round (the theory's separate global rate).
         eps: Weiszfeld tolerance (objective decrease).
         max_iter: Weiszfeld iteration cap.
-        **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps`` = K, ``seed``...).
+        **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps`` = K,
+            3 by default as in the paper's experiments, ``seed``...).
     """
+
+    default_local_steps = 3
 
     def __init__(
         self,
         client: pl.LightningModule,
         schedule: Schedule = "paper",
         total_rounds: Optional[int] = None,
+        server_lr: Optional[float] = None,
         eps: float = 1e-5,
         max_iter: int = 100,
         **kwargs: Any,
     ) -> None:
         check_schedule(schedule, total_rounds)
-        kwargs.setdefault("local_steps", 3)
+        if server_lr is not None:
+            kwargs["server_lr"] = server_lr  # checked by FederatedModule
         super().__init__(client, **kwargs)
         require_parameters_only(self)
         self.schedule = schedule
         self.total_rounds = total_rounds
-        self.default_aggregator = GeometricMedian("num_samples", eps=eps, max_iter=max_iter)
+        #: the fixed global rate, or None: the round's local rate
+        self.global_lr = server_lr
+        self.default_aggregator = GeometricMedian(self.weighting, eps=eps, max_iter=max_iter)
         self.remove_update("delta")
         self.add_update("grad", self.state.num_params)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        require_plain_sgd(self.local_optimizer(), type(self).__name__)
 
     def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[LRScheduler]:
         return paper_schedule(optimizer, self.schedule, self.total_rounds, self.trainer)
@@ -148,8 +165,8 @@ class RAGA(FederatedModule):
         return {"grad": Layout.flatten(run.scratch["grad_sum"]) / max(run.steps_taken, 1)}
 
     def server_update(self, aggregate: dict[str, Tensor]) -> None:
-        """``w <- w - eta^t z`` (``eta^t``: the schedule, or ``server_lr`` when constant)."""
-        lr = self.local_lr if self.schedule == "paper" else self.server_lr
+        """``w <- w - eta^t z`` (eq. 14; ``eta^t``: the round's local rate, or ``server_lr`` if given)."""
+        lr = self.local_lr if self.global_lr is None else self.global_lr
         z = aggregate["grad"].to(self.device)
         assert self.round_start is not None
         self.state.load(self.round_start - lr * z)

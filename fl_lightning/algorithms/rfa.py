@@ -26,6 +26,10 @@ from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 class RFA(FedAvg):
     """FedAvg with the geometric median of the model deltas.
 
+    The aggregate is the geometric median with the paper's weights ``alpha_i = n_i / sum_i n_i``,
+    ``argmin_z sum_i alpha_i ||z - delta_i||`` (``weighting="num_samples"``, the default);
+    ``weighting="uniform"`` gives ``alpha_i = 1/|S|``.
+
     Args:
         client: the client LightningModule.
         schedule: ``"paper"`` (local rate ``T/(100t + 10T)``) or ``"constant"`` (the client optimizer's).
@@ -33,8 +37,11 @@ class RFA(FedAvg):
         nu: smoothing of the Weiszfeld distances.
         max_iter: Weiszfeld iterations.
         ftol: relative objective tolerance.
-        **kwargs: the ``FederatedModule`` arguments (``server_lr`` scales the median step).
+        **kwargs: the ``FederatedModule`` arguments (``local_steps`` = K, 3 by default as in the
+            RAGA experiments; ``server_lr`` scales the median step).
     """
+
+    default_local_steps = 3
 
     def __init__(
         self,
@@ -47,11 +54,11 @@ class RFA(FedAvg):
         **kwargs: Any,
     ) -> None:
         check_schedule(schedule, total_rounds)
-        kwargs.setdefault("local_steps", 3)
         super().__init__(client, **kwargs)
         self.schedule = schedule
         self.total_rounds = total_rounds
-        self.default_aggregator = GeometricMedian("num_samples", eps=ftol, max_iter=max_iter, nu=nu, stop="objective_rel")
+        self.default_aggregator = GeometricMedian(self.weighting, eps=ftol, max_iter=max_iter, nu=nu,
+                                                  stop="objective_rel")
 
     def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[LRScheduler]:
         return paper_schedule(optimizer, self.schedule, self.total_rounds, self.trainer)

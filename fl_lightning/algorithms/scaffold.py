@@ -7,9 +7,15 @@ round); the server keeps ``c``. Each local step uses the corrected gradient
     c_i+ = c_i - c + (x - y) / (K eta)         (option II)
     uploads: delta = y - x,  control = c_i+ - c_i
 
-and the server applies ``x <- x + server_lr * mean(delta)`` and
-``c <- c + (|S| / N) * uniform_mean(control)`` (Algorithm 1): the control deltas are averaged
-uniformly, not by sample count, which keeps ``c = mean over all N clients of c_i``.
+and the server applies (Algorithm 1, with ``eta_g = server_lr``)
+
+    x <- x + (eta_g / |S|) sum_{i in S} delta_i         (uniform over the round's clients S)
+    c <- c + (1 / N) sum_{i in S} control_i             (= (|S| / N) * uniform mean)
+
+The control deltas are always averaged uniformly, which keeps ``c = mean over all N clients of
+c_i``; ``weighting="num_samples"`` weighs the model deltas by sample count instead.
+Option II's control formula assumes plain SGD local steps: a client optimizer with momentum,
+weight decay, dampening or Nesterov is refused, and its trainable parameters need one rate.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.module import FederatedModule
+from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
 
 
@@ -29,11 +36,18 @@ def scaffold_control_delta(start: Tensor, end: Tensor, server_control: Tensor, s
 
 
 class SCAFFOLD(FederatedModule):
-    """Stochastic controlled averaging; plain SGD local optimizers are assumed (as in the paper).
+    """Stochastic controlled averaging with plain SGD local optimizers (as in the paper).
+
+    Default aggregation (Algorithm 1): the uniform mean of the model deltas,
+    ``x <- x + (eta_g / |S|) sum_i delta_i``; ``weighting="num_samples"`` gives
+    ``x <- x + eta_g sum_i n_i delta_i / sum_i n_i``. The control deltas are averaged uniformly
+    in both cases.
 
     Args:
-        **kwargs: the ``FederatedModule`` arguments.
+        **kwargs: the ``FederatedModule`` arguments (``weighting``, ``server_lr`` = ``eta_g``...).
     """
+
+    paper_weighting = "uniform"
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
@@ -41,6 +55,10 @@ class SCAFFOLD(FederatedModule):
         self.register_buffer("server_control", torch.zeros(p))
         self.add_update("control", p, reduction="mean")
         self.add_client_state("control", torch.zeros(p))
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        require_plain_sgd(self.local_optimizer(), "SCAFFOLD (option II)")
 
     def client_init(self, run: ClientRun) -> None:
         run.scratch["correction"] = run.layout.split_params(self.server_control - run.state["control"])

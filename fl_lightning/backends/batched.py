@@ -371,6 +371,9 @@ class BatchedBackend(ClientBackend):
             if run.optimizer is not None:
                 raise ValueError(f"{type(module).__name__}.client_init sets a torch optimizer of its own; the batched "
                                  "backend runs the client's optimizer as a function: use client_backend='sequential'")
+            if run.num_steps == 0 and not module.lockstep:  # no step to take (LocalOnly's spent budget): done now
+                self._finish_runs(module, [run])
+                continue
             runs.append(run)
         if module.changes_local_batches or any(run.batches is not None for run in runs):
             return _Block(runs, [module.step_batches(run) for run in runs])
@@ -381,7 +384,12 @@ class BatchedBackend(ClientBackend):
 
     def _finish_block(self, module: "FederatedModule", block: _Block) -> None:
         block.unstack()
-        for run in block.runs:
+        self._finish_runs(module, block.runs)
+
+    @staticmethod
+    def _finish_runs(module: "FederatedModule", runs: list[FunctionalRun]) -> None:
+        """``client_final`` of each run, and its update handed to the module."""
+        for run in runs:
             with module.local_work(run.client_id, "final", run.round):
                 uploads = module.client_final(run)
             module.receive(module.client_update(run, uploads), run.state)

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from fl_lightning.backends.base import ClientBackend
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
+from fl_lightning.optim.functional import optimizer_lr
 from fl_lightning.run import ClientRun, Model
 from fl_lightning.update import ClientUpdate
 from fl_lightning.vectors import set_grads
@@ -32,16 +33,26 @@ if TYPE_CHECKING:
 
 
 def training_loss(output: Any) -> Tensor:
-    """The loss of a ``training_step`` result: a tensor, or the ``"loss"`` of a dict."""
-    if isinstance(output, Tensor):
-        return output
+    """The loss of a ``training_step`` result: a tensor, or the ``"loss"`` of a dict, as a 0-dim tensor.
+
+    Both backends take the loss here. A loss of more than one element, or one that does not
+    require grad (detached, or computed under ``no_grad``), is refused with a ValueError: the
+    first fails in ``backward`` / ``torch.func.grad``, the second would give the batched backend
+    a zero gradient. The checks read tensor metadata only (no device sync)."""
     loss = output["loss"] if isinstance(output, Mapping) and "loss" in output else output
     if not isinstance(loss, Tensor):
         got = f"a dict with keys {sorted(output)}" if isinstance(output, Mapping) else type(output).__name__
         raise TypeError(
             f"the client's training_step must return a loss tensor or a dict with a 'loss' tensor, got {got}"
         )
-    return loss
+    if loss.numel() != 1:
+        raise ValueError(f"the client's training_step returned a loss of shape {tuple(loss.shape)}: it must be a "
+                         "scalar tensor (one element); reduce it, e.g. with .mean()")
+    if not loss.requires_grad:
+        raise ValueError("the client's training_step returned a loss that does not require grad (detached, computed "
+                         "under torch.no_grad(), or from no trainable parameter): it must be a tensor computed from "
+                         "the model's parameters with grad enabled")
+    return loss.reshape(())
 
 
 @dataclass(frozen=True)
@@ -92,7 +103,7 @@ class ModuleRun(ClientRun):
 
     @property
     def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
+        return optimizer_lr(self.optimizer)
 
     def loss_and_grad(
         self,

@@ -19,6 +19,7 @@ from fl_lightning.callbacks.client_metrics import ClientMetrics
 from fl_lightning.callbacks.finetune import LocalFinetuning
 from fl_lightning.callbacks.history import RoundHistory
 from fl_lightning.callbacks.personalized import PersonalizedAccuracy
+from fl_lightning.callbacks.predictions import PredictionWriter
 from fl_lightning.callbacks.privacy import DifferentialPrivacy
 from fl_lightning.callbacks.robust_aggregation import (
     Bulyan,
@@ -49,6 +50,7 @@ __all__ = [
     "LabelFlipAttack",
     "LocalFinetuning",
     "PersonalizedAccuracy",
+    "PredictionWriter",
     "RobustAggregator",
     "RoundCheckpoint",
     "RoundHistory",

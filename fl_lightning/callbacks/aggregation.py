@@ -1,24 +1,30 @@
 """The weighted-mean aggregator: the (sample-)weighted mean of the round's updates.
 
-``WeightedMean()`` is what the engine does when no aggregator is given; add it to override an
-algorithm's own aggregator (RFA's geometric median, say), or ``WeightedMean("uniform")`` for
-the uniform mean over the round's clients."""
+``WeightedMean(module.weighting)`` is what the engine does when no aggregator is given (the
+algorithm's ``weighting`` argument, by default its paper's); add it to override an algorithm's
+own aggregator (RFA's geometric median, say): ``WeightedMean()`` for the sample-weighted mean,
+``WeightedMean("uniform")`` for the uniform mean over the round's clients."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, Optional
 
 import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.distributed import all_reduce_sum
 from fl_lightning.hooks import Aggregator
-from fl_lightning.update import ClientUpdate, LinearReduction, finish_linear, linear_sums
+from fl_lightning.update import (
+    ClientUpdate,
+    LinearReduction,
+    Weighting,
+    finish_linear,
+    linear_sums,
+    weighted_reduction,
+)
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
-
-Weighting = Literal["num_samples", "uniform"]
 
 
 class WeightedMean(Aggregator):
@@ -39,7 +45,7 @@ class WeightedMean(Aggregator):
 
     @property
     def linear_reduction(self) -> LinearReduction:  # type: ignore[override]
-        return "weighted_mean" if self.weighting == "num_samples" else "mean"
+        return weighted_reduction(self.weighting)
 
     def aggregate(
         self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]

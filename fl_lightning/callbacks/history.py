@@ -49,14 +49,17 @@ class RoundHistory(FederatedCallback):
         self._before_validation: dict[str, float] = {}
         self._validation_names: set[str] = set()
         self._validated = False
+        self._folder: Optional[str] = None
 
     def folder(self, trainer: pl.Trainer) -> str:
-        """Where the files go."""
+        """Where the files go. Every process must call it: ``trainer.log_dir`` is a collective
+        (rank 0 broadcasts its folder), and a call on rank 0 alone deadlocks a DDP run."""
         return self.dirpath or trainer.log_dir or trainer.default_root_dir
 
     # ------------------------------------------------------------ collecting
     def on_fit_start(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
         dm = pl_module.datamodule
+        self._folder = self.folder(trainer)  # on every process (a collective), before rank 0 writes
         if trainer.is_global_zero:
             partition = {
                 "datamodule": type(dm).__name__,
@@ -64,8 +67,8 @@ class RoundHistory(FederatedCallback):
                 "train_sizes": [dm.num_samples(c) for c in range(dm.num_clients)],
                 "unseen_clients": list(dm.unseen_clients),
             }
-            os.makedirs(self.folder(trainer), exist_ok=True)
-            with open(os.path.join(self.folder(trainer), "partition.json"), "w") as f:
+            os.makedirs(self._folder, exist_ok=True)
+            with open(os.path.join(self._folder, "partition.json"), "w") as f:
                 json.dump(partition, f)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -86,10 +89,10 @@ class RoundHistory(FederatedCallback):
         self._open = {"round": round_idx + 1, "clients": list(module.round_clients),
                       "updates": module.round_num_updates}
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close(trainer)  # the previous round's metrics (its validation included) are in by now
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the round ended in its last work item and its validation ran after it: every metric of
+        # the round is in. Checkpoint callbacks run after this hook (Lightning calls them last),
+        # so the checkpoint of a round holds the round's row and a resumed run loses none
         self._close(trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -108,10 +111,11 @@ class RoundHistory(FederatedCallback):
         row.setdefault("round/excluded", 0.0)
         self.rows.append(row)
         if trainer.is_global_zero:
-            self._write(trainer)
+            self._write()
 
-    def _write(self, trainer: pl.Trainer) -> None:
-        folder = self.folder(trainer)
+    def _write(self) -> None:
+        folder = self._folder
+        assert folder is not None, "set in on_fit_start"
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "history.json"), "w") as f:
             json.dump(self.rows, f)

@@ -14,7 +14,10 @@ The callback logs ``privacy/noise_multiplier`` and, when Opacus is installed
 (``pip install -e ".[privacy]"``), ``privacy/epsilon`` for ``delta`` from Opacus' RDP accountant:
 central mode with sampling rate ``clients per round / training clients`` and one step per round
 (the accountant assumes Poisson sampling; with a fixed number of clients per round the figure is
-an approximation), local mode as if a client took part in every round (sampling rate 1). Noise is
+an approximation), local mode as if a client took part in every round (sampling rate 1). The
+accountant's history (noise multiplier, sampling rate, rounds) is in the checkpoint: a run resumed
+with another noise multiplier is warned about, and every change of noise multiplier or sampling
+rate starts a segment; epsilon is that of their composition (the segments' RDP adds up). Noise is
 drawn from generators keyed by (seed, round[, client]), so runs are reproducible and processes agree.
 """
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
 import pytorch_lightning as pl
 from torch import Tensor
@@ -41,15 +44,32 @@ Mode = Literal["central", "local"]
 
 def dp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
     """Epsilon of ``steps`` Gaussian-mechanism steps by Opacus' RDP accountant (NaN without Opacus)."""
+    return composed_epsilon([(noise_multiplier, sample_rate, steps)], delta)
+
+
+def composed_epsilon(history: Sequence[Sequence[float]], delta: float) -> float:
+    """Epsilon of a sequence of segments ``(noise_multiplier, sample_rate, steps)`` by Opacus' RDP
+    accountant (NaN without Opacus): RDP composes additively, ``RDP(a) = sum_i steps_i RDP_i(a)``
+    at every order ``a``, converted once to ``(epsilon, delta)``."""
     try:
         from opacus.accountants import RDPAccountant
     except ImportError:
         return float("nan")
-    if steps == 0:
+    segments = [(float(z), float(q), int(steps)) for z, q, steps in history if steps > 0]
+    if not segments:
         return 0.0
     accountant = RDPAccountant()
-    accountant.history = [(noise_multiplier, sample_rate, steps)]
+    accountant.history = segments
     return float(accountant.get_epsilon(delta))
+
+
+def record_round(history: list[list], noise_multiplier: float, sample_rate: float) -> None:
+    """Add one round to ``history`` (``[noise_multiplier, sample_rate, rounds]`` segments): to the
+    last segment when its settings are the same, else as a new segment."""
+    if history and history[-1][0] == noise_multiplier and history[-1][1] == sample_rate:
+        history[-1][2] += 1
+    else:
+        history.append([noise_multiplier, sample_rate, 1])
 
 
 class DifferentialPrivacy(FederatedCallback):
@@ -73,8 +93,14 @@ class DifferentialPrivacy(FederatedCallback):
         self.mode = mode
         self.delta = check_number("delta", delta, 0.0, 1.0, low_open=True)
         self.seed = seed
-        self.rounds = 0
+        #: the accountant's history: ``[noise_multiplier, sample_rate, rounds]`` per segment of equal settings
+        self.history: list[list] = []
         self._warned = False
+
+    @property
+    def rounds(self) -> int:
+        """Rounds accounted (over every segment)."""
+        return sum(steps for _, _, steps in self.history)
 
     def _seed(self, module: "FederatedModule") -> int:
         return self.seed if self.seed is not None else module.seed
@@ -83,8 +109,7 @@ class DifferentialPrivacy(FederatedCallback):
         if stage != "fit":
             return
         specs = pl_module.update_specs
-        aggregator = pl_module.aggregator
-        uniform = aggregator is not None and aggregator.linear_reduction == "mean"
+        uniform = pl_module.aggregator_reduction == "mean"
         bad = [n for n, s in specs.items() if s.reduction != "mean" and not (s.reduction == "aggregator" and uniform)]
         if bad:
             raise ValueError(
@@ -108,9 +133,11 @@ class DifferentialPrivacy(FederatedCallback):
         return {name: t + gaussian_noise(t, std, g) for name, t in aggregate.items()}
 
     def on_round_end(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Any) -> None:
-        self.rounds += 1
         rate = 1.0 if self.mode == "local" else module.clients_per_round / len(module.datamodule.train_clients)
-        epsilon = dp_epsilon(self.noise_multiplier, rate, self.rounds, self.delta)
+        for segment in self.history:  # the rounds of a checkpoint that kept no history (load_state_dict)
+            segment[1] = rate if segment[1] is None else segment[1]
+        record_round(self.history, self.noise_multiplier, rate)
+        epsilon = composed_epsilon(self.history, self.delta)
         if math.isnan(epsilon) and not self._warned:
             warnings.warn("privacy/epsilon needs Opacus' accountant: pip install -e '.[privacy]'", stacklevel=2)
             self._warned = True
@@ -118,7 +145,17 @@ class DifferentialPrivacy(FederatedCallback):
         module.log("privacy/epsilon", epsilon, on_step=False, on_epoch=True, batch_size=1)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rounds": self.rounds}
+        return {"rounds": self.rounds, "history": [list(segment) for segment in self.history]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.rounds = int(state_dict.get("rounds", 0))
+        """Restore the accountant's history; a checkpoint of before it was kept (rounds only) is
+        taken as having used this run's noise multiplier (and the first round's sampling rate)."""
+        history = state_dict.get("history")
+        if history is None:
+            rounds = int(state_dict.get("rounds", 0))
+            history = [[self.noise_multiplier, None, rounds]] if rounds else []
+        self.history = [list(segment) for segment in history]
+        if self.history and self.history[-1][0] != self.noise_multiplier:
+            warnings.warn(f"resuming with noise_multiplier={self.noise_multiplier} (the checkpoint's rounds used "
+                          f"{self.history[-1][0]}): privacy/epsilon composes the privacy spent by both",
+                          UserWarning, stacklevel=2)

@@ -28,10 +28,12 @@ from fl_lightning.functional.robust import (
     coordinate_median,
     geometric_median,
     krum,
+    trim_count,
     trimmed_mean,
 )
 from fl_lightning.hooks import Aggregator
 from fl_lightning.update import ClientUpdate
+from fl_lightning.validation import check_int, check_number
 
 if TYPE_CHECKING:
     from fl_lightning.module import FederatedModule
@@ -109,8 +111,9 @@ class GeometricMedian(RobustAggregator):
             raise ValueError(f"weighting must be 'num_samples' or 'uniform', got {weighting!r}")
         if stop not in STOP_RULES:
             raise ValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
-        if not eps > 0 or not nu > 0 or max_iter < 1:
-            raise ValueError(f"need eps > 0, nu > 0 and max_iter >= 1, got eps={eps}, nu={nu}, max_iter={max_iter}")
+        check_number("eps", eps, 0.0, low_open=True)
+        check_number("nu", nu, 0.0, low_open=True)
+        check_int("max_iter", max_iter, 1)
         self.weighting = weighting
         self.eps = eps
         self.max_iter = max_iter
@@ -141,23 +144,43 @@ class CoordinateMedian(RobustAggregator):
 class TrimmedMean(RobustAggregator):
     """Per coordinate, the mean after dropping the largest and smallest values (Yin et al., 2018).
 
+    A round of ``n`` uploads drops ``b = max(1, floor(trim_fraction * n))`` at each end
+    (:func:`~fl_lightning.functional.robust.trim_count`): the floor of scipy's ``trim_mean`` and
+    Flower's ``FedTrimmedAvg``, but never zero, since a trimmed mean that trims nothing is the plain
+    mean and lets any outlier through. A round must keep at least one upload (``n >= 2 b + 1``,
+    so ``n >= 3`` with a fraction); a smaller ``clients_per_round`` is refused before training.
+    For no trimming at all, use ``WeightedMean("uniform")``.
+
     Args:
-        trim_fraction: fraction ``beta`` of the round's updates dropped at each end
-            (``floor(beta * n)`` values), in [0, 0.5).
-        num_trimmed: a fixed count dropped at each end instead (overrides ``trim_fraction``).
+        trim_fraction: fraction ``beta`` of the round's uploads dropped at each end, in (0, 0.5).
+        num_trimmed: a fixed count ``b >= 1`` dropped at each end instead (overrides ``trim_fraction``).
     """
 
     def __init__(self, trim_fraction: float = 0.1, num_trimmed: Optional[int] = None) -> None:
-        if not 0 <= trim_fraction < 0.5:
-            raise ValueError(f"trim_fraction must be in [0, 0.5), got {trim_fraction}")
-        if num_trimmed is not None and num_trimmed < 0:
-            raise ValueError(f"num_trimmed must be >= 0, got {num_trimmed}")
+        trim_count(1, trim_fraction)  # refuses a fraction outside (0, 0.5)
+        if num_trimmed is not None and num_trimmed < 1:
+            raise ValueError(f"num_trimmed must be >= 1, got {num_trimmed} (WeightedMean('uniform') trims nothing)")
         self.trim_fraction = trim_fraction
         self.num_trimmed = num_trimmed
 
+    def trimmed_count(self, num_updates: int) -> int:
+        """``b``, the uploads dropped at each end of a round of ``num_updates``; ValueError if none would be left."""
+        if self.num_trimmed is not None:
+            b, rule = self.num_trimmed, f"num_trimmed={self.num_trimmed}"
+        else:
+            b, rule = trim_count(num_updates, self.trim_fraction), f"trim_fraction={self.trim_fraction}"
+        if num_updates < 2 * b + 1:
+            plural = "s" if b > 1 else ""
+            raise ValueError(f"TrimmedMean({rule}) drops {b} upload{plural} at each end and keeps at least "
+                             f"one: it needs at least {2 * b + 1} uploads per round, got {num_updates} "
+                             "(raise clients_per_round or trim fewer)")
+        return b
+
+    def check_round_size(self, clients_per_round: int) -> None:
+        self.trimmed_count(clients_per_round)
+
     def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
-        b = self.num_trimmed if self.num_trimmed is not None else int(self.trim_fraction * points.shape[0])
-        return trimmed_mean(points, b)
+        return trimmed_mean(points, self.trimmed_count(points.shape[0]))
 
 
 class Krum(RobustAggregator):
@@ -169,24 +192,24 @@ class Krum(RobustAggregator):
     """
 
     def __init__(self, num_byzantine: int, num_selected: int = 1) -> None:
-        if num_byzantine < 0:
-            raise ValueError(f"num_byzantine must be >= 0, got {num_byzantine}")
-        if num_selected < 1:
-            raise ValueError(f"num_selected must be >= 1, got {num_selected}")
-        self.num_byzantine = num_byzantine
-        self.num_selected = num_selected
+        self.num_byzantine = check_int("num_byzantine", num_byzantine, 0)
+        self.num_selected = check_int("num_selected", num_selected, 1)
+
+    def check_uploads(self, num_uploads: int, source: str) -> None:
+        """Raise ValueError unless ``num_uploads`` (``source`` says where the count comes from) exceed
+        ``2 f + 2`` and ``num_selected``."""
+        f = self.num_byzantine
+        if not num_uploads > 2 * f + 2:
+            raise ValueError(f"Krum(num_byzantine={f}) needs more than 2 * num_byzantine + 2 = {2 * f + 2} uploads per "
+                             f"round; {source}: sample more clients or assume fewer Byzantine ones")
+        if self.num_selected > num_uploads:
+            raise ValueError(f"Krum(num_selected={self.num_selected}) selects more uploads than a round has ({source})")
 
     def check_round_size(self, clients_per_round: int) -> None:
-        f = self.num_byzantine
-        if not clients_per_round > 2 * f + 2:
-            raise ValueError(f"Krum(num_byzantine={f}) needs more than 2 * num_byzantine + 2 = {2 * f + 2} uploads per "
-                             f"round; clients_per_round={clients_per_round}: sample more clients or assume fewer "
-                             "Byzantine ones")
-        if self.num_selected > clients_per_round:
-            raise ValueError(f"Krum(num_selected={self.num_selected}) selects more uploads than a round has "
-                             f"(clients_per_round={clients_per_round})")
+        self.check_uploads(clients_per_round, f"clients_per_round={clients_per_round}")
 
     def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
+        self.check_uploads(points.shape[0], f"this round has {points.shape[0]}")
         return krum(points, self.num_byzantine, self.num_selected)
 
 
@@ -200,18 +223,20 @@ class Bulyan(RobustAggregator):
     """
 
     def __init__(self, num_byzantine: int) -> None:
-        if num_byzantine < 0:
-            raise ValueError(f"num_byzantine must be >= 0, got {num_byzantine}")
-        self.num_byzantine = num_byzantine
+        self.num_byzantine = check_int("num_byzantine", num_byzantine, 0)
+
+    def check_uploads(self, num_uploads: int, source: str) -> None:
+        """Raise ValueError unless ``num_uploads`` (``source`` says where the count comes from) reach ``4 f + 3``."""
+        f = self.num_byzantine
+        if num_uploads < 4 * f + 3:
+            raise ValueError(f"Bulyan(num_byzantine={f}) needs at least 4 * num_byzantine + 3 = {4 * f + 3} uploads per "
+                             f"round; {source}: sample more clients or assume fewer Byzantine ones")
 
     def check_round_size(self, clients_per_round: int) -> None:
-        f = self.num_byzantine
-        if clients_per_round < 4 * f + 3:
-            raise ValueError(f"Bulyan(num_byzantine={f}) needs at least 4 * num_byzantine + 3 = {4 * f + 3} uploads per "
-                             f"round; clients_per_round={clients_per_round}: sample more clients or assume fewer "
-                             "Byzantine ones")
+        self.check_uploads(clients_per_round, f"clients_per_round={clients_per_round}")
 
     def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:
+        self.check_uploads(points.shape[0], f"this round has {points.shape[0]}")
         return bulyan(points, self.num_byzantine)
 
 
@@ -226,12 +251,8 @@ class CenteredClipping(RobustAggregator):
     """
 
     def __init__(self, tau: float = 10.0, iterations: int = 1) -> None:
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        if iterations < 1:
-            raise ValueError(f"iterations must be >= 1, got {iterations}")
-        self.tau = tau
-        self.iterations = iterations
+        self.tau = check_number("tau", tau, 0.0, low_open=True)
+        self.iterations = check_int("iterations", iterations, 1)
         self.center: Optional[Tensor] = None
 
     def combine(self, points: Tensor, num_samples: Tensor) -> Tensor:

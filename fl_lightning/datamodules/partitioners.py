@@ -15,9 +15,13 @@ A datamodule takes one as ``partitioner=`` (in YAML: ``class_path`` / ``init_arg
 are used. A partitioner reads the samples' labels, or the column its ``partition_by`` names
 (datamodules over a table, such as ``HuggingFaceFederated``; ``"label"`` always means the labels).
 
+The flwr-named partitioners give flwr-datasets' partitions for the same labels, options and
+seed (``IidPartitioner``: those of ``FederatedDataset(shuffle=True, seed=seed)``).
+
 The old string shortcuts (``partition="iid"|"dirichlet"|"shards"|"classes"|"natural"`` with
 ``alpha``, ``min_samples``, ``shards_per_client``, ``classes_per_client``) are
-:func:`from_shortcut`: they give the same clients as before for the same seed.
+:func:`from_shortcut`: they give the same clients as before for the same seed, except
+``partition="shards"`` with ``shards_per_client >= 2``, now Flower's shards.
 """
 
 from __future__ import annotations
@@ -102,8 +106,9 @@ class Partitioner(ABC):
 class IidPartitioner(Partitioner):
     """Shuffled samples cut into ``num_partitions`` parts whose sizes differ by at most one.
 
-    Flower's cuts the dataset in its stored order (``FederatedDataset`` shuffles it first);
-    this one shuffles with ``seed``. The sizes are the same.
+    Flower's cuts the dataset in its stored order, which ``FederatedDataset(shuffle=True,
+    seed=seed)`` shuffles first; this one shuffles with ``seed`` the same way, so its partitions
+    are that pipeline's (flwr-datasets' ``IidPartitioner`` has no seed of its own).
     """
 
     def __init__(self, num_partitions: Optional[int] = None, seed: Optional[int] = None) -> None:
@@ -127,28 +132,32 @@ class DirichletPartitioner(Partitioner):
             samples (Flower's default, 10). A partition is never empty: 0 counts as 1.
         self_balancing: a partition already above the average size gets no more classes (Flower's).
         seed: seed of the draws (None: the datamodule's ``seed``).
+        sample_order: ``"dataset"`` (Flower's): a class's samples are cut in stored order;
+            ``"shuffled"``: each class is shuffled first, this library's draw before it matched
+            Flower (the RAGA and SCAFFOLD results in ``docs/results`` were run with it).
 
-    Differences from Flower's: a class's samples are shuffled before they are cut (Flower cuts
-    them in dataset order), so for the same seed the partitions differ (with the same
-    distribution); up to 1000 draws are tried for ``min_partition_size`` (Flower: 11); no
-    ``shuffle`` option (the order within a partition does not matter here: clients draw their
-    batches from their own generator).
+    The partitions are Flower's for the same labels, options and seed, as long as Flower finds
+    one in its 11 draws (this one tries up to 1000) and leaves no partition empty (here
+    ``min_partition_size=0`` counts as 1). No ``shuffle`` option (the order within a partition
+    does not matter here: clients draw their batches from their own generator).
     """
 
     def __init__(self, num_partitions: Optional[int] = None, partition_by: Optional[str] = None, *,
                  alpha: Union[float, list[float]], min_partition_size: int = 10, self_balancing: bool = False,
-                 seed: Optional[int] = None) -> None:
+                 seed: Optional[int] = None, sample_order: F.SampleOrder = "dataset") -> None:
         super().__init__(num_partitions, partition_by, seed)
-        F.check_dirichlet(alpha, min_partition_size, self_balancing)
+        F.check_dirichlet(alpha, min_partition_size, self_balancing, sample_order)
         if num_partitions is not None:
             F.dirichlet_concentration(alpha, num_partitions)
         self.alpha = alpha if isinstance(alpha, numbers.Real) else [float(a) for a in alpha]
         self.min_partition_size = min_partition_size
         self.self_balancing = self_balancing
+        self.sample_order = sample_order
 
     def _split(self, values: np.ndarray, num_partitions: Optional[int], seed: int) -> list[np.ndarray]:
         assert num_partitions is not None
-        return F.dirichlet(values, num_partitions, self.alpha, self.min_partition_size, self.self_balancing, seed)
+        return F.dirichlet(values, num_partitions, self.alpha, self.min_partition_size, self.self_balancing, seed,
+                           sample_order=self.sample_order)
 
 
 class PathologicalPartitioner(Partitioner):
@@ -163,25 +172,28 @@ class PathologicalPartitioner(Partitioner):
             ``"first-deterministic"`` as in Flower, or this library's ``"round-robin"`` (classes
             dealt in turn over a random class order: every class used, equally often; the
             ``partition="classes"`` shortcut).
-        seed: seed of the assignment and the shuffles (None: the datamodule's ``seed``).
+        seed: seed of the assignment (None: the datamodule's ``seed``).
+        sample_order: ``"dataset"`` (Flower's): a class's samples are split in stored order;
+            ``"shuffled"``: each class is shuffled first, this library's draw before it matched
+            Flower (the PeFLL results in ``docs/results`` were run with it).
 
-    Differences from Flower's: the classes each partition holds, and so the sizes, are Flower's
-    for the same seed, but a class's samples are shuffled before they are split (Flower splits
-    them in dataset order); no ``shuffle`` option.
+    With Flower's three modes the partitions are Flower's for the same labels, options and
+    seed. No ``shuffle`` option.
     """
 
     def __init__(self, num_partitions: Optional[int] = None, partition_by: Optional[str] = None, *,
                  num_classes_per_partition: int, class_assignment_mode: F.ClassAssignmentMode = "random",
-                 seed: Optional[int] = None) -> None:
+                 seed: Optional[int] = None, sample_order: F.SampleOrder = "dataset") -> None:
         super().__init__(num_partitions, partition_by, seed)
-        F.check_pathological(num_classes_per_partition, class_assignment_mode)
+        F.check_pathological(num_classes_per_partition, class_assignment_mode, sample_order)
         self.num_classes_per_partition = num_classes_per_partition
         self.class_assignment_mode = class_assignment_mode
+        self.sample_order = sample_order
 
     def _split(self, values: np.ndarray, num_partitions: Optional[int], seed: int) -> list[np.ndarray]:
         assert num_partitions is not None
         return F.pathological(values, num_partitions, self.num_classes_per_partition, self.class_assignment_mode,
-                              seed)
+                              seed, self.sample_order)
 
 
 class ShardPartitioner(Partitioner):
@@ -193,14 +205,13 @@ class ShardPartitioner(Partitioner):
         partition_by: the column of labels (None: the labels).
         num_shards_per_partition: shards per partition.
         shard_size: samples per shard.
-        keep_incomplete_shard: with ``shard_size`` alone, keep the last, smaller shard.
+        keep_incomplete_shard: keep the last, smaller shard (unless ``shard_size`` and
+            ``num_shards_per_partition`` are both given).
         seed: seed of the deal (None: the datamodule's ``seed``).
 
-    Differences from Flower's: with ``num_shards_per_partition`` alone, the data are cut into
-    exactly ``num_partitions * num_shards_per_partition`` shards whose sizes differ by at most
-    one and every sample is used (Flower makes shards of ``len // (num_partitions *
-    num_shards_per_partition)`` samples and leaves the rest out); within a label the samples are
-    in random order (Flower: dataset order); no ``shuffle`` option.
+    The partitions are Flower's for the same labels, options and seed; with
+    ``num_shards_per_partition`` the samples of the shards not dealt are unused, as in Flower.
+    No ``shuffle`` option.
     """
 
     def __init__(self, num_partitions: Optional[int] = None, partition_by: Optional[str] = None,
@@ -301,7 +312,8 @@ class FlowerPartitioner(Partitioner):
 
     Args:
         partitioner: a ``flwr_datasets.partitioner.Partitioner`` with no dataset assigned.
-        partition_by: the column Flower's partitioner reads (None: the labels, as ``"label"``).
+        partition_by: the column Flower's partitioner reads (None: the labels, as ``"label"``);
+            must be the Flower partitioner's own ``partition_by``, if it has one.
     """
 
     counts_partitions = True
@@ -310,6 +322,14 @@ class FlowerPartitioner(Partitioner):
         super().__init__(None, partition_by, None)
         if not (hasattr(type(partitioner), "load_partition") and hasattr(type(partitioner), "num_partitions")):
             raise ValueError(f"partitioner must be a flwr_datasets.partitioner.Partitioner, got {partitioner!r}")
+        handed = partition_by or "label"
+        reads = getattr(partitioner, "_partition_by", None)  # where flwr-datasets keeps the column it reads
+        if isinstance(reads, str) and reads != handed:
+            raise ValueError(
+                f"{type(partitioner).__name__} reads the column {reads!r} (its partition_by), but FlowerPartitioner("
+                f"partition_by={partition_by!r}) hands it the column {handed!r}: give FlowerPartitioner(partitioner, "
+                f"partition_by={reads!r}) to partition by the datamodule's column {reads!r}, or build the Flower "
+                f"partitioner with partition_by={handed!r}")
         self.partitioner = partitioner
 
     def _split(self, values: np.ndarray, num_partitions: Optional[int], seed: int) -> list[np.ndarray]:
@@ -319,8 +339,13 @@ class FlowerPartitioner(Partitioner):
         column = self.partition_by or "label"
         flower = copy.deepcopy(self.partitioner)
         flower.dataset = datasets.Dataset.from_dict({column: values.tolist(), "_row": np.arange(len(values))})
-        parts = [np.sort(np.asarray(flower.load_partition(i)["_row"], dtype=np.int64))
-                 for i in range(flower.num_partitions)]
+        count = getattr(flower, "_num_partitions", None)  # a count given to flwr-datasets, read before it partitions
+        if not isinstance(count, int):
+            count = flower.num_partitions
+        if count > len(values):
+            raise ValueError(f"the Flower partitioner's num_partitions={count} is more than the {len(values)} samples "
+                             "to partition: every client needs at least one")
+        parts = [np.sort(np.asarray(flower.load_partition(i)["_row"], dtype=np.int64)) for i in range(count)]
         if num_partitions is not None and num_partitions != len(parts):
             raise ValueError(f"the Flower partitioner makes {len(parts)} partitions but num_clients={num_partitions}; "
                              "leave num_clients unset or make them agree")
@@ -339,19 +364,19 @@ def from_shortcut(
     classes_per_client: int = 2,
 ) -> Partitioner:
     """The partitioner of an old ``partition=`` string and its flat arguments (the same clients
-    as before for the same seed).
+    as before for the same seed, except ``"shards"`` with ``shards_per_client >= 2``: Flower's shards).
 
     ``"iid"``: ``IidPartitioner()``; ``"dirichlet"``: ``DirichletPartitioner(alpha=alpha,
-    min_partition_size=min_samples)``; ``"shards"``: ``SortedPartitioner()`` when
+    min_partition_size=min_samples, sample_order="shuffled")``; ``"shards"``: ``SortedPartitioner()`` when
     ``shards_per_client=1``, else ``ShardPartitioner(num_shards_per_partition=shards_per_client)``;
     ``"classes"``: ``PathologicalPartitioner(num_classes_per_partition=classes_per_client,
-    class_assignment_mode="round-robin")``; ``"natural"``: ``NaturalIdPartitioner()``.
+    class_assignment_mode="round-robin", sample_order="shuffled")``; ``"natural"``: ``NaturalIdPartitioner()``.
     """
     if partition == "iid":
         return IidPartitioner()
     if partition == "dirichlet":
         check_int("min_samples", min_samples, 0)
-        return DirichletPartitioner(alpha=alpha, min_partition_size=min_samples)
+        return DirichletPartitioner(alpha=alpha, min_partition_size=min_samples, sample_order="shuffled")
     if partition == "shards":
         check_int("shards_per_client", shards_per_client, 1)
         if shards_per_client == 1:
@@ -360,7 +385,7 @@ def from_shortcut(
     if partition == "classes":
         check_int("classes_per_client", classes_per_client, 1)
         return PathologicalPartitioner(num_classes_per_partition=classes_per_client,
-                                       class_assignment_mode="round-robin")
+                                       class_assignment_mode="round-robin", sample_order="shuffled")
     if partition == "natural":
         return NaturalIdPartitioner()
     raise ValueError(f"partition must be one of {SHORTCUTS}, got {partition!r}")

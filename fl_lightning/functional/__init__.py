@@ -56,6 +56,7 @@ from fl_lightning.functional.robust import (
     geometric_median,
     krum,
     krum_scores,
+    trim_count,
     trimmed_mean,
     weiszfeld_objective,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "storm_estimate",
     "surrogate",
     "svrg_direction",
+    "trim_count",
     "trimmed_mean",
     "weiszfeld_objective",
 ]

@@ -7,9 +7,11 @@ partitions than samples, a non-positive ``alpha``, a partition left with no samp
 partition is ever empty: a client needs data.
 
 The names and options follow flwr-datasets' partitioners (``num_partitions``,
-``min_partition_size``, ``num_classes_per_partition``...); ``docs/partitioners.md`` lists where
-the semantics differ. The objects a datamodule takes (``fl_lightning.datamodules.partitioners``)
-are thin wrappers over these functions.
+``min_partition_size``, ``num_classes_per_partition``...), and :func:`iid`, :func:`dirichlet`,
+:func:`shards`, :func:`pathological` and :func:`natural` give the same partitions as
+flwr-datasets' for the same labels, options and seed (``docs/partitioners.md`` lists what differs
+beyond that). The objects a datamodule takes (``fl_lightning.datamodules.partitioners``) are thin
+wrappers over these functions.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ import numpy as np
 
 ClassAssignmentMode = Literal["random", "deterministic", "first-deterministic", "round-robin"]
 CLASS_ASSIGNMENT_MODES: tuple[str, ...] = get_args(ClassAssignmentMode)
+
+#: the order in which a class's samples are cut: ``"dataset"`` (stored order, flwr-datasets') or
+#: ``"shuffled"`` (each class shuffled with the seed first: this library's draw before it matched Flower)
+SampleOrder = Literal["dataset", "shuffled"]
+SAMPLE_ORDERS: tuple[str, ...] = get_args(SampleOrder)
 
 Alpha = Union[float, Sequence[float]]
 
@@ -75,11 +82,18 @@ def dirichlet_concentration(alpha: Alpha, num_partitions: int) -> np.ndarray:
     return values
 
 
-def check_dirichlet(alpha: Alpha, min_partition_size: int, self_balancing: bool) -> None:
+def check_sample_order(sample_order: str) -> None:
+    """Refuse a ``sample_order`` that is not one of :data:`SAMPLE_ORDERS`."""
+    _require(sample_order in SAMPLE_ORDERS, "sample_order", sample_order, f"one of {SAMPLE_ORDERS}")
+
+
+def check_dirichlet(alpha: Alpha, min_partition_size: int, self_balancing: bool,
+                    sample_order: SampleOrder = "dataset") -> None:
     """Refuse Dirichlet arguments that are invalid whatever the data."""
     check_alpha(alpha)
     _require(_is_int(min_partition_size, 0), "min_partition_size", min_partition_size, ">= 0 and an integer")
     _require(isinstance(self_balancing, bool), "self_balancing", self_balancing, "True or False")
+    check_sample_order(sample_order)
 
 
 def check_shards(num_shards_per_partition: Optional[int], shard_size: Optional[int],
@@ -92,12 +106,14 @@ def check_shards(num_shards_per_partition: Optional[int], shard_size: Optional[i
     _require(isinstance(keep_incomplete_shard, bool), "keep_incomplete_shard", keep_incomplete_shard, "True or False")
 
 
-def check_pathological(num_classes_per_partition: int, class_assignment_mode: str) -> None:
+def check_pathological(num_classes_per_partition: int, class_assignment_mode: str,
+                       sample_order: SampleOrder = "dataset") -> None:
     """Refuse pathological-split arguments that are invalid whatever the data."""
     _require(_is_int(num_classes_per_partition, 1), "num_classes_per_partition", num_classes_per_partition,
              ">= 1 and an integer")
     _require(class_assignment_mode in CLASS_ASSIGNMENT_MODES, "class_assignment_mode", class_assignment_mode,
              f"one of {CLASS_ASSIGNMENT_MODES}")
+    check_sample_order(sample_order)
 
 
 def check_power_law(num_classes_per_partition: int, min_per_class: int, sigma: float, used_fraction: float) -> None:
@@ -130,10 +146,22 @@ def _label_order(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 # ----------------------------------------------------------------------- partitions
 def iid(num_samples: int, num_partitions: int, seed: int = 0) -> list[np.ndarray]:
-    """Shuffle and cut into ``num_partitions`` parts whose sizes differ by at most one."""
+    """Shuffle and cut into ``num_partitions`` parts whose sizes differ by at most one.
+
+    flwr-datasets' ``IidPartitioner`` cuts the dataset in its stored order, which its
+    ``FederatedDataset(shuffle=True, seed=seed)`` shuffles first with this same permutation: the
+    partitions are those of that pipeline."""
     check_partitions(num_samples, num_partitions)
     perm = np.random.default_rng(seed).permutation(num_samples)
     return _nonempty(list(np.array_split(perm, num_partitions)), "iid")
+
+
+def _balanced(proportions: np.ndarray, sizes: np.ndarray, average: float) -> np.ndarray:
+    """Self-balancing: no share for a partition already above ``average`` samples, the others
+    renormalized. The sum runs left to right as in flwr-datasets (``np.sum`` adds pairwise, which
+    can change the last bit and so move a cut by one sample)."""
+    kept = np.where(sizes > average, 0.0, proportions)
+    return kept / np.cumsum(kept)[-1]
 
 
 def dirichlet(
@@ -144,13 +172,16 @@ def dirichlet(
     self_balancing: bool = False,
     seed: int = 0,
     max_tries: int = 1000,
+    sample_order: SampleOrder = "dataset",
 ) -> list[np.ndarray]:
     """Label skew: the samples of each class are divided over the partitions in proportions ~ Dir(alpha).
 
-    Class by class (in sorted order), the class's samples are shuffled and cut in the drawn
-    proportions. The whole draw is repeated (up to ``max_tries`` times) until every partition
-    holds at least ``max(min_partition_size, 1)`` samples. Small ``alpha`` gives few classes per
-    partition; large ``alpha`` tends to iid.
+    Class by class (in sorted order), the proportions ``p ~ Dir(alpha)`` are drawn and the
+    class's samples cut at ``floor(cumsum(p) * n_class)``. The whole draw is repeated (up to
+    ``max_tries`` times) until every partition holds at least ``max(min_partition_size, 1)``
+    samples. Small ``alpha`` gives few classes per partition; large ``alpha`` tends to iid.
+    With ``sample_order="dataset"`` the partitions are flwr-datasets' ``DirichletPartitioner``'s
+    for the same seed (which gives up after 11 draws).
 
     Args:
         labels: the label of every sample.
@@ -160,12 +191,15 @@ def dirichlet(
         self_balancing: a partition that already holds more than ``len(labels) / num_partitions``
             samples gets nothing of the classes still to be divided (the other proportions are
             renormalized), as in Flower and the code of Yurochkin et al. (2019).
-        seed: seed of the shuffles and the draws.
+        seed: seed of the draws.
         max_tries: how many draws to try before giving up.
+        sample_order: ``"dataset"``: a class's samples are cut in stored order (Flower's);
+            ``"shuffled"``: each class is shuffled before its proportions are drawn (this
+            library's draw before it matched Flower; the same distribution, other partitions).
     """
     labels = np.asarray(labels)
     check_partitions(len(labels), num_partitions)
-    check_dirichlet(alpha, min_partition_size, self_balancing)
+    check_dirichlet(alpha, min_partition_size, self_balancing, sample_order)
     concentration = dirichlet_concentration(alpha, num_partitions)
     smallest = max(min_partition_size, 1)
     if smallest * num_partitions > len(labels):
@@ -176,12 +210,13 @@ def dirichlet(
     for _ in range(max_tries):
         parts: list[list[int]] = [[] for _ in range(num_partitions)]
         for c in np.unique(labels):
-            idx = rng.permutation(np.flatnonzero(labels == c))
+            idx = np.flatnonzero(labels == c)
+            if sample_order == "shuffled":
+                idx = rng.permutation(idx)
             props = rng.dirichlet(concentration)
             if self_balancing:
-                props = np.where([len(p) > average for p in parts], 0.0, props)
-                props = props / props.sum()
-            cuts = (np.cumsum(props)[:-1] * len(idx)).astype(int)
+                props = _balanced(props, np.array([len(p) for p in parts]), average)
+            cuts = (np.cumsum(props) * len(idx)).astype(int)[:-1]
             for partition, chunk in enumerate(np.split(idx, cuts)):
                 parts[partition].extend(chunk.tolist())
         if min(len(p) for p in parts) >= smallest:
@@ -200,49 +235,51 @@ def shards(
     keep_incomplete_shard: bool = False,
     seed: int = 0,
 ) -> list[np.ndarray]:
-    """Sort by label, cut into shards of consecutive samples, deal the shards out at random (McMahan et al., 2017).
+    """Sort by label, cut into shards of consecutive samples, deal the shards out at random
+    (McMahan et al., 2017), as flwr-datasets' ``ShardPartitioner`` (the same partitions for the
+    same seed).
 
-    * ``num_shards_per_partition`` only: ``num_partitions * num_shards_per_partition`` shards
-      whose sizes differ by at most one; every sample is used.
-    * ``shard_size`` only: ``len(labels) // shard_size`` shards of ``shard_size`` samples (one
-      more, smaller, with ``keep_incomplete_shard``) dealt as evenly as possible (the first
-      partitions get one more shard).
+    The samples are sorted by label, stably (within a label in stored order), and cut into
+    shards of ``shard_size`` samples; a random permutation of the shards is dealt out in turn:
+
+    * ``num_shards_per_partition`` only: ``shard_size = len(labels) // (num_partitions *
+      num_shards_per_partition)``; every partition gets ``num_shards_per_partition`` shards, the
+      samples of the shards not dealt are unused. With ``keep_incomplete_shard`` the last,
+      smaller shard is among those that may be dealt.
+    * ``shard_size`` only: ``len(labels) // shard_size`` shards (one more, smaller, with
+      ``keep_incomplete_shard``), all dealt, as evenly as possible (the first partitions get one
+      more shard).
     * both: every partition gets ``num_shards_per_partition`` shards of ``shard_size`` samples;
       the samples of the shards not dealt are unused.
-
-    Within a label the samples are in random order, so a shard is a random subset of its labels.
     """
     labels = np.asarray(labels)
     n = len(labels)
     check_partitions(n, num_partitions)
     check_shards(num_shards_per_partition, shard_size, keep_incomplete_shard)
-    rng = np.random.default_rng(seed)
-    order = _label_order(labels, rng)
-    if shard_size is None:
-        num_shards = num_partitions * num_shards_per_partition
-        if num_shards > n:
-            raise ValueError(f"num_partitions * num_shards_per_partition = {num_shards} shards exceed the {n} samples")
-        pieces = np.array_split(order, num_shards)
+    if num_shards_per_partition is not None:
+        dealt = num_partitions * num_shards_per_partition
         per_partition = np.full(num_partitions, num_shards_per_partition)
-    else:
-        complete = n // shard_size
-        usable = math.ceil(n / shard_size) if keep_incomplete_shard and num_shards_per_partition is None else complete
-        pieces = [order[s * shard_size : (s + 1) * shard_size] for s in range(usable)]
-        if num_shards_per_partition is not None:
-            needed = num_partitions * num_shards_per_partition * shard_size
-            if needed > n:
-                raise ValueError(f"num_partitions * num_shards_per_partition * shard_size = {needed} samples is more "
-                                 f"than the {n} samples")
-            per_partition = np.full(num_partitions, num_shards_per_partition)
+        if shard_size is None:
+            if dealt > n:
+                raise ValueError(f"num_partitions * num_shards_per_partition = {dealt} shards exceed the {n} samples")
+            shard_size = n // dealt
+            usable = math.ceil(n / shard_size) if keep_incomplete_shard else n // shard_size
         else:
-            if usable < num_partitions:
-                raise ValueError(f"shard_size={shard_size} cuts the {n} samples into {usable} shards, fewer than "
-                                 f"num_partitions={num_partitions}; lower shard_size")
-            per_partition = np.full(num_partitions, usable // num_partitions)
-            per_partition[: usable % num_partitions] += 1
-    deal = rng.permutation(len(pieces))[: per_partition.sum()]
-    dealt = np.split(deal, np.cumsum(per_partition)[:-1])
-    return _nonempty([np.concatenate([pieces[s] for s in shard_ids]) for shard_ids in dealt], "shards")
+            if dealt * shard_size > n:
+                raise ValueError(f"num_partitions * num_shards_per_partition * shard_size = {dealt * shard_size} "
+                                 f"samples is more than the {n} samples")
+            usable = n // shard_size
+    else:
+        usable = dealt = math.ceil(n / shard_size) if keep_incomplete_shard else n // shard_size
+        if usable < num_partitions:
+            raise ValueError(f"shard_size={shard_size} cuts the {n} samples into {usable} shards, fewer than "
+                             f"num_partitions={num_partitions}; lower shard_size")
+        per_partition = np.full(num_partitions, usable // num_partitions)
+        per_partition[: usable % num_partitions] += 1
+    order = np.argsort(labels, kind="stable")
+    deal = np.random.default_rng(seed).permutation(usable)[:dealt]
+    return _nonempty([np.concatenate([order[s * shard_size : (s + 1) * shard_size] for s in shard_ids])
+                      for shard_ids in np.split(deal, np.cumsum(per_partition)[:-1])], "shards")
 
 
 def sorted_split(labels: Sequence[int], num_partitions: int, seed: int = 0) -> list[np.ndarray]:
@@ -283,9 +320,10 @@ def pathological(
     num_classes_per_partition: int,
     class_assignment_mode: ClassAssignmentMode = "random",
     seed: int = 0,
+    sample_order: SampleOrder = "dataset",
 ) -> list[np.ndarray]:
     """Every partition holds exactly ``num_classes_per_partition`` classes; a class's samples are
-    shuffled and split evenly among the partitions holding it (Li et al., 2022; pFedHN, PeFLL).
+    split evenly among the partitions holding it, in partition order (Li et al., 2022; pFedHN, PeFLL).
 
     ``class_assignment_mode`` says which classes partition ``p`` holds (``C`` classes, sorted):
 
@@ -296,12 +334,15 @@ def pathological(
       every class is used when ``num_partitions * num_classes_per_partition >= C`` and each
       is held by equally many partitions (plus or minus one).
 
-    The first three draw the same classes as flwr-datasets' ``PathologicalPartitioner`` for
-    the same seed. Classes no partition holds are left out, with a warning.
+    With the first three and ``sample_order="dataset"`` (a class's samples split in stored
+    order) the partitions are flwr-datasets' ``PathologicalPartitioner``'s for the same seed;
+    ``sample_order="shuffled"`` shuffles each class first (this library's draw before it
+    matched Flower: the same classes and sizes, other samples). Classes no partition holds are
+    left out, with a warning.
     """
     labels = np.asarray(labels)
     check_partitions(len(labels), num_partitions)
-    check_pathological(num_classes_per_partition, class_assignment_mode)
+    check_pathological(num_classes_per_partition, class_assignment_mode, sample_order)
     classes = np.unique(labels)
     _check_classes_per_partition(num_classes_per_partition, classes)
     rng = np.random.default_rng(seed)
@@ -317,7 +358,9 @@ def pathological(
                       f"{class_assignment_mode!r})", UserWarning, stacklevel=2)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
     for k, owners in holders.items():
-        idx = rng.permutation(np.flatnonzero(labels == k))
+        idx = np.flatnonzero(labels == k)
+        if sample_order == "shuffled":
+            idx = rng.permutation(idx)
         if len(idx) < len(owners):
             raise ValueError(f"class {k!r} has {len(idx)} sample(s) for the {len(owners)} partitions holding it, so "
                              "a partition would get no samples of it; lower num_partitions or "

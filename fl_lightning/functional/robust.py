@@ -7,7 +7,8 @@ returns a ``[p]`` vector. They know nothing of Lightning; the aggregator callbac
 * :func:`geometric_median` — ``argmin_y sum_i a_i ||y - z_i||`` by Weiszfeld's algorithm
   (RAGA, RFA, Byrd-SAGA), in float64, vectorized over clients; breakdown point 1/2 of the weight.
 * :func:`coordinate_median` — per coordinate, the median (Yin et al., 2018).
-* :func:`trimmed_mean` — per coordinate, drop the ``b`` largest and ``b`` smallest values and average.
+* :func:`trimmed_mean` — per coordinate, drop the ``b`` largest and ``b`` smallest values and average;
+  :func:`trim_count` gives ``b`` for a trimmed fraction.
 * :func:`krum` — the upload(s) with the smallest sum of squared distances to their
   ``n - f - 2`` nearest neighbours (Blanchard et al., 2017); ``num_selected > 1`` is multi-Krum.
 * :func:`centered_clipping` — ``v <- v + mean_i clip_tau(z_i - v)`` iterated from a centre
@@ -21,6 +22,8 @@ from typing import Literal, Optional
 
 import torch
 from torch import Tensor
+
+from fl_lightning.validation import check_int
 
 StopRule = Literal["objective_abs", "objective_rel", "movement"]
 STOP_RULES: tuple[str, ...] = ("objective_abs", "objective_rel", "movement")
@@ -127,6 +130,23 @@ def coordinate_median(points: Tensor) -> Tensor:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+def trim_count(num_points: int, trim_fraction: float) -> int:
+    """The values a ``trim_fraction``-trimmed mean of ``num_points`` values drops at each end.
+
+    ``max(1, floor(trim_fraction * n))``: the floor, as in ``scipy.stats.trim_mean`` and Flower's
+    ``FedTrimmedAvg``, but at least one, so that a trimmed mean never silently becomes the plain
+    mean of a small round (``floor(0.1 * n) = 0`` for ``n < 10``). Keeping one value then needs
+    ``n >= 3`` (:func:`trimmed_mean` checks it).
+
+    Args:
+        num_points: ``n``, the number of values per coordinate.
+        trim_fraction: ``beta``, in (0, 0.5).
+    """
+    if not 0 < trim_fraction < 0.5:
+        raise ValueError(f"trim_fraction must be in (0, 0.5), got {trim_fraction}")
+    return max(1, int(trim_fraction * num_points))
+
+
 def trimmed_mean(points: Tensor, num_trimmed: int) -> Tensor:
     """Per coordinate, the mean after dropping the ``num_trimmed`` largest and smallest values.
 
@@ -149,7 +169,8 @@ def krum_scores(points: Tensor, num_byzantine: int) -> Tensor:
     """
     z, _ = _check_points(points, None)
     n = z.shape[0]
-    if num_byzantine < 0 or n <= 2 * num_byzantine + 2:
+    check_int("num_byzantine", num_byzantine, 0)
+    if n <= 2 * num_byzantine + 2:
         raise ValueError(f"krum needs n > 2 * num_byzantine + 2; got n={n}, num_byzantine={num_byzantine}")
     d2 = torch.cdist(z, z).pow(2)
     d2.fill_diagonal_(float("inf"))
@@ -163,8 +184,7 @@ def krum(points: Tensor, num_byzantine: int, num_selected: int = 1) -> Tensor:
     Ties are broken by the lower row index, so the result is deterministic.
     """
     n = points.shape[0]
-    if not 1 <= num_selected <= n:
-        raise ValueError(f"num_selected must be in [1, {n}], got {num_selected}")
+    check_int("num_selected", num_selected, 1, n)
     scores = krum_scores(points, num_byzantine)
     order = torch.sort(scores, stable=True).indices[:num_selected]
     return points.double()[order].mean(dim=0)
@@ -179,8 +199,8 @@ def bulyan(points: Tensor, num_byzantine: int) -> Tensor:
     (``m`` uploads left), as Flower's ``aggregate_bulyan``; ties go to the lower row index.
     """
     z, _ = _check_points(points, None)
-    n, f = z.shape[0], num_byzantine
-    if f < 0 or n < 4 * f + 3:
+    n, f = z.shape[0], check_int("num_byzantine", num_byzantine, 0)
+    if n < 4 * f + 3:
         raise ValueError(f"bulyan needs n >= 4 * num_byzantine + 3; got n={n}, num_byzantine={f}")
     d2 = torch.cdist(z, z).pow(2)
     d2.fill_diagonal_(float("inf"))

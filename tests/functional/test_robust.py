@@ -12,6 +12,7 @@ from fl_lightning.functional.robust import (
     geometric_median,
     krum,
     krum_scores,
+    trim_count,
     trimmed_mean,
     weiszfeld_objective,
 )
@@ -152,6 +153,18 @@ def test_trimmed_mean_by_hand():
     assert trimmed_mean(HAND, 0).tolist() == pytest.approx([22.0, 0.0])
     with pytest.raises(ValueError, match="num_trimmed"):
         trimmed_mean(HAND, 3)
+
+
+@pytest.mark.parametrize("n, fraction, count", [(5, 0.1, 1), (9, 0.1, 1), (10, 0.1, 1), (19, 0.1, 1), (20, 0.1, 2),
+                                                (10, 0.25, 2), (3, 0.4, 1)])
+def test_trim_count_is_the_floor_but_at_least_one(n, fraction, count):
+    assert trim_count(n, fraction) == count
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, -0.1])
+def test_trim_count_refuses_a_fraction_outside_the_open_interval(fraction):
+    with pytest.raises(ValueError, match=rf"trim_fraction must be in \(0, 0.5\), got {fraction}"):
+        trim_count(10, fraction)
 
 
 def test_krum_picks_the_most_central_point_and_multi_krum_averages():

@@ -1,0 +1,63 @@
+"""``PredictionWriter``: ``trainer.predict``'s outputs saved to a file in the run's folder.
+
+``fl-lightning predict`` adds it unless the configuration has a prediction writer of its own:
+the global model's outputs on the datamodule's predict set (the global test set) go to
+``<the run's log folder>/predictions.pt``, in the order of the set. The file holds tensors only
+(``torch.load(path, weights_only=True)`` reads it)::
+
+    fl-lightning predict --config configs/quickstart.yaml --ckpt_path <checkpoint>
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Sequence
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import BasePredictionWriter
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Writes the predictions of ``trainer.predict`` to ``<dirpath>/<filename>`` at the end of the
+    predict epoch.
+
+    The file holds the predict steps' outputs concatenated along the first dimension when they are
+    tensors, else their list (one list per dataloader with several). With several processes each
+    writes ``<stem>_rank<r>.pt``: ``{"predictions": ..., "indices": ...}``, the dataset indices of
+    its samples beside its outputs.
+
+    Args:
+        dirpath: the folder (default: the Trainer's ``log_dir``, else its ``default_root_dir``).
+        filename: the file's name.
+    """
+
+    def __init__(self, dirpath: Optional[str] = None, filename: str = "predictions.pt") -> None:
+        if not filename or os.sep in filename:
+            raise ValueError(f"filename must be a file name without a folder, got {filename!r}")
+        super().__init__(write_interval="epoch")
+        self.dirpath = dirpath
+        self.filename = filename
+
+    def write_on_epoch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, predictions: Sequence[Any],
+        batch_indices: Sequence[Any],
+    ) -> None:
+        folder = self.dirpath or trainer.log_dir or trainer.default_root_dir  # log_dir: a collective, every rank
+        os.makedirs(folder, exist_ok=True)
+        several = trainer.predict_loop.num_dataloaders > 1  # Lightning's lists: one per dataloader, else one
+        if trainer.world_size == 1:
+            torch.save(_joined(predictions, several), os.path.join(folder, self.filename))
+            return
+        indices = [torch.as_tensor([i for batch in part for i in batch], dtype=torch.long) for part in batch_indices]
+        stem, suffix = os.path.splitext(self.filename)
+        torch.save({"predictions": _joined(predictions, several), "indices": indices if several else indices[0]},
+                   os.path.join(folder, f"{stem}_rank{trainer.global_rank}{suffix}"))
+
+
+def _joined(predictions: Sequence[Any], several: bool) -> Any:
+    """The outputs of each dataloader concatenated when they are tensors (else their list)."""
+    def join(outputs: Sequence[Any]) -> Any:
+        return torch.cat(list(outputs)) if outputs and all(isinstance(o, torch.Tensor) for o in outputs) else list(outputs)
+
+    return [join(part) for part in predictions] if several else join(predictions)
