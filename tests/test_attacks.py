@@ -122,3 +122,9 @@ def test_gaussian_attack_breaks_fedavg_in_a_run():
 
     clean, attacked = final([]), final([GaussianAttack(fraction=0.3, std=10.0)])
     assert float((attacked - clean).norm()) > 10 * float(clean.norm())
+
+
+@pytest.mark.parametrize("count, shown", [(1.5, "1.5"), (-1, "-1"), (True, "True")])
+def test_the_byzantine_count_must_be_a_whole_number(count, shown):
+    with pytest.raises(ValueError, match=f"count must be >= 0 and an integer, got {shown}"):
+        GaussianAttack(count=count)

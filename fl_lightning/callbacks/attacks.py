@@ -40,6 +40,7 @@ from fl_lightning.functional.attacks import (
 )
 from fl_lightning.hooks import FederatedCallback
 from fl_lightning.seeding import generator
+from fl_lightning.validation import check_int
 from fl_lightning.update import ClientUpdate
 
 if TYPE_CHECKING:
@@ -77,8 +78,8 @@ class ByzantineAttack(FederatedCallback):
             raise ValueError(f"give exactly one of fraction and count, got fraction={fraction}, count={count}")
         if fraction is not None and not 0.0 <= fraction <= 1.0:
             raise ValueError(f"fraction must be in [0, 1], got {fraction}")
-        if count is not None and count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
+        if count is not None:
+            check_int("count", count, 0)
         if fraction is not None and fraction >= 0.5 and not allow_majority:
             raise ValueError(
                 f"fraction={fraction}: Byzantine clients would hold half the data or more, where the geometric "

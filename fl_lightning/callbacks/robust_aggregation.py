@@ -158,8 +158,8 @@ class TrimmedMean(RobustAggregator):
 
     def __init__(self, trim_fraction: float = 0.1, num_trimmed: Optional[int] = None) -> None:
         trim_count(1, trim_fraction)  # refuses a fraction outside (0, 0.5)
-        if num_trimmed is not None and num_trimmed < 1:
-            raise ValueError(f"num_trimmed must be >= 1, got {num_trimmed} (WeightedMean('uniform') trims nothing)")
+        if num_trimmed is not None:
+            check_int("num_trimmed", num_trimmed, 1)  # 0 trims nothing: that is WeightedMean("uniform")
         self.trim_fraction = trim_fraction
         self.num_trimmed = num_trimmed
 
