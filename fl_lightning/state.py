@@ -99,6 +99,8 @@ class ClientStateStore:
         #: from there, never rewritten or removed
         self._elsewhere: dict[tuple[int, str], str] = {}
         self._unsaved: set[tuple[int, str]] = set()  # entries whose current value has no file yet
+        #: every entry's shape, kept in checkpoints: a file read back must hold a tensor of that shape
+        self._shapes: dict[tuple[int, str], tuple[int, ...]] = {}
 
     # ------------------------------------------------------------ access
     def get(self, client_id: int, name: str, device: Union[str, torch.device, None] = None) -> Optional[Tensor]:
@@ -164,6 +166,7 @@ class ClientStateStore:
         self._spill()
 
     def _put(self, client_id: int, name: str, value: Tensor) -> None:
+        self._shapes[(client_id, name)] = tuple(value.shape)
         entry = self._ram.setdefault(client_id, {})
         old = entry.get(name)
         self._ram_bytes += _nbytes(value) - (_nbytes(old) if old is not None else 0)
@@ -213,6 +216,11 @@ class ClientStateStore:
             raise FileNotFoundError(f"the stored entry {name!r} of client {client_id} ({path}) is missing: the "
                                     "checkpoint refers to client state that was removed (keep_checkpoints) or moved")
         value = read_state_file(path)
+        shape = self._shapes.get((client_id, name))
+        if shape is not None and tuple(value.shape) != shape:
+            raise ValueError(f"the client-state file {path} holds a tensor of shape {tuple(value.shape)}, but client "
+                             f"{client_id}'s entry {name!r} has shape {shape} (a file of another run or model copied "
+                             "over it?)")
         _check_finite(client_id, name, value)
         return value
 
@@ -240,7 +248,10 @@ class ClientStateStore:
         elsewhere: dict[int, dict[str, str]] = {}
         for (cid, name), directory in self._elsewhere.items():
             elsewhere.setdefault(cid, {})[name] = directory
-        return {"entries": entries, "directory": self.directory, "elsewhere": elsewhere}
+        shapes: dict[int, dict[str, list[int]]] = {}
+        for (cid, name), shape in self._shapes.items():
+            shapes.setdefault(cid, {})[name] = list(shape)
+        return {"entries": entries, "directory": self.directory, "elsewhere": elsewhere, "shapes": shapes}
 
     def load_state_dict(self, state: dict[str, Any], checkpoint_path: Optional[str] = None) -> None:
         """Replace all entries with those a checkpoint names, reading back into RAM the most recently
@@ -261,6 +272,7 @@ class ClientStateStore:
         """
         self._ram, self._ram_bytes, self._written, self._elsewhere = OrderedDict(), 0, {}, {}
         self._unsaved = set()
+        self._shapes = {}
         located: dict[str, str] = {}
 
         def locate(directory: str) -> str:
@@ -276,6 +288,8 @@ class ClientStateStore:
             return
         self._versions = {int(cid): dict(v) for cid, v in state["entries"].items()}
         self._spilled = {cid: dict(v) for cid, v in self._versions.items()}
+        self._shapes = {(int(cid), name): tuple(shape) for cid, entry in state.get("shapes", {}).items()
+                        for name, shape in entry.items()}
         elsewhere = state.get("elsewhere", {})
         own: set[str] = set()
         for cid, entry in self._versions.items():

@@ -273,6 +273,8 @@ def damage(path: Path, how: str, tmp_path: Path) -> None:
     elif how == "another entry's file":
         other = next(p for p in path.parent.glob("*.pt") if p != path)
         path.write_bytes(other.read_bytes())
+    elif how == "another shape":  # a whole file of its entry (checksum and all), from a run of another model
+        torch.save(state_file(torch.zeros(3), str(path)), path)
 
 
 @pytest.mark.parametrize("how, problem", [
@@ -281,6 +283,7 @@ def damage(path: Path, how: str, tmp_path: Path) -> None:
     ("pickled", r"holds objects that are not tensors \(loading it could run code\)"),
     ("a bare tensor", "is not a client-state file written by fl_lightning"),
     ("another entry's file", "holds the entry of file"),
+    ("another shape", r"holds a tensor of shape \(3,\), but client \d+'s entry 'control' has shape \(\d+,\)"),
 ])
 def test_a_damaged_client_state_file_is_refused_naming_the_file(tmp_path, how, problem):
     last, store = checkpointed(tmp_path)

@@ -42,7 +42,8 @@ def test_checkpoints_are_incremental(tmp_path):
     store = ClientStateStore(directory=str(tmp_path))
     store.set(1, "c", torch.ones(2), version=0)
     store.set(2, "c", torch.ones(2), version=0)
-    assert store.state_dict() == {"entries": {1: {"c": 0}, 2: {"c": 0}}, "directory": str(tmp_path), "elsewhere": {}}
+    assert store.state_dict() == {"entries": {1: {"c": 0}, 2: {"c": 0}}, "directory": str(tmp_path), "elsewhere": {},
+                                  "shapes": {1: {"c": [2]}, 2: {"c": [2]}}}
     written = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt")}
     assert sorted(written) == ["1.c.0.pt", "2.c.0.pt"]
     store.set(2, "c", torch.full((2,), 3.0), version=1)  # the next round changes client 2 only
@@ -135,7 +136,7 @@ def test_a_checkpoint_names_the_files_and_resumes_exactly(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)
     trainer(3, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(8))
     store = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["federated"]["store"]
-    assert set(store) == {"entries", "directory", "elsewhere"} and sorted(store["entries"]) == list(first.store.clients())
+    assert set(store) == {"entries", "directory", "elsewhere", "shapes"} and sorted(store["entries"]) == list(first.store.clients())
     assert not any(isinstance(v, torch.Tensor) for e in store["entries"].values() for v in e.values())  # names only
     resumed = scaffold(tmp_path / "other", 3 * ENTRY)  # the checkpoint says where the files are
     trainer(6).fit(resumed, synthetic(8), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
