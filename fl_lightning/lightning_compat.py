@@ -1,4 +1,4 @@
-"""Every private Lightning API fl_lightning relies on, in one place.
+"""Every private Lightning (and torch) API fl_lightning relies on, in one place.
 
 One Trainer runs the whole federation, so a few things Lightning does for one training step
 must be done for the inner loop of a round: counting the server update as an optimizer step,
@@ -7,12 +7,14 @@ client's call comes from, and synchronizing the initial model over processes wit
 wrapper. Lightning offers no public API for these; each use is a small function here, and
 ``tests/test_lightning_compat.py`` exercises every one against the installed Lightning, so an
 upgrade that changes them fails in one place. ``pyproject.toml`` caps pytorch-lightning at the
-versions these were checked against (:data:`TESTED_LIGHTNING`).
+versions these were checked against (:data:`TESTED_LIGHTNING`). torch's private names used
+(``torch.utils._pytree``, the BatchNorm base class) are here too, for the same reason.
 """
 
 from __future__ import annotations
 
 import logging
+import functools
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
@@ -22,6 +24,7 @@ from pytorch_lightning.core.optimizer import LightningOptimizer
 from pytorch_lightning.core.saving import _default_map_location, _load_state
 from pytorch_lightning.overrides.distributed import _sync_module_states
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: F401  (no public pytree module yet)
 
 #: the pytorch-lightning releases whose private APIs this module was checked against
 TESTED_LIGHTNING = (">=2.4", "<2.7")
@@ -174,3 +177,14 @@ def build_from_checkpoint(cls: type, checkpoint: dict[str, Any], strict: Optiona
         if tensor is not None:
             built = built.to(tensor.device)
     return built
+
+
+def batch_norm_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``module``'s BatchNorm layers of any dimension, with their names (torch's private ``_BatchNorm`` base)."""
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+@functools.cache
+def lightning_module_attributes() -> frozenset[str]:
+    """The instance attributes every ``LightningModule`` has (those its constructor sets)."""
+    return frozenset(vars(pl.LightningModule()))

@@ -51,7 +51,7 @@ from lightning_fabric.utilities.apply_func import move_data_to_device
 from pytorch_lightning.cli import OptimizerCallable
 from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.utilities import rank_zero_warn
-from torch import Tensor, nn
+from torch import Tensor
 
 from fl_lightning.backends import BatchedBackend, ClientBackend, ModuleRun, SequentialBackend
 from fl_lightning.backends.functional import FunctionalClient
@@ -72,6 +72,7 @@ from fl_lightning.distributed import all_gather_object, all_reduce_sum, rank_and
 from fl_lightning.hooks import Aggregator, FederatedCallback
 from fl_lightning.lightning_compat import (
     attached_trainer,
+    batch_norm_layers,
     count_optimizer_step,
     default_map_location,
     raw_optimizer,
@@ -115,21 +116,8 @@ def plain_step(run: ClientRun, batch: Any) -> Tensor:
     return loss
 
 
-#: hooks of the engine before the client protocol, and what replaces each (a subclass overriding one
-#: is refused: it would be silently ignored)
-REPLACED_HOOKS: dict[str, str] = {
-    "client_start": "client_init (run.restart)",
-    "local_train": "client_init / client_step / client_final",
-    "local_batches": "client_init (run.batches, run.num_steps)",
-    "local_step": "client_step",
-    "local_loss": "client_step (run.loss_and_grad(batch, loss_fn=...))",
-    "module_loss": "client_step (run.loss_and_grad)",
-    "adjust_local_gradients": "client_step (change the gradients before run.step)",
-    "twin": "run.copy_model() and run.loss_and_grad(batch, model=...)",
-    "local_context": "client_init / client_final",
-    "update_spec": "add_update(name, size, reduction) in __init__ or setup",
-    "round_work": "a client backend (fl_lightning.backends)",
-}
+def _drop_log(*args: Any, **kwargs: Any) -> None:
+    """Stands in for a client's ``self.log`` during local work inside an evaluation hook."""
 
 
 class FederatedModule(pl.LightningModule):
@@ -201,14 +189,6 @@ class FederatedModule(pl.LightningModule):
     default_local_steps: int = 10
     #: the mean aggregate's client weights in the algorithm's paper (``weighting=None``; see :attr:`weighting`)
     paper_weighting: Weighting = "num_samples"
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        old = sorted(set(vars(cls)) & set(REPLACED_HOOKS))
-        if old:
-            raise TypeError(f"{cls.__name__} overrides engine hooks that no longer exist: "
-                            + "; ".join(f"{name} -> {REPLACED_HOOKS[name]}" for name in old)
-                            + " (docs/engine.md lists the client protocol's hooks)")
 
     def __init__(
         self,
@@ -384,8 +364,7 @@ class FederatedModule(pl.LightningModule):
                 f"strategy {type(strategy).__name__} all-reduces the gradients of every local step; "
                 "use strategy='fl_ddp' (or 'fl_ddp_spawn'), fl_lightning's DDP strategy for federations"
             )
-        cumulative = [name for name, m in self.client.named_modules()
-                      if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.momentum is None]
+        cumulative = [name for name, m in batch_norm_layers(self.client) if m.track_running_stats and m.momentum is None]
         if stage == "fit" and cumulative:
             rank_zero_warn(
                 f"BatchNorm layer(s) {cumulative[:5]} have momentum=None (a cumulative average weighted by "
@@ -1118,7 +1097,3 @@ def _tuples_as_lists(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_tuples_as_lists(v) for v in value]
     return value
-
-
-def _drop_log(*args: Any, **kwargs: Any) -> None:
-    """Stands in for a client's ``self.log`` during local work inside an evaluation hook."""

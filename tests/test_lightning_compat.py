@@ -18,15 +18,19 @@ from fl_lightning.lightning_compat import (
     OVERRIDDEN_PRIVATE_METHODS,
     TESTED_LIGHTNING,
     attached_trainer,
+    batch_norm_layers,
     build_from_checkpoint,
     current_hook,
     default_map_location,
     lightning_log,
+    lightning_module_attributes,
     raw_optimizer,
     results_batch,
     routed_log,
     set_current_hook,
     sync_module_states,
+    tree_flatten,
+    tree_unflatten,
 )
 from tests.helpers import synthetic, tiny_client, trainer
 
@@ -126,3 +130,13 @@ def test_build_from_checkpoint_and_default_map_location(tmp_path):
     built = build_from_checkpoint(FedAvg, checkpoint, client=tiny_client(seed=1))
     assert built.local_steps == 3 and all(torch.equal(a, b) for a, b in zip(built.parameters(), module.parameters()))
     assert default_map_location("cpu") == "cpu" and callable(default_map_location(None))
+
+
+def test_the_private_torch_names_still_work():
+    """The BatchNorm base class, torch's pytree helpers and a bare LightningModule's attributes."""
+    model = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4), nn.Sequential(nn.BatchNorm2d(3)), nn.LayerNorm(4))
+    assert [name for name, _ in batch_norm_layers(model)] == ["1", "2.0"]
+    leaves, spec = tree_flatten({"a": torch.zeros(1), "b": (torch.ones(2), 3)})
+    assert len(leaves) == 3 and tree_unflatten(leaves, spec)["b"][1] == 3
+    attributes = lightning_module_attributes()
+    assert {"_modules", "_parameters", "_trainer"} <= attributes and "weight" not in attributes

@@ -316,14 +316,3 @@ def test_a_dropout_client_gives_one_process_the_result_of_two(tmp_path):
     one, two = run(1), run(2)
     assert (one - two).abs().max() <= 1e-6
     assert (one - global_vector(dropout_fedavg())).abs().max() > 1e-3  # it trained
-
-
-def test_a_hook_of_the_old_engine_is_refused_with_its_replacement():
-    with pytest.raises(TypeError, match=r"OldStyle overrides engine hooks that no longer exist: adjust_local_gradients "
-                                        r"-> client_step \(change the gradients before run.step\); local_step -> client_step"):
-        class OldStyle(FedAvg):  # noqa: F841
-            def local_step(self, batch, step):
-                pass
-
-            def adjust_local_gradients(self, client_id):
-                pass

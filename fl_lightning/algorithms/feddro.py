@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.functional.dro import CompositionalObjective, check_finite, storm_estimate, surrogate
+from fl_lightning.lightning_compat import batch_norm_layers
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun, Model
@@ -49,7 +50,7 @@ def frozen_running_stats(module: nn.Module) -> Iterator[None]:
     Used for the extra no-grad forwards of the inner-function estimate (spec A13): only the
     forward of the SGD step updates running statistics.
     """
-    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    norms = [m for _, m in batch_norm_layers(module) if m.track_running_stats]
     for m in norms:
         m.track_running_stats = False
     try:

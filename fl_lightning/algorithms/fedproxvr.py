@@ -90,7 +90,7 @@ class FedProxVR(FederatedModule):
             raise ValueError(f"beta and smoothness go together, got beta={beta}, smoothness={smoothness}")
         if lr is not None and not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
-        if beta is not None and not (beta > 0 and smoothness > 0):  # type: ignore[operator]
+        if beta is not None and smoothness is not None and not (beta > 0 and smoothness > 0):
             raise ValueError(f"beta and smoothness must be > 0, got beta={beta}, smoothness={smoothness}")
         if full_gradient_batch_size is not None and full_gradient_batch_size < 1:
             raise ValueError(f"full_gradient_batch_size must be >= 1, got {full_gradient_batch_size}")
@@ -104,8 +104,8 @@ class FedProxVR(FederatedModule):
         self.output_iterate = output_iterate
         self.all_clients = clients_per_round is None
         self.full_gradient_batch_size = full_gradient_batch_size
-        if lr is None and beta is not None:
-            lr = 1.0 / (beta * smoothness)  # type: ignore[operator]
+        if lr is None and beta is not None and smoothness is not None:
+            lr = 1.0 / (beta * smoothness)
         self.eta = lr  # None: the client optimizer's scheduled learning rate of the round
 
     def setup(self, stage: str) -> None:

@@ -17,8 +17,6 @@ class ClientBackend:
     finished client is handed to ``module.receive(update, state)``.
     """
 
-    #: the name users choose the backend by
-    name: str = ""
 
     def num_work_items(self, module: "FederatedModule") -> int:
         """Work items per round on this process (the same on every process)."""

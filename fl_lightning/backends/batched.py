@@ -46,20 +46,18 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.data import extract_batch_size
 from torch import Tensor, nn
 from torch.func import grad as func_grad
 from torch.func import vmap
-from torch.utils._pytree import tree_flatten, tree_unflatten
 from torchmetrics import Metric
 
 from fl_lightning.backends.base import ClientBackend
 from fl_lightning.backends.sequential import training_loss
 from fl_lightning.datamodules.client_data import gather, to_device
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
-from fl_lightning.lightning_compat import routed_log
+from fl_lightning.lightning_compat import lightning_module_attributes, routed_log, tree_flatten, tree_unflatten
 from fl_lightning.local_logging import call_options
 from fl_lightning.optim.functional import FunctionalSGD, functional_optimizer
 from fl_lightning.run import ClientRun, Model
@@ -298,7 +296,6 @@ class BatchedBackend(ClientBackend):
         clients_per_block: how many clients advance together (memory grows with it).
     """
 
-    name = "batched"
 
     def __init__(self, clients_per_block: int = 10) -> None:
         self.clients_per_block = clients_per_block
@@ -597,10 +594,6 @@ def _named_outputs(out: Any) -> dict[str, Tensor]:
     return dict(out) if isinstance(out, dict) else {"loss": out}
 
 
-#: attributes that Lightning and torch keep on every module (not the client's own Python state)
-_FRAMEWORK_ATTRIBUTES = frozenset(vars(pl.LightningModule())) | {"log"}
-
-
 class _PythonState:
     """Detects a ``training_step`` that changes Python state of the client module: in a vectorized
     step it runs once for the whole block, not once per client, so a counter, a list it appends
@@ -616,10 +609,12 @@ class _PythonState:
         self.before = self._snapshot()
 
     def _snapshot(self) -> dict[tuple[str, str], Any]:
+        # attributes that Lightning and torch keep on every module are not the client's own Python state
+        framework = lightning_module_attributes() | {"log"}
         values: dict[tuple[str, str], Any] = {}
         for prefix, mod in self.client.named_modules():
             for key, value in vars(mod).items():
-                if key in _FRAMEWORK_ATTRIBUTES and not (isinstance(mod, Metric) and key == "_update_count"):
+                if key in framework and not (isinstance(mod, Metric) and key == "_update_count"):
                     continue
                 if isinstance(value, (bool, int, float, str)) or value is None:
                     values[(prefix, key)] = value

@@ -224,7 +224,6 @@ class SequentialBackend(ClientBackend):
     """Runs the round's clients one after another (lock-step algorithms: one step of all of this
     process's clients per work item), in the client module."""
 
-    name = "sequential"
 
     def __init__(self) -> None:
         self._runs: list[ModuleRun] = []
