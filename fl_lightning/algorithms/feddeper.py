@@ -140,17 +140,18 @@ class FedDeper(FederatedModule):
     def client_step(self, run: ClientRun, batch: Any) -> dict[str, Tensor]:
         """``y <- y - eta g(y) - rho (v + y - 2x)`` and ``v <- v - eta g(v)``, in the configured order."""
         v, v_batch = run.scratch["v"], run.extra_batches.get(PERSONAL_BATCHES, batch)
+        lr = run.lr
         if self.update_order == "gauss_seidel":  # v steps first; the y-step pulls toward 2x - v_{j+1}
             loss_v, grads_v = run.loss_and_grad(v_batch, model=v)
-            v = sgd_step(v, grads_v, run.lr, self.moves)
+            v = sgd_step(v, grads_v, lr, self.moves)
         loss_y, grads = run.loss_and_grad(batch)
         if self.rho > 0:
             grads = depersonalization_gradient(
-                grads, run.params, v, run.scratch["x"], depersonalization_strength(self.rho, run.lr))
+                grads, run.params, v, run.scratch["x"], depersonalization_strength(self.rho, lr))
         run.step(grads)
         if self.update_order == "jacobi":  # the y-step above used v_j, before v's own step
             loss_v, grads_v = run.loss_and_grad(v_batch, model=v)
-            v = sgd_step(v, grads_v, run.lr, self.moves)
+            v = sgd_step(v, grads_v, lr, self.moves)
         run.scratch["v"] = v
         return {"loss": loss_y, "personal_loss": loss_v}
 

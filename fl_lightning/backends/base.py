@@ -17,7 +17,6 @@ class ClientBackend:
     finished client is handed to ``module.receive(update, state)``.
     """
 
-
     def num_work_items(self, module: "FederatedModule") -> int:
         """Work items per round on this process (the same on every process)."""
         raise NotImplementedError

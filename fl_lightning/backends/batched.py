@@ -296,7 +296,6 @@ class BatchedBackend(ClientBackend):
         clients_per_block: how many clients advance together (memory grows with it).
     """
 
-
     def __init__(self, clients_per_block: int = 10) -> None:
         self.clients_per_block = clients_per_block
         self._blocks: list[_Block] = []

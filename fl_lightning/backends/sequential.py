@@ -224,7 +224,6 @@ class SequentialBackend(ClientBackend):
     """Runs the round's clients one after another (lock-step algorithms: one step of all of this
     process's clients per work item), in the client module."""
 
-
     def __init__(self) -> None:
         self._runs: list[ModuleRun] = []
         self._steps: list[Iterator[tuple[Any, dict[str, Any]]]] = []
