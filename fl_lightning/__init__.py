@@ -8,6 +8,7 @@ communication round, and aggregation, attacks and personalization are callbacks.
 from fl_lightning import strategy as _strategy  # noqa: F401  (registers fl_ddp)
 from fl_lightning.algorithms import RAGA, SCAFFOLD, FedAvg, FedDeper, FedDRO, FedProx, FedProxVR, PeFLL
 from fl_lightning.callbacks import Aggregator, ClientMetrics, FederatedCallback, WeightedMean
+from fl_lightning.client_store import ClientStateStore
 from fl_lightning.datamodules import (
     CIFAR10Federated,
     CIFAR100Federated,
@@ -17,7 +18,6 @@ from fl_lightning.datamodules import (
     SyntheticFederated,
 )
 from fl_lightning.module import FederatedModule, NonFiniteUpdateError
-from fl_lightning.state import ClientStateStore
 from fl_lightning.strategy import FederatedDDPStrategy
 from fl_lightning.update import ClientUpdate
 

@@ -4,6 +4,11 @@ The engine (``FederatedModule``) calls these hooks; the callbacks of ``fl_lightn
 (aggregators, attacks, privacy, metrics), which re-exports both classes, implement them. They
 live beside the engine so that it needs nothing from the callbacks package.
 
+The hooks receive the engine as a :class:`Federation`: the protocol that says what a callback
+may use of it (the datamodule, the round's clients, the declared uploads, plain local training,
+the client module and the global model...). ``FederatedModule`` satisfies it structurally, so
+the hooks and the callbacks depend on this protocol, not on the engine's module.
+
 A ``FederatedCallback`` is an ordinary Lightning callback (it can use every ``pl.Callback``
 hook and keeps its state in ``state_dict``) plus hooks the engine calls each round:
 
@@ -25,39 +30,124 @@ hook and keeps its state in ``state_dict``) plus hooks the engine calls each rou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol
 
 import pytorch_lightning as pl
+import torch
 from torch import Tensor
 
-from fl_lightning.update import ClientUpdate, LinearReduction
+from fl_lightning.update import ClientUpdate, LinearReduction, UpdateSpec
+from fl_lightning.vectors import ModelVector
 
 if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
+    from fl_lightning.datamodules.base import FederatedDataModule
+
+
+class Federation(Protocol):
+    """What a federated callback may use of the engine that calls its hooks (``FederatedModule``
+    satisfies it): read-only views of the run and the round, and the engine's services."""
+
+    @property
+    def datamodule(self) -> "FederatedDataModule":
+        """The run's datamodule: clients, their splits, the global test set."""
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the client module and of the updates."""
+
+    @property
+    def client(self) -> pl.LightningModule:
+        """The client module (its weights: the global model, :attr:`global_model`)."""
+
+    @property
+    def global_model(self) -> ModelVector:
+        """The client module's parameters and buffers as one flat vector (read, load)."""
+
+    @property
+    def has_global_model(self) -> bool:
+        """Whether the algorithm trains a global model (False: each client's model comes from the algorithm)."""
+
+    @property
+    def seed(self) -> int:
+        """The run's seed, from which every random draw is keyed."""
+
+    @property
+    def current_epoch(self) -> int:
+        """The current round's index (0-based)."""
+
+    @property
+    def clients_per_round(self) -> int:
+        """How many clients a round samples."""
+
+    @property
+    def round_clients(self) -> list[int]:
+        """The current round's clients, over all processes."""
+
+    @property
+    def round_num_updates(self) -> int:
+        """The number of updates the round kept, over all processes (known from the aggregation on)."""
+
+    @property
+    def update_specs(self) -> Mapping[str, UpdateSpec]:
+        """The declared uploads: their sizes and reductions, by name."""
+
+    @property
+    def aggregator_reduction(self) -> Optional[LinearReduction]:
+        """The linear reduction that combines the ``"aggregator"`` uploads (None: a non-linear aggregator)."""
+
+    def aggregated_sizes(self) -> dict[str, int]:
+        """The sizes of the uploads an aggregator combines (reduction ``"aggregator"``), by name."""
+
+    def upload_sizes(self) -> dict[str, int]:
+        """The sizes of all declared uploads, by name."""
+
+    def client_eval_state(self, client_id: int) -> Optional[Tensor]:
+        """The state vector client ``client_id`` is evaluated with (None: the global model)."""
+
+    def train_locally(
+        self,
+        client_id: int,
+        start: Optional[Tensor] = None,
+        steps: Optional[int] = None,
+        stream: str = "batches",
+        round_idx: Optional[int] = None,
+    ) -> Tensor:
+        """Plain local training of ``client_id`` from ``start`` (default: the global model); the trained state vector."""
+
+    def log(
+        self,
+        name: str,
+        value: float,
+        *,
+        on_step: Optional[bool] = None,
+        on_epoch: Optional[bool] = None,
+        batch_size: Optional[int] = None,
+    ) -> None:
+        """Log a metric, as ``LightningModule.log``."""
 
 
 class FederatedCallback(pl.Callback):
     """Base class of callbacks that take part in rounds."""
 
-    def on_round_start(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, clients: list[int]) -> None:
+    def on_round_start(self, trainer: pl.Trainer, module: Federation, round_idx: int, clients: list[int]) -> None:
         """Called once the round's clients (all processes' clients) are known."""
 
-    def forges_upload(self, trainer: pl.Trainer, module: "FederatedModule", client_id: int) -> bool:
+    def forges_upload(self, trainer: pl.Trainer, module: Federation, client_id: int) -> bool:
         """Whether this callback will replace ``client_id``'s upload without reading it (default:
         False). The engine then skips the client's local work and sends zeros of the declared
         shapes in its place: the result is the same, only faster."""
         return False
 
-    def on_local_batch(self, trainer: pl.Trainer, module: "FederatedModule", client_id: int, batch: Any) -> Any:
+    def on_local_batch(self, trainer: pl.Trainer, module: Federation, client_id: int, batch: Any) -> Any:
         """Return the batch client ``client_id`` trains on (default: unchanged)."""
         return batch
 
-    def on_client_update(self, trainer: pl.Trainer, module: "FederatedModule", update: ClientUpdate) -> ClientUpdate:
+    def on_client_update(self, trainer: pl.Trainer, module: Federation, update: ClientUpdate) -> ClientUpdate:
         """Return the update to keep for aggregation (default: unchanged)."""
         return update
 
     def on_round_updates(
-        self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
+        self, trainer: pl.Trainer, module: Federation, updates: list[ClientUpdate]
     ) -> list[ClientUpdate]:
         """Return the updates to aggregate (this process's, sorted by client id; default: unchanged).
 
@@ -66,14 +156,14 @@ class FederatedCallback(pl.Callback):
         return updates
 
     def on_aggregate(
-        self, trainer: pl.Trainer, module: "FederatedModule", aggregate: dict[str, Tensor]
+        self, trainer: pl.Trainer, module: Federation, aggregate: dict[str, Tensor]
     ) -> dict[str, Tensor]:
         """Return the aggregate the server update applies (default: unchanged). Called on every
         process with the same aggregate; a change must be the same on every process."""
         return aggregate
 
     def on_round_end(
-        self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Optional[dict[str, Tensor]]
+        self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Optional[dict[str, Tensor]]
     ) -> None:
         """Called after the server update; ``aggregate`` is None when the round had no valid update."""
 
@@ -95,7 +185,7 @@ class Aggregator(FederatedCallback):
     linear_reduction: Optional[LinearReduction] = None
 
     def aggregate(
-        self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
+        self, trainer: pl.Trainer, module: Federation, updates: list[ClientUpdate]
     ) -> Optional[dict[str, Tensor]]:
         """Combine the ``module.aggregated_sizes()`` tensors of ``updates`` (this process's,
         sorted by client id); None if there is nothing to combine."""

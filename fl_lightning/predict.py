@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from fl_lightning.algorithms.pefll import PeFLL
 from fl_lightning.checkpoints import load_checkpoint
 from fl_lightning.datamodules.base import FederatedDataModule
-from fl_lightning.vectors import StateVector
+from fl_lightning.vectors import ModelVector
 
 ClientInput = Union[Dataset, tuple[Tensor, Tensor], Tensor]
 
@@ -99,7 +99,7 @@ def personalize(model: PeFLL, data: ClientInput, labels_hidden: bool = False, ba
     """
     theta = model.generate(client_descriptor(model, data, labels_hidden, batch_size))
     personal = copy.deepcopy(model.client)
-    StateVector(personal).load(theta.to(next(personal.parameters()).device))
+    ModelVector(personal).load(theta.to(next(personal.parameters()).device))
     return personal.eval()
 
 

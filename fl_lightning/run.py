@@ -105,7 +105,7 @@ class ClientRun:
     @property
     def lr(self) -> float:
         """The one learning rate of the local optimizer's trainable parameters, this round
-        (ValueError if they have several: see :func:`~fl_lightning.optim.functional.single_lr`)."""
+        (ValueError if they have several: see :func:`~fl_lightning.optim.param_groups.single_lr`)."""
         raise NotImplementedError
 
     def loss_and_grad(
@@ -192,3 +192,10 @@ def mean_value(values: list[Tensor]) -> float:
     if all(v.dim() == 0 for v in values):
         return float(torch.stack(values).float().mean())
     return float(torch.cat([v.reshape(-1) for v in values]).float().mean())
+
+
+def plain_step(run: ClientRun, batch: Any) -> Tensor:
+    """The plain local step: the client module's loss, its gradient, one step of its optimizer."""
+    loss, grads = run.loss_and_grad(batch)
+    run.step(grads)
+    return loss

@@ -52,7 +52,7 @@ class Layout:
             return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
 
 
-class StateVector:
+class ModelVector:
     """Reads and writes the parameters and floating buffers of ``module`` as one vector.
 
     The order is: all parameters (``module.parameters()`` order), then floating buffers.

@@ -47,12 +47,12 @@ def trainer(max_epochs: int = 3, callbacks: Optional[list] = None, **kwargs: Any
 
 def global_vector(module: Any) -> torch.Tensor:
     """The global model of a FederatedModule as one flat CPU vector."""
-    return module.state.flatten().cpu()
+    return module.global_model.flatten().cpu()
 
 
 def checkpoint_client_state(checkpoint: dict) -> dict[int, dict[str, torch.Tensor]]:
     """Every client's stored entries of a checkpoint (read from the files it names)."""
-    from fl_lightning.state import ClientStateStore
+    from fl_lightning.client_store import ClientStateStore
 
     store = ClientStateStore()
     store.load_state_dict(checkpoint["federated"]["store"])

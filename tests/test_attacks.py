@@ -118,7 +118,7 @@ def test_gaussian_attack_breaks_fedavg_in_a_run():
         module = FedAvg(tiny_client(), clients_per_round=8, local_steps=2, seed=1)
         t = trainer(2, callbacks=callbacks)
         t.fit(module, synthetic(8))
-        return module.state.flatten()
+        return module.global_model.flatten()
 
     clean, attacked = final([]), final([GaussianAttack(fraction=0.3, std=10.0)])
     assert float((attacked - clean).norm()) > 10 * float(clean.norm())

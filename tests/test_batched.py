@@ -144,7 +144,7 @@ def test_a_frozen_first_layer_in_both_backends(algorithm, how):
         assert torch.equal(module.client.net[1].weight, mlp().net[1].weight)
         assert (module.client.net[-1].weight - mlp().net[-1].weight).abs().max() > 1e-3
         for cid in module.store.clients():
-            for name, value in module.load_client_state(cid).items():
+            for name, value in module.context.load_client_state(cid).items():
                 frozen_part = x0[:first] if name == "personal" else torch.zeros(first)
                 assert torch.equal(value[:first].cpu(), frozen_part), name
     assert_close(outcome(seq), outcome(bat), atol=1e-5)
@@ -191,7 +191,7 @@ def test_cumulative_batch_norm_is_warned_about():
 def test_bf16_mixed():
     module = SUPPORTED["SCAFFOLD"]("batched", 4)
     trainer(2, precision="bf16-mixed").fit(module, synthetic(6))
-    assert module.state.flatten().dtype == torch.float32 and torch.isfinite(module.state.flatten()).all()
+    assert module.global_model.flatten().dtype == torch.float32 and torch.isfinite(module.global_model.flatten()).all()
 
 
 class DropoutClient(pl.LightningModule):
@@ -216,7 +216,7 @@ def test_dropout_is_reproducible_for_a_seed_and_block_layout():
                         clients_per_block=block)
         torch.manual_seed(123 + seed + block)  # the global stream does not matter
         trainer(2).fit(module, synthetic(6))
-        return module.state.flatten()
+        return module.global_model.flatten()
 
     first = run(0, 3)
     assert torch.equal(first, run(0, 3))
@@ -229,12 +229,12 @@ def test_dropout_draws_are_independent_per_client():
     module = FedAvg(DropoutClient(), clients_per_round=2, local_steps=1, client_backend="batched")
     batch = (torch.randn(8, 20), torch.randint(0, 10, (8,)))
     trainer(1).fit(module, synthetic(2))  # attaches the Trainer
-    from fl_lightning.backends.batched import _Block
+    from fl_lightning.backends.batched.backend import Block
 
     backend = module.backend
     module.on_train_epoch_start()
-    block = _Block([backend.new_run(module, cid) for cid in (0, 1)], [])
-    backend._advance(module, block, [(batch, {}), (batch, {})], 0, "step")
+    block = Block([backend.new_run(module.context, cid) for cid in (0, 1)], [])
+    backend._advance(module.context, block, [(batch, {}), (batch, {})], 0, "step")
     block.unstack()
     assert not torch.equal(block.runs[0].end(), block.runs[1].end())
 
@@ -309,9 +309,9 @@ def test_blocks_bound_the_stacked_clients():
     sizes = []
 
     class Recording(BatchedBackend):
-        def _call(self, module, block, tensors, items, step, phase):
+        def _call(self, context, block, tensors, items, step, phase):
             sizes.append(tensors[0].shape[0])  # the clients stacked in this call
-            return super()._call(module, block, tensors, items, step, phase)
+            return super()._call(context, block, tensors, items, step, phase)
 
     module = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", clients_per_block=2)
     module.backend = Recording(2)

@@ -141,7 +141,7 @@ def test_weighting_is_checked():
 @pytest.mark.parametrize("name", NAMES)
 def test_local_finetuning_and_client_metrics(name):
     module = build(name)
-    before = module.state.flatten()
+    before = module.global_model.flatten()
     t = trainer(2, callbacks=[LocalFinetuning(steps=2), ClientMetrics()], check_val_every_n_epoch=2)
     if name in WITHOUT_GLOBAL_MODEL:  # finetuning a global model makes no sense: refused before any round
         with pytest.raises(ValueError, match=f"LocalFinetuning finetunes the global model, and {module.__class__.__name__} "
@@ -152,10 +152,10 @@ def test_local_finetuning_and_client_metrics(name):
     t.fit(module, data())
     for metric in ("finetuned_test/acc_mean", "clients_test/acc_mean"):
         assert 0.0 <= float(t.callback_metrics[metric]) <= 1.0
-    after = module.state.flatten()
+    after = module.global_model.flatten()
     assert torch.isfinite(after).all()
     t.validate(module, data(), verbose=False)  # finetuning leaves the global model alone
-    assert torch.equal(module.state.flatten(), after)
+    assert torch.equal(module.global_model.flatten(), after)
     assert not torch.equal(after, before)
 
 
@@ -190,7 +190,7 @@ def test_an_update_attack_and_a_robust_aggregator(name):
             trainer(2, callbacks=[CoordinateMedian()]).fit(build(name), data())
         return
     t.fit(module, data())
-    assert torch.isfinite(module.state.flatten()).all()
+    assert torch.isfinite(module.global_model.flatten()).all()
     assert float(t.callback_metrics["attack/byzantine_fraction"]) > 0
     assert aggregator.calls == 2  # the Trainer's aggregator replaced the algorithm's own in every round
 
@@ -226,7 +226,7 @@ def test_bf16_mixed(name):
     trainer(2, precision="bf16-mixed", callbacks=[probe]).fit(module, data())
     assert probe.local and all(probe.local)
     assert probe.round_end and not any(probe.round_end)
-    assert module.state.flatten().dtype == torch.float32 and torch.isfinite(module.state.flatten()).all()
+    assert module.global_model.flatten().dtype == torch.float32 and torch.isfinite(module.global_model.flatten()).all()
     assert all(v.dtype in (torch.float32, torch.float64) for v in outcome(module).values())
 
 

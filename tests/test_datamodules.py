@@ -224,3 +224,16 @@ def test_the_default_gives_a_validation_set_and_zero_warns():
     dm.setup()
     with pytest.warns(UserWarning, match=r"val_fraction=0.0\) has no validation data"):
         assert len(dm.val_dataloader().dataset) == 0
+
+
+def test_train_loader_yields_the_work_items_the_engine_sets():
+    dm = Blobs(num_clients=4)
+    dm.setup()
+    with pytest.raises(RuntimeError, match=r"before work_items_per_round was set.*fit it with a FederatedModule, "
+                                           r"which sets work_items_per_round in its setup"):
+        dm.train_dataloader()
+    dm.work_items_per_round = 3
+    assert list(dm.train_dataloader()) == [0, 1, 2]
+    dm.work_items_per_round = 0
+    with pytest.raises(ValueError, match=r"work_items_per_round must be >= 1 and an integer, got 0"):
+        dm.train_dataloader()

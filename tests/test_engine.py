@@ -14,7 +14,7 @@ from fl_lightning.algorithms import FedAvg, FedProx
 from fl_lightning.algorithms.feddeper import sgd_step
 from fl_lightning.backends import SequentialBackend
 from fl_lightning.seeding import generator
-from fl_lightning.vectors import StateVector
+from fl_lightning.vectors import ModelVector
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
 
@@ -250,7 +250,7 @@ class SecondModel(FedProx):
         return super().client_step(run, batch)
 
     def client_final(self, run):
-        self.other = StateVector(self.client).layout.flatten(run.scratch["other"])
+        self.other = ModelVector(self.client).layout.flatten(run.scratch["other"])
         return super().client_final(run)
 
 
@@ -276,13 +276,13 @@ def test_second_model_steps_are_plain_steps_of_its_own_loss():
     trainer(1).fit(module, dm)
     (cid,) = module.round_clients
     reference = PlainClassifier()
-    StateVector(reference).load(x0)
+    ModelVector(reference).load(x0)
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     for batch in dm.client_data(cid, "train").step_batches(3, generator(module.seed, "batches", 0, cid)):
         optimizer.zero_grad()
         F.cross_entropy(reference.layer(batch[0]), batch[1]).backward()
         optimizer.step()
-    assert torch.allclose(module.other, StateVector(reference).flatten(), atol=1e-6)
+    assert torch.allclose(module.other, ModelVector(reference).flatten(), atol=1e-6)
     assert module.prox_steps == 3
     assert not torch.allclose(module.other, global_vector(module), atol=1e-3)  # the pulled model differs
 
@@ -290,7 +290,7 @@ def test_second_model_steps_are_plain_steps_of_its_own_loss():
 def test_layout_splits_and_flattens_in_state_order():
     module = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
     module[1].running_mean.fill_(5.0)
-    vector = StateVector(module)
+    vector = ModelVector(module)
     flat = vector.flatten()
     parts = vector.layout.split(flat)
     assert [p.shape for p in parts] == [t.shape for t in vector.tensors]

@@ -193,7 +193,7 @@ def test_personal_models_live_in_the_store_on_cpu():
     trainer(1).fit(module, synthetic(6))
     assert sorted(module.store.clients()) == module.round_clients  # lazily created
     assert all(module.store.get(c, "personal").device.type == "cpu" for c in module.store.clients())
-    assert module.store.nbytes() == 3 * module.state.dim * 4
+    assert module.store.nbytes() == 3 * module.global_model.dim * 4
 
 
 # ------------------------------------------------------------------ resume and DDP

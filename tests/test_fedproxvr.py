@@ -26,7 +26,7 @@ from fl_lightning.models import MLP, LogisticRegression
 from fl_lightning.models.fedproxvr_cnn import FedProxVRCNN
 from fl_lightning.optim import ProxSGD
 from fl_lightning.seeding import generator
-from fl_lightning.vectors import StateVector
+from fl_lightning.vectors import ModelVector
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
 # ---------------------------------------------------------------- the proximal optimizer
@@ -123,7 +123,7 @@ def test_sgd_with_mu_zero_is_exactly_fedavg():
                    clients_per_round=4, seed=3)
     trainer(3).fit(vr, synthetic(8))
     assert torch.equal(global_vector(fedavg), global_vector(vr))
-    assert (global_vector(vr) - StateVector(tiny_client(seed=2)).flatten()).abs().max() > 1e-3
+    assert (global_vector(vr) - ModelVector(tiny_client(seed=2)).flatten()).abs().max() > 1e-3
 
 
 def test_the_server_takes_the_sample_weighted_mean_of_the_client_models():
@@ -148,7 +148,7 @@ def test_the_server_takes_the_sample_weighted_mean_of_the_client_models():
 
 
 def test_a_huge_mu_keeps_the_global_model():
-    init = StateVector(tiny_client()).flatten()
+    init = ModelVector(tiny_client()).flatten()
     module = FedProxVR(tiny_client(), estimator="sarah", mu=1e9, local_steps=3, output_iterate="last")
     trainer(2).fit(module, synthetic(4))
     assert (global_vector(module) - init).abs().max() < 1e-6
@@ -166,7 +166,7 @@ def test_output_iterate_rule():
 
 
 def test_random_output_with_one_candidate_returns_the_global_model():
-    init = StateVector(tiny_client()).flatten()
+    init = ModelVector(tiny_client()).flatten()
     module = FedProxVR(tiny_client(), estimator="svrg", mu=0.1, local_steps=1, output_iterate="random", seed=0)
     # with tau = 1, t' is 0 or 1: every update drawn with t' = 0 must be exactly the global model
     zero_deltas = []

@@ -18,7 +18,7 @@ from fl_lightning.datamodules import (
 
 
 def test_missing_datasets_names_the_extra(monkeypatch):
-    from fl_lightning.datamodules.huggingface import import_datasets
+    from fl_lightning.datamodules.hf_datasets import import_datasets
 
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(ImportError, match=r"pip install 'fl-lightning\[hf\]'"):

@@ -28,7 +28,7 @@ from fl_lightning.models.hypernetwork import (
 )
 from fl_lightning.predict import load_pefll, mask_absent_classes, personalize, predict_clients
 from fl_lightning.seeding import generator, sample_clients
-from fl_lightning.vectors import StateVector
+from fl_lightning.vectors import ModelVector
 from tests.helpers import synthetic, tiny_client, trainer
 
 
@@ -49,7 +49,7 @@ def data(num_clients: int = 10, **kwargs):
 # ------------------------------------------------------------------ architectures
 def test_hypernetwork_output_has_the_client_models_exact_shapes():
     client = LeNet(in_channels=3, image_size=32, conv_channels=(16, 32), hidden=(120, 84), num_classes=10)
-    state = StateVector(client)
+    state = ModelVector(client)
     hyper = HyperNetwork(26, [p.shape for p in state.params], size="M")
     theta = hyper(torch.randn(26))
     assert theta.shape == (state.num_params,) == (121_182,)  # the paper's CIFAR-10 client (spec AC-7)
@@ -224,8 +224,8 @@ def test_predict_gives_an_unseen_client_its_model_without_training():
     model = personalize(module, (x, y))
     again = personalize(module, (x, y))
     assert model is not module.client and not model.training
-    torch.testing.assert_close(StateVector(model).flatten(), StateVector(again).flatten())
-    torch.testing.assert_close(StateVector(model).flatten(), module.client_eval_state(cid))
+    torch.testing.assert_close(ModelVector(model).flatten(), ModelVector(again).flatten())
+    torch.testing.assert_close(ModelVector(model).flatten(), module.client_eval_state(cid))
     assert all(torch.equal(a, b) for a, b in zip(server_before, module.parameters()))
     assert all(p.grad is None for p in module.parameters())
     assert model(x).shape == (len(x), 10)
@@ -241,7 +241,7 @@ def test_predict_with_hidden_labels_needs_a_label_free_embedding():
     free, dm = trained(use_labels=False)
     x, y = dm.client_data(dm.unseen_clients[0], "train").full()
     torch.testing.assert_close(
-        StateVector(personalize(free, x)).flatten(), StateVector(personalize(free, (x, y), labels_hidden=True)).flatten()
+        ModelVector(personalize(free, x)).flatten(), ModelVector(personalize(free, (x, y), labels_hidden=True)).flatten()
     )
 
 
@@ -254,15 +254,15 @@ def test_checkpoint_round_trip(tmp_path):
     embedding = MLPEmbedding(20, 10, 4, hidden=(8,))  # the architectures; the weights come from the checkpoint
     loaded = load_pefll(path, client=tiny_client(hidden=(8,)), embedding=embedding)
     x, y = dm.client_data(dm.unseen_clients[0], "train").full()
-    torch.testing.assert_close(StateVector(personalize(loaded, (x, y))).flatten(),
-                               StateVector(personalize(module, (x, y))).flatten())
+    torch.testing.assert_close(ModelVector(personalize(loaded, (x, y))).flatten(),
+                               ModelVector(personalize(module, (x, y))).flatten())
     with pytest.raises(ValueError, match="checkpoint_path"):
         load_pefll(tmp_path / "missing.ckpt")
     with pytest.raises(ValueError, match="does not record the embedding network.*pass embedding="):
         load_pefll(path)  # Trainer.fit in Python: the embedding is an object, not in the hyper-parameters
     rebuilt = load_pefll(path, embedding=MLPEmbedding(20, 10, 4, hidden=(8,)))  # the client from its recipe
-    torch.testing.assert_close(StateVector(personalize(rebuilt, (x, y))).flatten(),
-                               StateVector(personalize(module, (x, y))).flatten())
+    torch.testing.assert_close(ModelVector(personalize(rebuilt, (x, y))).flatten(),
+                               ModelVector(personalize(module, (x, y))).flatten())
     models = predict_clients(path, dm, output_dir=tmp_path / "models", client=tiny_client(hidden=(8,)),
                              embedding=MLPEmbedding(20, 10, 4, hidden=(8,)))
     assert sorted(models) == sorted(dm.unseen_clients)
@@ -297,8 +297,8 @@ def test_local_only_trains_each_client_alone():
     tr = trainer(1, callbacks=[ClientMetrics(), ClientMetrics(clients="unseen")])
     tr.fit(module, dm)
     assert sorted(module.store.clients()) == list(dm.train_clients)
-    initial = StateVector(tiny_client(hidden=(8,))).flatten()
-    torch.testing.assert_close(module.state.flatten(), initial)  # no global model is trained
+    initial = ModelVector(tiny_client(hidden=(8,))).flatten()
+    torch.testing.assert_close(module.global_model.flatten(), initial)  # no global model is trained
     unseen = module.client_eval_state(dm.unseen_clients[0])
     assert (unseen - initial).abs().max() > 0 and dm.unseen_clients[0] not in module.store
     assert {"clients_test/acc_mean", "clients_unseen_test/acc_mean"} <= set(tr.callback_metrics)
@@ -340,9 +340,9 @@ def test_local_finetuning_restores_the_global_model():
     dm = data(10, unseen_fraction=0.2, partition="classes", classes_per_client=2)
     tr = trainer(2, callbacks=[ClientMetrics(clients="unseen"), finetune], check_val_every_n_epoch=2)
     tr.fit(module, dm)
-    before = module.state.flatten()
+    before = module.global_model.flatten()
     accuracies = finetune.evaluate(module)
-    torch.testing.assert_close(module.state.flatten(), before)
+    torch.testing.assert_close(module.global_model.flatten(), before)
     assert set(accuracies) == set(dm.unseen_clients)
     assert float(tr.callback_metrics["finetuned_unseen_test/acc_mean"]) > float(tr.callback_metrics["clients_unseen_test/acc_mean"])
     with pytest.raises(ValueError, match="steps"):

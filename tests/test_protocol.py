@@ -75,7 +75,7 @@ def test_scaffold_server_control_is_the_mean_of_all_client_controls():
     assert len({dm.num_samples(c) for c in range(8)}) > 4  # unequal sizes
     module = SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=2, local_steps=4, seed=0)
     trainer(5).fit(module, dm)
-    total = sum((module.store.get(i, "control") for i in module.store.clients()), torch.zeros(module.state.num_params))
+    total = sum((module.store.get(i, "control") for i in module.store.clients()), torch.zeros(module.global_model.num_params))
     assert len(list(module.store.clients())) < 8  # some clients never ran
     assert module.server_control.norm() > 0.1
     assert torch.allclose(module.server_control.cpu(), total / 8, atol=1e-6)
@@ -286,7 +286,7 @@ def test_local_work_restores_the_global_rng():
     module = dropout_fedavg()
     trainer(1).fit(module, synthetic(6))
     torch.manual_seed(3)
-    with module.local_work(0, "probe"):
+    with module.context.local_work(0, "probe"):
         torch.rand(5)
     assert torch.equal(torch.rand(3), expected)
 

@@ -150,7 +150,7 @@ def test_byrd_saga_keeps_a_table_per_client():
     client = next(saga.store.clients())
     table = saga.store.get(client, "saga_table")
     n = saga.trainer.datamodule.num_samples(client)
-    assert table.shape == (-(-n // 8), saga.state.num_params)
+    assert table.shape == (-(-n // 8), saga.global_model.num_params)
 
 
 class WithBatchNorm(LogisticRegression):

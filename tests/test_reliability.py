@@ -24,7 +24,7 @@ from fl_lightning.checkpoints import CheckpointError, load_checkpoint, with_chec
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
 from fl_lightning.functional.dro import KLDRO
-from fl_lightning.state import read_state_file, state_file
+from fl_lightning.client_store import read_state_file, state_file
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,4 +25,4 @@ def test_ten_thousand_clients_ten_per_round():
     assert t.num_training_batches == 10  # work items per round: the clients in flight
     ran = set().union(*(module.sample_round(r) for r in range(3)))
     assert sorted(module.store.clients()) == sorted(ran)  # state only for clients that ran, not for 10,000
-    assert module.store.nbytes() <= 30 * module.state.num_params * 4
+    assert module.store.nbytes() <= 30 * module.global_model.num_params * 4

@@ -32,6 +32,7 @@ from experiments import results
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.local_only import LocalOnly
 from fl_lightning.algorithms.pefll import PeFLL
+from fl_lightning.callbacks.accuracy import client_accuracy
 from fl_lightning.algorithms.pfedhn import PFedHN
 from fl_lightning.callbacks.client_metrics import ClientMetrics
 from fl_lightning.callbacks.finetune import LocalFinetuning
@@ -103,7 +104,7 @@ def evaluate(module: Any, dm: MNISTFederated, method: str, args: argparse.Namesp
                 counts.append((int((logits.argmax(-1) == y).sum()), n))
                 masked.append((int((mask_absent_classes(logits, present).argmax(-1) == y).sum()), n))
             else:
-                counts.append((round(module.client_accuracy(cid, test) * n), n))
+                counts.append((round(client_accuracy(module, cid, test) * n), n))
                 if method == "fedavg":
                     ft = LocalFinetuning(steps=args.finetune_steps)
                     finetuned.append((round(ft.finetuned_accuracy(module, cid) * n), n))

@@ -79,7 +79,7 @@ class ByrdSAGA(FederatedModule):
         self.total_rounds = total_rounds
         self.default_aggregator = GeometricMedian(self.weighting, eps=1e-5, max_iter=80, stop="movement")
         self.remove_update("delta")
-        self.add_update("grad", self.state.num_params)
+        self.add_update("grad", self.global_model.num_params)
         self.add_client_state(TABLE)  # filled at the client's first round
 
     def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[LRScheduler]:
@@ -113,4 +113,4 @@ class ByrdSAGA(FederatedModule):
         """``w <- w - gamma v*``."""
         lr = self.local_lr if self.schedule == "paper" else self.step_size
         assert self.round_start is not None
-        self.state.load(self.round_start - lr * aggregate["grad"].to(self.device))
+        self.global_model.load(self.round_start - lr * aggregate["grad"].to(self.device))

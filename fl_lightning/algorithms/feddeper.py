@@ -30,7 +30,7 @@ from torch import Tensor
 
 from fl_lightning.functional.prox import depersonalization_gradient, depersonalization_strength
 from fl_lightning.module import FederatedModule
-from fl_lightning.optim.functional import moved_by
+from fl_lightning.optim.param_groups import moved_by
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
 from fl_lightning.vectors import Layout
@@ -107,7 +107,7 @@ class FedDeper(FederatedModule):
         self.independent_batches = independent_batches
         self.update_order = update_order
         #: x^0, the global model of round 0: every personal model's value before its first round.
-        self.register_buffer("initial_state", self.state.flatten())
+        self.register_buffer("initial_state", self.global_model.flatten())
         self.add_client_state(PERSONAL, default=self.initial_model)
         if independent_batches:
             self.extra_batch_streams = (PERSONAL_BATCHES,)
@@ -117,7 +117,7 @@ class FedDeper(FederatedModule):
         optimizer = self.local_optimizer()
         require_plain_sgd(optimizer, "FedDeper")
         #: which parameters a local step moves (the others stay put in ``y`` and in ``v``)
-        self.moves = moved_by(optimizer, self.state.params)
+        self.moves = moved_by(optimizer, self.global_model.params)
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
@@ -131,7 +131,7 @@ class FedDeper(FederatedModule):
 
     def personal_model(self, client_id: int) -> Tensor:
         """Client ``client_id``'s stored personal model ``v_i`` (``x^0`` before its first round), on the device."""
-        return self.load_client_state(client_id)[PERSONAL]
+        return self.context.load_client_state(client_id)[PERSONAL]
 
     def client_init(self, run: ClientRun) -> None:
         run.scratch["x"] = run.layout.split_params(run.start)

@@ -13,7 +13,7 @@ algorithms differ only in the estimate ``y`` of ``g`` used in ``grad f``:
   model averaging, the global mean ``g(x_bar)`` (case ``"II"``).
 
 Models are averaged every ``local_steps`` (= the paper's ``I``) steps: a round is ``I``
-lock-step iterations of *all* clients (``lockstep = True``). At each step every client shares
+lock-step iterations of *all* clients (a ``LockstepModule``). At each step every client shares
 its estimate (``client_share``), the engine averages them by sample count over all processes
 (one all-reduce of ``d_g`` numbers), the server answers ``y_bar`` (``server_share``) and every
 client steps with it (``client_step``); the model average is the engine's usual aggregate (one
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from fl_lightning.functional.dro import CompositionalObjective, check_finite, storm_estimate, surrogate
 from fl_lightning.lightning_compat import batch_norm_layers
-from fl_lightning.module import FederatedModule
+from fl_lightning.lockstep import LockstepModule
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun, Model
 from fl_lightning.vectors import Layout
@@ -60,7 +60,7 @@ def frozen_running_stats(module: nn.Module) -> Iterator[None]:
             m.track_running_stats = True
 
 
-class LockStepCompositional(FederatedModule):
+class LockStepCompositional(LockstepModule):
     """Common machinery of :class:`FedDRO` and :class:`CompositionalFedAvg` (see the module docstring).
 
     Subclasses define :meth:`inner_estimate` (the ``y`` a client plugs into ``grad f``) and say
@@ -82,7 +82,6 @@ class LockStepCompositional(FederatedModule):
         **kwargs: the other ``FederatedModule`` arguments (``seed``, ``nonfinite_updates``...).
     """
 
-    lockstep = True
     #: whether :meth:`inner_estimate` reads the model each client used at the previous step
     keeps_previous_iterate: bool = False
 

@@ -128,7 +128,7 @@ class HypernetworkFederation(FederatedModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(client, server_lr=server_lr, server_momentum=server_momentum, **kwargs)
-        if self.state.dim != self.state.num_params:
+        if self.global_model.dim != self.global_model.num_params:
             raise ValueError(
                 f"client {type(client).__name__} has floating buffers (e.g. BatchNorm statistics); a hypernetwork "
                 "generates parameters only: use a client model without them"
@@ -151,7 +151,7 @@ class HypernetworkFederation(FederatedModule):
 
     def build_hypernetwork(self, input_dim: int) -> None:
         """Create the hypernetwork ``R^input_dim -> client parameters`` (subclasses call it in ``__init__``)."""
-        shapes = [p.shape for p in self.state.params]
+        shapes = [p.shape for p in self.global_model.params]
         self.hypernetwork = HyperNetwork(input_dim, shapes, self.hypernetwork_size, self.hypernetwork_width,
                                          self.relu_before_head)
 

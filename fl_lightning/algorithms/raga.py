@@ -89,10 +89,10 @@ def paper_schedule(
 
 def require_parameters_only(module: FederatedModule) -> None:
     """Gradient-uploading algorithms need a client without floating buffers (e.g. no BatchNorm)."""
-    if module.state.dim != module.state.num_params:
+    if module.global_model.dim != module.global_model.num_params:
         raise ValueError(
             f"{type(module).__name__} uploads gradients, which have no value for the client's "
-            f"{module.state.dim - module.state.num_params} floating buffer entries (BatchNorm statistics); "
+            f"{module.global_model.dim - module.global_model.num_params} floating buffer entries (BatchNorm statistics); "
             "use a client without floating buffers"
         )
 
@@ -141,7 +141,7 @@ class RAGA(FederatedModule):
         self.global_lr = server_lr
         self.default_aggregator = GeometricMedian(self.weighting, eps=eps, max_iter=max_iter)
         self.remove_update("delta")
-        self.add_update("grad", self.state.num_params)
+        self.add_update("grad", self.global_model.num_params)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -169,6 +169,6 @@ class RAGA(FederatedModule):
         lr = self.local_lr if self.global_lr is None else self.global_lr
         z = aggregate["grad"].to(self.device)
         assert self.round_start is not None
-        self.state.load(self.round_start - lr * z)
+        self.global_model.load(self.round_start - lr * z)
         self.log("raga/lr", lr, on_step=False, on_epoch=True, batch_size=1)
         self.log("raga/aggregate_norm", float(z.norm()), on_step=False, on_epoch=True, batch_size=1)

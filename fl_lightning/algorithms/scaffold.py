@@ -51,7 +51,7 @@ class SCAFFOLD(FederatedModule):
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
-        p = self.state.num_params
+        p = self.global_model.num_params
         self.register_buffer("server_control", torch.zeros(p))
         self.add_update("control", p, reduction="mean")
         self.add_client_state("control", torch.zeros(p))
@@ -70,7 +70,7 @@ class SCAFFOLD(FederatedModule):
         return loss
 
     def client_final(self, run: ClientRun) -> dict[str, Tensor]:
-        end, p = run.end(), self.state.num_params
+        end, p = run.end(), self.global_model.num_params
         control = scaffold_control_delta(run.start[:p], end[:p], self.server_control, run.steps_taken, run.lr)
         run.state["control"] = run.state["control"] + control
         return {"delta": end - run.start, "control": control}

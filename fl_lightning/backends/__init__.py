@@ -4,10 +4,18 @@
   another, in the client module itself.
 * :class:`BatchedBackend` (``"batched"``): blocks of clients advance one local step together,
   vectorized with ``torch.func``.
+
+Both implement :class:`ClientBackend` (:mod:`fl_lightning.backends.base`) and read the engine only
+through a :class:`ClientContext`; :data:`BACKENDS` maps the names ``client_backend`` takes to them.
 """
 
 from fl_lightning.backends.base import ClientBackend
 from fl_lightning.backends.batched import BatchedBackend, FunctionalRun
-from fl_lightning.backends.sequential import ModuleRun, SequentialBackend
+from fl_lightning.backends.context import ClientContext
+from fl_lightning.backends.sequential import ModuleRun, SequentialBackend, train_plainly
 
-__all__ = ["BatchedBackend", "ClientBackend", "FunctionalRun", "ModuleRun", "SequentialBackend"]
+#: the client backends by the name ``FederatedModule(client_backend=...)`` takes
+BACKENDS: dict[str, type[ClientBackend]] = {"sequential": SequentialBackend, "batched": BatchedBackend}
+
+__all__ = ["BACKENDS", "BatchedBackend", "ClientBackend", "ClientContext", "FunctionalRun", "ModuleRun",
+           "SequentialBackend", "train_plainly"]

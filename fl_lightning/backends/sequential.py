@@ -13,23 +13,18 @@ step per work item; their trained models are parked as flat vectors between thei
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from fl_lightning.backends.base import ClientBackend
-from fl_lightning.distributed import all_reduce_sum, rank_and_world
-from fl_lightning.optim.functional import optimizer_lr
+from fl_lightning.backends.context import ClientContext
+from fl_lightning.optim.param_groups import optimizer_lr
 from fl_lightning.run import ClientRun, Model
-from fl_lightning.update import ClientUpdate
 from fl_lightning.vectors import set_grads
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
 
 
 def training_loss(output: Any) -> Tensor:
@@ -67,29 +62,29 @@ class ModuleView:
     scaler: Optional[torch.amp.GradScaler]
 
     @classmethod
-    def of(cls, module: "FederatedModule") -> "ModuleView":
-        return cls(module.state.params, module.state.tensors, module.trainer.precision_plugin.forward_context,
-                   module.grad_scaler)
+    def of(cls, context: ClientContext) -> "ModuleView":
+        model = context.global_model
+        return cls(model.params, model.tensors, context.forward_context, context.grad_scaler)
 
 
 class ModuleRun(ClientRun):
     """A client's round trained in the client module (the sequential backend's run).
 
     Args:
-        module: the federated module.
+        context: the engine's services for local work.
         optimizer: the local optimizer over the client module's parameters.
         view: the module's tensors and precision context (default: looked up now).
         **fields: the :class:`~fl_lightning.run.ClientRun` fields.
     """
 
     def __init__(
-        self, module: "FederatedModule", optimizer: torch.optim.Optimizer, view: Optional[ModuleView] = None,
+        self, context: ClientContext, optimizer: torch.optim.Optimizer, view: Optional[ModuleView] = None,
         **fields: Any,
     ) -> None:
         super().__init__(**fields)
-        self.module = module
+        self.context = context
         self.optimizer: torch.optim.Optimizer = optimizer
-        view = view if view is not None else ModuleView.of(module)
+        view = view if view is not None else ModuleView.of(context)
         self._params, self._tensors = view.params, view.tensors
         self._forward_context, self._scaler = view.forward_context, view.scaler
         self._active: Model = None  # the model loss_fn's forward uses, if not the module's own
@@ -132,8 +127,8 @@ class ModuleRun(ClientRun):
             if loss_fn is not None:
                 out = loss_fn(batch)
             else:
-                self.module.note_local_batch(batch)
-                out = training_loss(self.module.client.training_step(batch, self.step_index))
+                self.context.logs.batch = batch  # the client's self.log infers batch sizes from it
+                out = training_loss(self.context.client.training_step(batch, self.step_index))
         loss = out[0] if isinstance(out, tuple) else out
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -157,8 +152,8 @@ class ModuleRun(ClientRun):
                 finally:
                     self._active = None
             else:
-                self.module.note_local_batch(batch)
-                out = training_loss(self.module.functional_client.training_step(tensors, batch, self.step_index))
+                self.context.logs.batch = batch
+                out = training_loss(self.context.stateless.training_step(tensors, batch, self.step_index))
             loss = out[0] if isinstance(out, tuple) else out
             scaler = self._scaler
             scaled = scaler.scale(loss) if scaler is not None else loss
@@ -171,8 +166,8 @@ class ModuleRun(ClientRun):
         tensors = model if model is not None else self._active
         with self._forward_context():
             if tensors is None:
-                return self.module.client(*args)
-            return self.module.functional_client.forward(tensors, *args)
+                return self.context.client(*args)
+            return self.context.stateless.forward(tensors, *args)
 
     def step(self, grads: Sequence[Tensor]) -> None:
         set_grads(self._params, grads)
@@ -199,13 +194,10 @@ class ModuleRun(ClientRun):
         return [t.detach().clone() for t in self._tensors]
 
     def fetch(self, positions: Tensor) -> Any:
-        data = self.module.datamodule.client_data(self.client_id, "train")
-        return self.module.prepare_batch(self.client_id, data.fetch(positions))
+        return self.context.fetch(self.client_id, positions)
 
     def epoch(self, batch_size: int) -> Iterator[Any]:
-        data = self.module.datamodule.client_data(self.client_id, "train")
-        for batch in data.epoch_batches(1, batch_size=batch_size):
-            yield self.module.prepare_batch(self.client_id, batch)
+        return self.context.epoch(self.client_id, batch_size)
 
     # ------------------------------------------------------------ lock-step rounds
     def park(self) -> None:
@@ -220,127 +212,103 @@ class ModuleRun(ClientRun):
             self.start, self._parked = start, None
 
 
-class SequentialBackend(ClientBackend):
+@dataclass
+class _Parked:
+    """A lock-step client: its run, parked between steps, and its stream of step batches."""
+
+    run: ModuleRun
+    batches: Iterator[tuple[Any, dict[str, Any]]]
+
+
+class SequentialBackend(ClientBackend[_Parked]):
     """Runs the round's clients one after another (lock-step algorithms: one step of all of this
     process's clients per work item), in the client module."""
 
-    def __init__(self) -> None:
-        self._runs: list[ModuleRun] = []
-        self._steps: list[Iterator[tuple[Any, dict[str, Any]]]] = []
-        self._clients: list[int] = []
+    def __init__(self, clients_per_block: int = 1) -> None:
+        super().__init__(1)  # one client at a time, whatever the block size asked for
         self._view: Optional[ModuleView] = None
 
-    # ------------------------------------------------------------ schedule
-    def num_work_items(self, module: "FederatedModule") -> int:
-        if module.lockstep:
-            assert module.local_steps is not None
-            return module.local_steps
-        _, world = rank_and_world()
-        return math.ceil(module.clients_per_round / world)
+    def start_round(self, context: ClientContext, clients: list[int]) -> list[Any]:
+        self._view = ModuleView.of(context)
+        return super().start_round(context, clients)
 
-    def start_round(self, module: "FederatedModule", clients: list[int]) -> list[Any]:
-        self._clients, self._runs, self._steps = list(clients), [], []
-        self._view = ModuleView.of(module)
-        if module.lockstep:
-            return list(range(self.num_work_items(module)))
-        return list(clients)
-
-    def run_work_item(self, module: "FederatedModule", item: Any) -> None:
-        if module.lockstep:
-            self._lockstep_item(module, item)
-        else:
-            module.receive(*self.run_client(module, item))
-
-    # ------------------------------------------------------------ one client's round
-    def new_run(self, module: "FederatedModule", client_id: int) -> ModuleRun:
+    def new_run(self, context: ClientContext, client_id: int) -> ModuleRun:
         """A run of ``client_id`` starting from the global model (loaded into the client module)."""
-        assert module.round_start is not None
-        run = ModuleRun(
-            module,
-            module.local_optimizer(),
-            self._view,
-            client_id=client_id,
-            round_idx=module.current_epoch,
-            num_samples=module.datamodule.num_samples(client_id),
-            layout=module.state.layout,
-            start=module.round_start,
-            state=module.load_client_state(client_id),
-            num_steps=module.local_steps,
-            shared=module.shared,
-        )
-        run.restart(module.round_start)
+        run = context.new_run(ModuleRun, client_id, context, context.algorithm.local_optimizer(), self._view)
+        run.restart(run.start)
         return run
 
-    def run_client(self, module: "FederatedModule", client_id: int) -> tuple[ClientUpdate, Optional[dict[str, Tensor]]]:
-        """One client's whole round: ``client_init``, its steps, ``client_final``."""
-        if module.upload_is_forged(client_id):
-            return module.forged_placeholder(client_id), None
-        run = self.new_run(module, client_id)
-        with module.local_work(client_id, "round", run.round):
-            module.client_init(run)
+    def run_clients(self, context: ClientContext, clients: list[int]) -> None:
+        """One client's whole round: ``client_init``, its steps, ``client_final``, in one local-work setting."""
+        (client_id,) = clients
+        if context.is_forged(client_id):
+            context.skip_forged(client_id)
+            return
+        run = self.new_run(context, client_id)
+        algorithm = context.algorithm
+        with context.local_work(client_id, "round", run.round):
+            algorithm.client_init(run)
             with torch.no_grad():
-                for batch, extra in module.step_batches(run):
+                for batch, extra in context.step_batches(run):
                     run.extra_batches = extra
-                    run.record(module.client_step(run, batch))
+                    run.record(algorithm.client_step(run, batch))
                     run.steps_taken += 1
                     run.step_index += 1
-            uploads = module.client_final(run)
-        return module.client_update(run, uploads), run.state
+            uploads = algorithm.client_final(run)
+        context.finish(run, uploads)
 
-    # ------------------------------------------------------------ lock-step rounds
-    def _lockstep_item(self, module: "FederatedModule", step: int) -> None:
-        """Local step ``step`` of all this process's clients (``client_share``, the server's
-        combination, ``client_step``); after the last, their ``client_final``."""
-        if step == 0:
-            for cid in self._clients:
-                run = self.new_run(module, cid)
-                with module.local_work(cid, "init", run.round):
-                    module.client_init(run)
-                run.park()
-                self._runs.append(run)
-                self._steps.append(module.step_batches(run))
-        batches = [next(steps) for steps in self._steps]
-        shares: list[Optional[Tensor]] = []
-        for run, (batch, extra) in zip(self._runs, batches):
-            run.extra_batches = extra
-            with _activated(module, run, "share"), torch.no_grad():
-                shares.append(module.client_share(run, batch))
-        if any(s is not None for s in shares):
-            module.shared = module.server_share(self._weighted_mean(module, shares))
-            for run in self._runs:
-                run.shared = module.shared
-        for run, (batch, _) in zip(self._runs, batches):
-            with _activated(module, run, "step"), torch.no_grad():
-                run.record(module.client_step(run, batch))
-                run.steps_taken += 1
-                run.step_index += 1
-        if step == self.num_work_items(module) - 1:
-            for run in self._runs:
-                with _activated(module, run, "final"):
-                    uploads = module.client_final(run)
-                module.receive(module.client_update(run, uploads), run.state)
-            self._runs, self._steps = [], []
+    # ------------------------------------------------------------ lock-step group operations (one client each)
+    def start_group(self, context: ClientContext, clients: list[int]) -> _Parked:
+        (client_id,) = clients
+        run = self.new_run(context, client_id)
+        with context.local_work(client_id, "init", run.round):
+            context.algorithm.client_init(run)
+        run.park()
+        return _Parked(run, context.step_batches(run))
 
-    def _weighted_mean(self, module: "FederatedModule", shares: list[Optional[Tensor]]) -> Tensor:
-        """``sum_k n_k share_k / sum_k n_k`` over all processes' clients of the round (one all-reduce)."""
-        dm = module.datamodule
-        total = float(sum(dm.num_samples(c) for c in module.round_clients))
-        present = [s for s in shares if s is not None]
-        if len(present) != len(shares):
-            raise RuntimeError("client_share must return a value for every client or for none, at a given step")
-        acc = torch.zeros_like(present[0], dtype=torch.float64)
-        for run, share in zip(self._runs, present):
-            acc += (run.num_samples / total) * share.to(torch.float64)
-        return all_reduce_sum(acc)
+    def next_batches(self, context: ClientContext, group: _Parked) -> Any:
+        return next(group.batches)
+
+    def share(self, context: ClientContext, group: _Parked, batches: Any, step: int) -> Optional[tuple[Tensor, Tensor]]:
+        run, (batch, extra) = group.run, batches
+        run.extra_batches = extra
+        with _activated(context, run, "share"), torch.no_grad():
+            value = context.lockstep_algorithm().client_share(run, batch)
+        return None if value is None else (torch.tensor([run.num_samples]), value.unsqueeze(0))
+
+    def step(self, context: ClientContext, group: _Parked, batches: Any, step: int) -> None:
+        run = group.run
+        run.shared = context.lockstep_algorithm().shared
+        with _activated(context, run, "step"), torch.no_grad():
+            run.record(context.algorithm.client_step(run, batches[0]))
+            run.steps_taken += 1
+            run.step_index += 1
+
+    def finish_group(self, context: ClientContext, group: _Parked) -> None:
+        with _activated(context, group.run, "final"):
+            uploads = context.algorithm.client_final(group.run)
+        context.finish(group.run, uploads)
 
 
 @contextmanager
-def _activated(module: "FederatedModule", run: ModuleRun, phase: str) -> Iterator[None]:
+def _activated(context: ClientContext, run: ModuleRun, phase: str) -> Iterator[None]:
     """A parked run's model loaded into the module, in its local-work setting for one phase of a
     lock-step (keyed by the phase and the step), and parked again afterwards."""
     run.activate()
     try:
-        with module.local_work(run.client_id, phase, run.round, run.step_index):
+        with context.local_work(run.client_id, phase, run.round, run.step_index):
             yield
     finally:
         run.park()
+
+
+def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: Optional[int], stream: str,
+                  round_idx: int) -> Tensor:
+    """Plain local training of client ``client_id`` in the client module, for any algorithm: its
+    module's loss and optimizer from ``start``, on ``steps`` batches of ``stream`` (keyed by
+    ``round_idx``); returns the trained state vector. The client module is left trained: the
+    caller restores it."""
+    run = context.new_run(ModuleRun, client_id, context, context.algorithm.local_optimizer(), start=start,
+                          with_state=False, round_idx=round_idx)
+    run.restart(start)
+    return context.train_locally(run, steps, stream)

@@ -7,13 +7,13 @@ own aggregator (RFA's geometric median, say): ``WeightedMean()`` for the sample-
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.distributed import all_reduce_sum
-from fl_lightning.hooks import Aggregator
+from fl_lightning.hooks import Aggregator, Federation
 from fl_lightning.update import (
     ClientUpdate,
     LinearReduction,
@@ -22,9 +22,6 @@ from fl_lightning.update import (
     linear_sums,
     weighted_reduction,
 )
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
 
 
 class WeightedMean(Aggregator):
@@ -48,7 +45,7 @@ class WeightedMean(Aggregator):
         return weighted_reduction(self.weighting)
 
     def aggregate(
-        self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
+        self, trainer: pl.Trainer, module: Federation, updates: list[ClientUpdate]
     ) -> Optional[dict[str, Tensor]]:
         reductions = {name: (size, self.linear_reduction) for name, size in module.aggregated_sizes().items()}
         out = finish_linear(all_reduce_sum(linear_sums(updates, reductions, module.device)), reductions)

@@ -20,7 +20,7 @@ forged without being read (``forges_upload``; the result is the same, only faste
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, Literal, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -38,13 +38,10 @@ from fl_lightning.functional.attacks import (
     select_byzantine,
     sign_flip_attack,
 )
-from fl_lightning.hooks import FederatedCallback
+from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.seeding import generator
 from fl_lightning.validation import check_int
 from fl_lightning.update import ClientUpdate
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
 
 
 @dataclass
@@ -98,12 +95,12 @@ class ByzantineAttack(FederatedCallback):
         """Whether the forged uploads depend on the honest ones."""
         return False
 
-    def attack_seed(self, module: "FederatedModule") -> int:
+    def attack_seed(self, module: Federation) -> int:
         """The seed of the choice and the noise."""
         return self.seed if self.seed is not None else module.seed
 
     # ------------------------------------------------------------ selection
-    def choose(self, module: "FederatedModule") -> list[int]:
+    def choose(self, module: Federation) -> list[int]:
         """Choose (and remember) the Byzantine clients among the datamodule's training clients."""
         dm = module.datamodule
         clients = list(dm.train_clients)
@@ -122,7 +119,7 @@ class ByzantineAttack(FederatedCallback):
     #: whether the attack replaces uploads (False for attacks on the clients' data)
     forges_uploads: bool = True
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         if self.forges_uploads and not pl_module.update_specs:
             raise ValueError(
                 f"{type(self).__name__} forges what Byzantine clients upload, and {type(pl_module).__name__} uploads "
@@ -139,35 +136,35 @@ class ByzantineAttack(FederatedCallback):
         """Whether a forged upload depends on the Byzantine client's own honest upload."""
         return False
 
-    def forges_upload(self, trainer: pl.Trainer, module: "FederatedModule", client_id: int) -> bool:
+    def forges_upload(self, trainer: pl.Trainer, module: Federation, client_id: int) -> bool:
         """Whether ``client_id``'s local training is wasted: it is Byzantine and its forged upload
         ignores its own honest one."""
         return self.is_byzantine(client_id) and not self.reads_own_upload
 
     # ---------------------------------------------------------------- round
-    def on_round_start(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, clients: list[int]) -> None:
+    def on_round_start(self, trainer: pl.Trainer, module: Federation, round_idx: int, clients: list[int]) -> None:
         self._round_clients = list(clients)
 
-    def on_client_update(self, trainer: pl.Trainer, module: "FederatedModule", update: ClientUpdate) -> ClientUpdate:
+    def on_client_update(self, trainer: pl.Trainer, module: Federation, update: ClientUpdate) -> ClientUpdate:
         if self.omniscient or not self.is_byzantine(update.client_id):
             return update
         return self._forged(module, update, None)
 
     def on_round_updates(
-        self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
+        self, trainer: pl.Trainer, module: Federation, updates: list[ClientUpdate]
     ) -> list[ClientUpdate]:
         if not self.omniscient:
             return updates
         stats = self._honest_statistics(module, [u for u in updates if not self.is_byzantine(u.client_id)])
         return [self._forged(module, u, stats) if self.is_byzantine(u.client_id) else u for u in updates]
 
-    def on_round_end(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Any) -> None:
+    def on_round_end(self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Any) -> None:
         module.log("attack/byzantine_fraction", self.achieved_fraction, on_step=False, on_epoch=True, batch_size=1)
 
-    def _forged(self, module: "FederatedModule", update: ClientUpdate, stats: Optional[HonestStatistics]) -> ClientUpdate:
+    def _forged(self, module: Federation, update: ClientUpdate, stats: Optional[HonestStatistics]) -> ClientUpdate:
         return ClientUpdate(update.client_id, update.num_samples, self.forge(module, update, stats), dict(update.metrics))
 
-    def _honest_statistics(self, module: "FederatedModule", honest: list[ClientUpdate]) -> HonestStatistics:
+    def _honest_statistics(self, module: Federation, honest: list[ClientUpdate]) -> HonestStatistics:
         """Mean and std of all processes' ``honest`` uploads of the round (one all-reduce)."""
         names = module.upload_sizes()
         device = module.device
@@ -189,7 +186,7 @@ class ByzantineAttack(FederatedCallback):
             count,
         )
 
-    def forge(self, module: "FederatedModule", update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
+    def forge(self, module: Federation, update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
         """The Byzantine tensors replacing ``update.tensors`` (``stats`` is given to omniscient attacks)."""
         raise NotImplementedError
 
@@ -210,7 +207,7 @@ class GaussianAttack(ByzantineAttack):
         super().__init__(**kwargs)
         self.std = std
 
-    def forge(self, module: "FederatedModule", update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
+    def forge(self, module: Federation, update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
         g = generator(self.attack_seed(module), "attack", module.current_epoch, update.client_id)
         return {k: gaussian_attack(v.shape, g, self.std).to(v.device) for k, v in update.tensors.items()}
 
@@ -240,7 +237,7 @@ class SignFlipAttack(ByzantineAttack):
     def reads_own_upload(self) -> bool:
         return self.reference == "own"
 
-    def forge(self, module: "FederatedModule", update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
+    def forge(self, module: Federation, update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
         source = stats.mean if stats is not None else update.tensors
         return {k: sign_flip_attack(source[k], self.scale).to(v.device) for k, v in update.tensors.items()}
 
@@ -261,7 +258,7 @@ class ScalingAttack(ByzantineAttack):
     def reads_own_upload(self) -> bool:
         return True
 
-    def forge(self, module: "FederatedModule", update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
+    def forge(self, module: Federation, update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
         return {k: scaling_attack(v, self.factor) for k, v in update.tensors.items()}
 
 
@@ -282,7 +279,7 @@ class ALIEAttack(ByzantineAttack):
     def omniscient(self) -> bool:
         return True
 
-    def forge(self, module: "FederatedModule", update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
+    def forge(self, module: Federation, update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
         assert stats is not None
         f = sum(self.is_byzantine(c) for c in self._round_clients)
         z = self.z if self.z is not None else alie_z(len(self._round_clients), f)
@@ -307,7 +304,7 @@ class IPMAttack(ByzantineAttack):
     def omniscient(self) -> bool:
         return True
 
-    def forge(self, module: "FederatedModule", update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
+    def forge(self, module: Federation, update: ClientUpdate, stats: Optional[HonestStatistics]) -> dict[str, Tensor]:
         assert stats is not None
         return {k: ipm_attack(stats.mean[k], self.epsilon).to(v.device) for k, v in update.tensors.items()}
 
@@ -332,10 +329,10 @@ class LabelFlipAttack(ByzantineAttack):
     def reads_own_upload(self) -> bool:
         return True
 
-    def on_client_update(self, trainer: pl.Trainer, module: "FederatedModule", update: ClientUpdate) -> ClientUpdate:
+    def on_client_update(self, trainer: pl.Trainer, module: Federation, update: ClientUpdate) -> ClientUpdate:
         return update
 
-    def on_local_batch(self, trainer: pl.Trainer, module: "FederatedModule", client_id: int, batch: Any) -> Any:
+    def on_local_batch(self, trainer: pl.Trainer, module: Federation, client_id: int, batch: Any) -> Any:
         if not self.is_byzantine(client_id):
             return batch
         x, y = batch

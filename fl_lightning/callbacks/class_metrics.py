@@ -16,7 +16,7 @@ summed (one all-reduce), so the figures equal the single-process ones.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -25,10 +25,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
-from fl_lightning.hooks import FederatedCallback
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
+from fl_lightning.hooks import FederatedCallback, Federation
 
 
 def class_accuracy_summary(correct: Tensor, total: Tensor, minority: Sequence[int]) -> dict[str, float]:
@@ -74,7 +71,7 @@ class ClassAccuracy(FederatedCallback):
         self.prefix = prefix
 
     @torch.no_grad()
-    def class_counts(self, module: "FederatedModule") -> tuple[Tensor, Tensor]:
+    def class_counts(self, module: Federation) -> tuple[Tensor, Tensor]:
         """Per-class (correct, total) counts of the global model on the global test set, all processes summed."""
         rank, world = rank_and_world()
         dm = module.datamodule
@@ -92,7 +89,7 @@ class ClassAccuracy(FederatedCallback):
         counts = all_reduce_sum(counts)
         return counts[0], counts[1]
 
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         if trainer.sanity_checking:
             return
         correct, total = self.class_counts(pl_module)

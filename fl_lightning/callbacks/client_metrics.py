@@ -11,18 +11,16 @@ split is empty (``test_fraction=0``, say) it warns once instead of logging nothi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import Literal, Optional
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
+from fl_lightning.callbacks.accuracy import client_accuracy
 from fl_lightning.distributed import map_clients
-from fl_lightning.hooks import FederatedCallback
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
+from fl_lightning.hooks import FederatedCallback, Federation
 
 
 def accuracy_summary(accuracies: Tensor, prefix: str) -> dict[str, float]:
@@ -65,7 +63,7 @@ class ClientMetrics(FederatedCallback):
         self.prefix = prefix or default_prefix("clients", split, clients)
         self._warned = False
 
-    def _client_ids(self, module: "FederatedModule") -> list[int]:
+    def _client_ids(self, module: Federation) -> list[int]:
         dm = module.datamodule
         if self.clients == "train":
             return list(dm.train_clients)
@@ -73,7 +71,7 @@ class ClientMetrics(FederatedCallback):
             return list(dm.unseen_clients)
         return list(range(dm.num_clients))
 
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         if trainer.sanity_checking:
             return
         results = self.evaluate(pl_module)
@@ -89,12 +87,12 @@ class ClientMetrics(FederatedCallback):
             for name, value in accuracy_summary(accs, self.prefix).items():
                 pl_module.log(name, value, batch_size=1)
 
-    def evaluate(self, module: "FederatedModule") -> dict[int, float]:
+    def evaluate(self, module: Federation) -> dict[int, float]:
         """Accuracy of each client's model on its own split, gathered from all processes."""
         dm = module.datamodule
 
         def accuracy(cid: int) -> Optional[float]:
             data = dm.client_data(cid, self.split)
-            return module.client_accuracy(cid, data) if len(data) > 0 else None
+            return client_accuracy(module, cid, data) if len(data) > 0 else None
 
         return map_clients(accuracy, self._client_ids(module))

@@ -9,15 +9,14 @@ own split; the global model is left unchanged, so training is not affected. Logs
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import Literal, Optional
 
 import pytorch_lightning as pl
 
+from fl_lightning.callbacks.accuracy import accuracy_of
 from fl_lightning.callbacks.client_metrics import ClientMetrics, default_prefix
 from fl_lightning.distributed import map_clients
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
+from fl_lightning.hooks import Federation
 
 
 class LocalFinetuning(ClientMetrics):
@@ -43,19 +42,19 @@ class LocalFinetuning(ClientMetrics):
         super().__init__(split, clients, prefix or default_prefix("finetuned", split, clients))
         self.steps = steps
 
-    def setup(self, trainer: pl.Trainer, pl_module: "FederatedModule", stage: str) -> None:
-        if not getattr(pl_module, "has_global_model", True):
+    def setup(self, trainer: pl.Trainer, pl_module: Federation, stage: str) -> None:
+        if not pl_module.has_global_model:
             raise ValueError(
                 f"LocalFinetuning finetunes the global model, and {type(pl_module).__name__} trains none (each client's "
                 "model comes from the algorithm itself): evaluate the clients' own models with ClientMetrics instead"
             )
 
-    def finetuned_accuracy(self, module: "FederatedModule", client_id: int) -> float:
+    def finetuned_accuracy(self, module: Federation, client_id: int) -> float:
         """Accuracy on the client's split of the global model after ``steps`` plain local steps."""
         finetuned = module.train_locally(client_id, steps=self.steps, stream="finetune", round_idx=0)
-        return module.accuracy_of(finetuned, module.datamodule.client_data(client_id, self.split))
+        return accuracy_of(module, finetuned, module.datamodule.client_data(client_id, self.split))
 
-    def evaluate(self, module: "FederatedModule") -> dict[int, float]:
+    def evaluate(self, module: Federation) -> dict[int, float]:
         dm = module.datamodule
 
         def accuracy(cid: int) -> Optional[float]:

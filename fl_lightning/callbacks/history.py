@@ -16,15 +16,12 @@ import csv
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import pytorch_lightning as pl
 from torch import Tensor
 
-from fl_lightning.hooks import FederatedCallback
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
+from fl_lightning.hooks import FederatedCallback, Federation
 
 #: metrics whose best value is the smallest
 LOWER_IS_BETTER = ("loss",)
@@ -57,7 +54,7 @@ class RoundHistory(FederatedCallback):
         return self.dirpath or trainer.log_dir or trainer.default_root_dir
 
     # ------------------------------------------------------------ collecting
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         dm = pl_module.datamodule
         self._folder = self.folder(trainer)  # on every process (a collective), before rank 0 writes
         if trainer.is_global_zero:
@@ -85,7 +82,7 @@ class RoundHistory(FederatedCallback):
         self._validation_names |= {k for k, v in after.items() if self._before_validation.get(k) != v}
         self._validated = True
 
-    def on_round_end(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Any) -> None:
+    def on_round_end(self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Any) -> None:
         self._open = {"round": round_idx + 1, "clients": list(module.round_clients),
                       "updates": module.round_num_updates}
 

@@ -14,20 +14,18 @@ logs the mean and the worst client accuracy of each.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from fl_lightning.callbacks.accuracy import client_accuracy
 from fl_lightning.datamodules.base import labels_of
 from fl_lightning.datamodules.client_data import ClientData
 from fl_lightning.distributed import map_clients
-from fl_lightning.hooks import FederatedCallback
+from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.seeding import derive_seed
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
 
 
 def local_test_indices(train_labels: list[np.ndarray], test_labels: np.ndarray) -> list[np.ndarray]:
@@ -96,7 +94,7 @@ class PersonalizedAccuracy(FederatedCallback):
         self.prefix = prefix or ("local" if extra_classes == 0 else f"local+{extra_classes}")
         self._local: Optional[list[np.ndarray]] = None
 
-    def local_sets(self, module: "FederatedModule") -> list[np.ndarray]:
+    def local_sets(self, module: Federation) -> list[np.ndarray]:
         """Every client's local test set (indices into the global test set), built once."""
         if self._local is None:
             dm = module.datamodule
@@ -107,11 +105,11 @@ class PersonalizedAccuracy(FederatedCallback):
             self._local = [add_extra_classes(idx, test_labels, self.extra_classes, rng) for idx, rng in zip(local, rngs)]
         return self._local
 
-    def setup(self, trainer: pl.Trainer, pl_module: "FederatedModule", stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: Federation, stage: str) -> None:
         self._local = None
         self.local_sets(pl_module)  # the datamodule is set up by now; a bad extra_classes fails here
 
-    def evaluate(self, module: "FederatedModule") -> dict[int, tuple[float, Optional[float]]]:
+    def evaluate(self, module: Federation) -> dict[int, tuple[float, Optional[float]]]:
         """``{client: (global accuracy, personal accuracy or None)}`` over the training clients."""
         dm = module.datamodule
         test_set = dm.global_test_set()
@@ -121,13 +119,13 @@ class PersonalizedAccuracy(FederatedCallback):
             if len(local[cid]) == 0:
                 return None
             data = ClientData(test_set, local[cid], dm.eval_batch_size)
-            glob = module.client_accuracy(cid, data, personalized=False)
-            personal = module.client_accuracy(cid, data) if module.client_eval_state(cid) is not None else None
+            glob = client_accuracy(module, cid, data, personalized=False)
+            personal = client_accuracy(module, cid, data) if module.client_eval_state(cid) is not None else None
             return glob, personal
 
         return map_clients(accuracies, list(dm.train_clients))
 
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         if trainer.sanity_checking:
             return
         results = self.evaluate(pl_module)

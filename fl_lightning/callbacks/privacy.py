@@ -25,19 +25,16 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.functional.privacy import clip_update, gaussian_noise
-from fl_lightning.hooks import FederatedCallback
+from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
 from fl_lightning.validation import check_number
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
 
 Mode = Literal["central", "local"]
 
@@ -102,10 +99,10 @@ class DifferentialPrivacy(FederatedCallback):
         """Rounds accounted (over every segment)."""
         return sum(steps for _, _, steps in self.history)
 
-    def _seed(self, module: "FederatedModule") -> int:
+    def _seed(self, module: Federation) -> int:
         return self.seed if self.seed is not None else module.seed
 
-    def setup(self, trainer: pl.Trainer, pl_module: "FederatedModule", stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: Federation, stage: str) -> None:
         if stage != "fit":
             return
         specs = pl_module.update_specs
@@ -117,7 +114,7 @@ class DifferentialPrivacy(FederatedCallback):
                 f"{type(pl_module).__name__}'s {bad} are not: add the aggregator WeightedMean('uniform')"
             )
 
-    def on_client_update(self, trainer: pl.Trainer, module: "FederatedModule", update: ClientUpdate) -> ClientUpdate:
+    def on_client_update(self, trainer: pl.Trainer, module: Federation, update: ClientUpdate) -> ClientUpdate:
         tensors = clip_update(update.tensors, self.clip_norm)
         if self.mode == "local" and self.noise_multiplier > 0:
             g = generator(self._seed(module), "dp-local", module.current_epoch, update.client_id)
@@ -125,14 +122,14 @@ class DifferentialPrivacy(FederatedCallback):
             tensors = {name: t + gaussian_noise(t, std, g) for name, t in tensors.items()}
         return ClientUpdate(update.client_id, update.num_samples, tensors, dict(update.metrics))
 
-    def on_aggregate(self, trainer: pl.Trainer, module: "FederatedModule", aggregate: dict[str, Tensor]) -> dict[str, Tensor]:
+    def on_aggregate(self, trainer: pl.Trainer, module: Federation, aggregate: dict[str, Tensor]) -> dict[str, Tensor]:
         if self.mode != "central" or self.noise_multiplier == 0:
             return aggregate
         g = generator(self._seed(module), "dp-central", module.current_epoch)
         std = self.noise_multiplier * self.clip_norm / max(module.round_num_updates, 1)
         return {name: t + gaussian_noise(t, std, g) for name, t in aggregate.items()}
 
-    def on_round_end(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Any) -> None:
+    def on_round_end(self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Any) -> None:
         rate = 1.0 if self.mode == "local" else module.clients_per_round / len(module.datamodule.train_clients)
         for segment in self.history:  # the rounds of a checkpoint that kept no history (load_state_dict)
             segment[1] = rate if segment[1] is None else segment[1]

@@ -13,7 +13,7 @@ coordinate-wise rules, Krum and centered clipping treat clients alike, as in the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, Literal, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -31,12 +31,9 @@ from fl_lightning.functional.robust import (
     trim_count,
     trimmed_mean,
 )
-from fl_lightning.hooks import Aggregator
+from fl_lightning.hooks import Aggregator, Federation
 from fl_lightning.update import ClientUpdate
 from fl_lightning.validation import check_int, check_number
-
-if TYPE_CHECKING:
-    from fl_lightning.module import FederatedModule
 
 Weighting = Literal["num_samples", "uniform"]
 
@@ -56,7 +53,7 @@ def split_aggregate(vector: Tensor, names: dict[str, int]) -> dict[str, Tensor]:
 class RobustAggregator(Aggregator):
     """Base class: gathers all updates, stacks them, calls :meth:`combine` on the ``[n, p]`` matrix."""
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: "FederatedModule") -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         """Refuse, before the first round, an algorithm with nothing for the aggregator to combine and a
         round too small for the rule (:meth:`check_round_size`)."""
         if not pl_module.aggregated_sizes():
@@ -71,7 +68,7 @@ class RobustAggregator(Aggregator):
         """Raise ValueError if the rule cannot combine ``clients_per_round`` uploads (default: any number can)."""
 
     def aggregate(
-        self, trainer: pl.Trainer, module: "FederatedModule", updates: list[ClientUpdate]
+        self, trainer: pl.Trainer, module: Federation, updates: list[ClientUpdate]
     ) -> Optional[dict[str, Tensor]]:
         everyone = gather_updates(updates)
         if not everyone:
@@ -128,7 +125,7 @@ class GeometricMedian(RobustAggregator):
         self.last_iterations, self.last_converged = result.iterations, result.converged
         return result.median
 
-    def on_round_end(self, trainer: pl.Trainer, module: "FederatedModule", round_idx: int, aggregate: Any) -> None:
+    def on_round_end(self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Any) -> None:
         if aggregate is not None:
             module.log("robust/weiszfeld_iterations", float(self.last_iterations), on_step=False, on_epoch=True, batch_size=1)
             module.log("robust/weiszfeld_converged", float(self.last_converged), on_step=False, on_epoch=True, batch_size=1)

@@ -9,8 +9,9 @@ fraction of clients as unseen, and prints a summary. Everything is deterministic
 
 Loaders:
 
-* ``train_dataloader`` yields the round's work items (the federated module decides how many);
-  clients' mini-batches come from :meth:`client_data`, not from a DataLoader per client;
+* ``train_dataloader`` yields the round's work items: their number, ``work_items_per_round``,
+  is set by the engine that fits the datamodule (a ``FederatedModule``, in its setup); clients'
+  mini-batches come from :meth:`client_data`, not from a DataLoader per client;
 * ``val_dataloader``: the validation set, the union of the clients' val splits (held out of
   the training pool: ``val_fraction`` of every client's data, 10% by default). Never test data,
   so ``ModelCheckpoint`` and ``EarlyStopping`` select on data the reported figures do not use;
@@ -124,6 +125,11 @@ class FederatedDataModule(pl.LightningDataModule):
         eval_batch_size: batch size of evaluation loaders.
         seed: seed of the partition (unless the partitioner has its own) and the splits.
         print_summary: print the per-client summary at setup.
+
+    Attributes:
+        work_items_per_round: how many work items this process runs in a round, the length of
+            ``train_dataloader``; not an argument: the engine that fits the datamodule sets it
+            (a ``FederatedModule``, in its setup), so the datamodule knows nothing of the engine.
     """
 
     #: the ``partition_by`` value that means the labels (a datamodule over a table: its label column)
@@ -196,6 +202,7 @@ class FederatedDataModule(pl.LightningDataModule):
         self._partition_digest: Optional[str] = None  # partition_hash(), once the splits are made
         self.unseen_clients: list[int] = []
         self.train_clients: list[int] = []
+        self.work_items_per_round: Optional[int] = None
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
@@ -344,7 +351,14 @@ class FederatedDataModule(pl.LightningDataModule):
 
     # -------------------------------------------------------------- loaders
     def train_dataloader(self) -> DataLoader:
-        return work_item_loader(self.trainer.lightning_module.num_work_items())
+        """The indices of this process's ``work_items_per_round`` work items (:func:`work_item_loader`)."""
+        if self.work_items_per_round is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.train_dataloader() was asked for before work_items_per_round was set: the train "
+                "loader of a FederatedDataModule yields the engine's work items: fit it with a FederatedModule, which "
+                "sets work_items_per_round in its setup"
+            )
+        return work_item_loader(check_int("work_items_per_round", self.work_items_per_round, 1))
 
     def global_test_set(self) -> Dataset:
         """The global test set, or the union of the clients' test splits when there is none."""

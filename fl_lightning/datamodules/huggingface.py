@@ -22,7 +22,6 @@ Needs the ``datasets`` package: ``pip install 'fl-lightning[hf]'``.
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -30,20 +29,11 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from fl_lightning.datamodules.base import FederatedDataModule
+from fl_lightning.datamodules.hf_datasets import import_datasets
 from fl_lightning.validation import check_int
 
 #: without ``num_classes``, labels may reach at most this many times their number of distinct values
 MAX_LABEL_SPARSITY = 100
-
-
-def import_datasets() -> ModuleType:
-    """The ``datasets`` package, or an ImportError that says how to install it."""
-    try:
-        import datasets
-    except ImportError as error:
-        raise ImportError("Hugging Face datasets are not installed: pip install 'fl-lightning[hf]' (or "
-                          "pip install datasets)") from error
-    return datasets
 
 
 def load(source: str) -> Any:

@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Optional, Sequence, Union
 
 import numpy as np
 
+from fl_lightning.datamodules.hf_datasets import import_datasets
 from fl_lightning.functional import partition as F
 from fl_lightning.validation import check_int
 
@@ -333,8 +334,6 @@ class FlowerPartitioner(Partitioner):
         self.partitioner = partitioner
 
     def _split(self, values: np.ndarray, num_partitions: Optional[int], seed: int) -> list[np.ndarray]:
-        from fl_lightning.datamodules.huggingface import import_datasets
-
         datasets = import_datasets()
         column = self.partition_by or "label"
         flower = copy.deepcopy(self.partitioner)

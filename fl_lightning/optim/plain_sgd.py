@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from fl_lightning.optim.functional import optimizer_lr
+from fl_lightning.optim.param_groups import optimizer_lr
 
 #: The ``torch.optim.SGD`` options that must be off for plain SGD, and their off value.
 PLAIN_SGD_OPTIONS = {"momentum": 0, "weight_decay": 0, "dampening": 0, "nesterov": False}
@@ -21,7 +21,7 @@ def require_plain_sgd(optimizer: torch.optim.Optimizer, algorithm: str) -> float
 
     Plain SGD is ``torch.optim.SGD`` with momentum, weight decay and dampening 0, no Nesterov,
     and one learning rate for the parameter groups of trainable parameters
-    (:func:`~fl_lightning.optim.functional.optimizer_lr`).
+    (:func:`~fl_lightning.optim.param_groups.optimizer_lr`).
 
     Args:
         optimizer: the client's local optimizer (``FederatedModule.local_optimizer()``).

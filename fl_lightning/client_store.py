@@ -34,6 +34,8 @@ import os
 import pickle
 import socket
 import tempfile
+import time
+import uuid
 import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -507,3 +509,15 @@ def check_folder(name: str, value: Any) -> Optional[str]:
         raise ValueError(f"{name} must be {allowed}, got {value!r}: this process cannot write in {existing} "
                          f"({error.strerror})") from None
     return path
+
+
+def run_folder(trainer: Any, base: Optional[str]) -> str:
+    """The run's own folder for client-state files (absolute): a folder named by the run id below
+    ``base``, by default ``client_state`` in the logger's version folder or, with no logger, in
+    ``default_root_dir``. The id is rank 0's start time, process and a random part, the same on
+    every process: two runs never share files. Nothing is created until a file is written."""
+    if base is None:
+        logged = trainer.loggers and trainer.log_dir is not None
+        base = os.path.join(trainer.log_dir if logged else trainer.default_root_dir, "client_state")
+    run = trainer.strategy.broadcast(f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    return os.path.abspath(os.path.join(base, run))

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from fl_lightning.seeding import derive_seed, generator, sample_clients
-from fl_lightning.state import ClientStateStore, StateSpec, read_state_file
-from fl_lightning.vectors import StateVector
+from fl_lightning.client_store import ClientStateStore, StateSpec, read_state_file
+from fl_lightning.vectors import ModelVector
 
 
 def test_store_is_lazy_on_cpu_and_round_trips():
@@ -73,7 +73,7 @@ def test_store_keeps_a_copy():
 def test_state_vector_round_trip_with_buffers():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
-    sv = StateVector(net)
+    sv = ModelVector(net)
     assert sv.num_params == 3 * 2 + 2 + 2 + 2 and sv.dim == sv.num_params + 4  # + running mean/var
     vec = torch.arange(sv.dim, dtype=torch.float32)
     sv.load(vec)
@@ -320,7 +320,7 @@ def test_a_run_without_client_state_creates_no_folder(tmp_path):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"client_state_dir": 123}, "client_state_dir must be a folder path .*, got 123"),
-    ({"client_state_dir": __file__}, "client_state_dir must be a folder path .*, got .*test_state.py.* a file"),
+    ({"client_state_dir": __file__}, "client_state_dir must be a folder path .*, got .*test_client_store.py.* a file"),
     ({"client_state_dir": "/proc/fl-lightning/state"}, "client_state_dir must be a folder path .*/proc.*cannot write"),
     ({"client_state_memory": -1}, "client_state_memory must be >= 0 and an integer, got -1"),
     ({"client_state_checkpoints": 0}, "client_state_checkpoints must be >= 1 and an integer, got 0"),

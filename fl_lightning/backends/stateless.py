@@ -1,7 +1,7 @@
 """The client module as a function of its tensors.
 
 ``torch.func.functional_call`` evaluates a module with other tensors in place of its
-parameters and buffers. :class:`FunctionalClient` wraps the client module so that its
+parameters and buffers. :class:`StatelessClient` wraps the client module so that its
 ``forward`` and its ``training_step`` can be evaluated at any model given as a list of tensors
 in :class:`~fl_lightning.vectors.Layout` order (parameters, then floating buffers): the other
 models of a local step in the sequential backend, every model in the batched one.
@@ -26,7 +26,7 @@ class _TrainingStep(nn.Module):
         return self.client.training_step(batch, index)
 
 
-class FunctionalClient:
+class StatelessClient:
     """The client module's ``forward`` and ``training_step`` at given tensors.
 
     Args:

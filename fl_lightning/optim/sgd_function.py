@@ -14,10 +14,12 @@ without momentum; the list is empty before the first step). Frozen parameters
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from fl_lightning.optim.param_groups import single_lr
 
 #: the optimizer classes :func:`functional_optimizer` can run as functions
 SUPPORTED: tuple[type, ...] = (torch.optim.SGD,)
@@ -48,7 +50,7 @@ class FunctionalSGD:
 
     @property
     def lr(self) -> float:
-        """The one learning rate of the parameters a step moves (see :func:`single_lr`)."""
+        """The one learning rate of the parameters a step moves (see :func:`~fl_lightning.optim.param_groups.single_lr`)."""
         return single_lr(h.lr for h in self.groups if not h.frozen)
 
     def step_(
@@ -75,37 +77,6 @@ class FunctionalSGD:
                 d = d.add(buf, alpha=h.momentum) if h.nesterov else buf
             p.add_(d, alpha=-h.lr)
         return new_state
-
-
-def single_lr(rates: Iterable[float]) -> float:
-    """The one learning rate of the parameters a local step moves, for an update rule written
-    with one scalar ``lr`` (SCAFFOLD's control variates, FedDeper's personal model).
-
-    Parameters the optimizer leaves alone (frozen, or not held by it: their rate is no rate of
-    the rule) must not be passed in.
-
-    Raises:
-        ValueError: no rate (no trainable parameter), or several different ones.
-    """
-    distinct = sorted(set(float(r) for r in rates))
-    if len(distinct) != 1:
-        raise ValueError(
-            f"the local optimizer's trainable parameters must have one learning rate (lr) for this algorithm's "
-            f"update rule, got {distinct if distinct else 'no trainable parameter'}"
-        )
-    return distinct[0]
-
-
-def optimizer_lr(optimizer: torch.optim.Optimizer) -> float:
-    """The one learning rate of ``optimizer``'s parameter groups that hold trainable parameters
-    (``requires_grad``); groups of frozen parameters do not count (see :func:`single_lr`)."""
-    return single_lr(g["lr"] for g in optimizer.param_groups if any(p.requires_grad for p in g["params"]))
-
-
-def moved_by(optimizer: torch.optim.Optimizer, params: Sequence[Tensor]) -> list[bool]:
-    """Which of ``params`` a step of ``optimizer`` moves: those it holds that require a gradient."""
-    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    return [id(p) in held and p.requires_grad for p in params]
 
 
 def functional_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[Tensor]) -> FunctionalSGD:

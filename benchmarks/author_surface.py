@@ -1,0 +1,50 @@
+"""The names an algorithm author meets: what ``FederatedModule`` (and a ``ClientRun``) add to Lightning's.
+
+Counts the public names a subclass of ``FederatedModule`` sees beyond ``pl.LightningModule``'s (class
+attributes, methods, properties, and the attributes ``__init__`` sets), split into the author's
+surface (hooks, declarations, switches) and the rest, and the public names of ``ClientRun``. Run it
+in two trees to compare (``PYTHONPATH=<tree> python benchmarks/author_surface.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytorch_lightning as pl
+import torch
+
+import fl_lightning
+from fl_lightning.algorithms import FedAvg
+from fl_lightning.module import FederatedModule
+from fl_lightning.run import ClientRun
+
+
+class _Tiny(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 2)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def public(names: set[str]) -> list[str]:
+    return sorted(n for n in names if not n.startswith("_"))
+
+
+def main() -> None:
+    lightning = set(dir(pl.LightningModule)) | set(vars(pl.LightningModule()))
+    module = FedAvg(_Tiny())
+    names = public((set(dir(type(module))) | set(vars(module))) - lightning)
+    hooks = [n for n in names if inspect.isfunction(getattr(FederatedModule, n, None))
+             and n.startswith(("client_", "server_", "local_lr_scheduler", "configure_server", "add_", "remove_"))]
+    run_names = public(set(dir(ClientRun)) | set(vars(ClientRun(0, 0, 1, None, torch.zeros(1), {}, 1))))  # type: ignore[arg-type]
+    print(f"fl_lightning at {fl_lightning.__file__}")
+    print(f"FederatedModule: {len(names)} public names beyond LightningModule's")
+    print(f"  hooks and declarations ({len(hooks)}): {', '.join(hooks)}")
+    print(f"  the rest ({len(names) - len(hooks)}): {', '.join(n for n in names if n not in hooks)}")
+    print(f"ClientRun: {len(run_names)} public names: {', '.join(run_names)}")
+
+
+if __name__ == "__main__":
+    main()

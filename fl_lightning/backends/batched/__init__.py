@@ -1,0 +1,47 @@
+"""The batched backend: a block of clients advances one local step together, vectorized with ``torch.func``.
+
+Every client of a block runs ``client_init`` on its own (eagerly); then the block's runs are
+stacked along a new client dimension (parameters, floating buffers, optimizer state, state
+entries, scratch tensors) and ``client_step`` runs once per local step under ``torch.func.vmap``:
+the client module's ``training_step`` (or forward) is evaluated with ``functional_call`` at each
+client's tensors, gradients come from ``torch.func.grad``, and the local optimizer is a pure
+function (:class:`~fl_lightning.optim.sgd_function.FunctionalSGD`). After the last step the runs
+are unstacked and each client runs ``client_final``; its update goes through the same callbacks
+and aggregation as in the sequential backend.
+
+What it guarantees:
+
+* Each client sees the same mini-batches, in the same order, as in the sequential backend (the
+  engine's keyed streams), so for a client module without random draws the result equals the
+  sequential backend's to float tolerance.
+* Clients whose batches at a step differ in shape (fewer samples than the batch size, the last
+  batch of an epoch) run that step as separate vectorized calls, and clients that have finished
+  their steps sit out: nothing is padded, so a mean loss (and BatchNorm's batch statistics) stay
+  those of real samples, as FedJAX's pad-and-mask gives them. The price: a step where not every
+  client of the block takes part copies the taking part clients' rows of the stacked state in
+  and out, so ``local_epochs`` on clients of very unequal sizes can run slower than the
+  sequential backend; equal-sized steps (``local_steps``) never pay it.
+* A client module that draws random numbers itself (Dropout) gets independent draws for every
+  client (``vmap(randomness="different")``) from the global RNG seeded by the block's key
+  ``(seed, "client", first client, "block", round, last client)``: reproducible for a given seed
+  and block layout, equal to the sequential backend in distribution only. The block layout
+  depends on ``clients_per_block`` and on the number of processes (each process makes blocks of
+  its share of the round), so such draws differ between 1 and N processes; deterministic clients
+  give the same result on any number of processes.
+* Memory grows with the block size (``clients_per_block``), not with the clients of the round,
+  except for lock-step algorithms (FedDRO): all of a process's clients of the round advance one
+  step at a time, so all their blocks are stacked at once.
+
+What it refuses, with the reason and the way out: local optimizers other than
+``torch.optim.SGD``; ``16-mixed`` (its loss scaler steps one optimizer); algorithms whose local
+rule is not a function of tensors (``batchable = False``: a torch optimizer of their own, a
+start model generated with a graph); a ``training_step`` that changes Python state of the client
+module (a counter, a list it appends to, a tensor kept on ``self``, a torchmetrics ``Metric``
+updated there), checked at the first step of every block; and one that reads a tensor's value
+in Python (``.item()``, an ``if`` on a tensor), which ``vmap`` cannot run.
+"""
+
+from fl_lightning.backends.batched.backend import BatchedBackend
+from fl_lightning.backends.batched.run import FunctionalRun
+
+__all__ = ["BatchedBackend", "FunctionalRun"]

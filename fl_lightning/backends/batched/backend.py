@@ -1,0 +1,283 @@
+"""``BatchedBackend``: the schedule of a round in blocks of clients, the blocks' stacked runs and
+their vectorized steps."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import Tensor
+from torch.func import vmap
+
+from fl_lightning.backends.base import ClientBackend
+from fl_lightning.backends.batched.batches import BlockStep, batch_signature, index_stream, stack_batches, step_table
+from fl_lightning.backends.batched.python_state import PythonState
+from fl_lightning.backends.batched.run import FunctionalRun
+from fl_lightning.backends.batched.stacking import merge_leaves, split_leaves, stack_carries
+from fl_lightning.backends.context import ClientContext
+from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
+from fl_lightning.optim.sgd_function import FunctionalSGD, functional_optimizer
+
+
+class Block:
+    """A block of clients whose runs advance together: the runs, their keyed batch streams (or,
+    when every client's steps have the same shapes, the table of all its steps), and while they
+    step, their carries stacked along the client dimension (built once, taken back into the runs
+    once, at the end)."""
+
+    def __init__(self, runs: list[FunctionalRun], streams: list[Iterator[tuple[Any, dict[str, Any]]]],
+                 table: Optional[list[BlockStep]] = None) -> None:
+        self.runs, self.streams, self.table = runs, streams, table
+        self.tensors, self.spec, self.static = stack_carries([run.carry() for run in runs]) if runs else ([], None, {})
+        #: each step's outputs (name -> values stacked over the clients that took part, None: all of them)
+        self.outputs: list[tuple[Optional[list[int]], dict[str, Tensor]]] = []
+        #: whether the client module's Python state was checked in this block (at its first step)
+        self.checked = False
+
+    def record(self, members: Optional[list[int]], outputs: dict[str, Tensor]) -> None:
+        """Keep a step's outputs, stacked over ``members`` (None: every client of the block)."""
+        self.outputs.append((members, outputs))
+        for i in range(len(self.runs)) if members is None else members:
+            self.runs[i].steps_taken += 1
+
+    def unstack(self) -> None:
+        """Give every run its values back, and its step outputs (each client's series, one index per
+        client when every client took every step)."""
+        for i, run in enumerate(self.runs):
+            run.load_carry(tree_unflatten(merge_leaves([t[i] for t in self.tensors], self.static), self.spec))
+        names = {name for _, outputs in self.outputs for name in outputs}
+        for name in sorted(names):
+            if all(members is None and name in out for members, out in self.outputs):
+                series = torch.stack([out[name].reshape(len(self.runs)) for _, out in self.outputs], dim=1)
+                for i, run in enumerate(self.runs):
+                    run.record_series(name, series[i])
+                continue
+            for members, out in self.outputs:
+                if name in out:
+                    for j, i in enumerate(range(len(self.runs)) if members is None else members):
+                        self.runs[i].record({name: out[name][j]})
+
+
+class BatchedBackend(ClientBackend[Block]):
+    """Runs blocks of ``clients_per_block`` clients, each block's local steps vectorized.
+
+    Args:
+        clients_per_block: how many clients advance together (memory grows with it).
+    """
+
+    def __init__(self, clients_per_block: int = 10) -> None:
+        super().__init__(clients_per_block)
+
+    @classmethod
+    def check(cls, context: ClientContext) -> list[str]:
+        reasons = []
+        if not context.algorithm.batchable:
+            reasons.append(
+                f"{type(context.algorithm).__name__}'s local rule cannot run in the batched client backend (it needs "
+                "a torch optimizer of its own or a start model with a graph); use client_backend='sequential'"
+            )
+        if context.grad_scaler is not None:
+            reasons.append("precision '16-mixed' scales each optimizer's loss; the batched client backend runs the "
+                           "optimizer as a function: use 'bf16-mixed' or client_backend='sequential'")
+        return reasons
+
+    def run_clients(self, context: ClientContext, clients: list[int]) -> None:
+        """A block's whole round: every client's ``client_init``, the block's vectorized steps, every
+        client's ``client_final``."""
+        block = self._init_block(context, clients)
+        if block.table is not None:
+            for step, block_step in enumerate(block.table):
+                self._advance(context, block, block_step, step, "step")
+            self._finish_block(context, block)
+            return
+        step = 0
+        while block.runs:
+            items = [next(stream, None) for stream in block.streams]
+            if all(i is None for i in items):
+                break
+            self._advance(context, block, items, step, "step")
+            step += 1
+        self._finish_block(context, block)
+
+    # ------------------------------------------------------------ runs
+    def new_run(self, context: ClientContext, client_id: int, function: Optional[FunctionalSGD] = None
+                ) -> FunctionalRun:
+        """A run of ``client_id`` from the global model, with its state and ``function``, the round's
+        local optimizer as a function (default: made from the client's; the same for every client
+        of a round, since it holds no state)."""
+        if function is None:
+            function = functional_optimizer(context.algorithm.local_optimizer(), context.global_model.params)
+        run = context.new_run(FunctionalRun, client_id, context, function, [])
+        run.restart(run.start)
+        return run
+
+    def _init_block(self, context: ClientContext, clients: list[int]) -> Block:
+        algorithm = context.algorithm
+        runs = []
+        function = functional_optimizer(algorithm.local_optimizer(), context.global_model.params)
+        for cid in clients:
+            if not context.lockstep and context.is_forged(cid):
+                context.skip_forged(cid)
+                continue
+            run = self.new_run(context, cid, function)
+            if context.prepares_rounds:
+                with context.local_work(cid, "round", run.round):
+                    algorithm.client_init(run)
+            if run.optimizer is not None:
+                raise ValueError(f"{type(algorithm).__name__}.client_init sets a torch optimizer of its own; the "
+                                 "batched backend runs the client's optimizer as a function: use "
+                                 "client_backend='sequential'")
+            if run.num_steps == 0 and not context.lockstep:  # no step to take (LocalOnly's spent budget): done now
+                self._finish_runs(context, [run])
+                continue
+            runs.append(run)
+        if context.changes_local_batches or any(run.batches is not None for run in runs):
+            return Block(runs, [context.step_batches(run) for run in runs])
+        table = None if context.lockstep or not runs else step_table(context, runs)
+        if table is not None:
+            return Block(runs, [], table)
+        return Block(runs, [index_stream(context, run) for run in runs])  # gathered a step at a time
+
+    def _finish_block(self, context: ClientContext, block: Block) -> None:
+        block.unstack()
+        self._finish_runs(context, block.runs)
+
+    @staticmethod
+    def _finish_runs(context: ClientContext, runs: list[FunctionalRun]) -> None:
+        """``client_final`` of each run, and its uploads handed to the round."""
+        for run in runs:
+            with context.local_work(run.client_id, "final", run.round):
+                uploads = context.algorithm.client_final(run)
+            context.finish(run, uploads)
+
+    # ------------------------------------------------------------ lock-step group operations (a block each)
+    def start_group(self, context: ClientContext, clients: list[int]) -> Block:
+        return self._init_block(context, clients)
+
+    def next_batches(self, context: ClientContext, group: Block) -> Any:
+        return [next(stream) for stream in group.streams]
+
+    def share(self, context: ClientContext, group: Block, batches: Any, step: int) -> Optional[tuple[Tensor, Tensor]]:
+        shares = self._advance(context, group, batches, step, "share")
+        return None if shares is None else (torch.tensor([run.num_samples for run in group.runs]), shares)
+
+    def step(self, context: ClientContext, group: Block, batches: Any, step: int) -> None:
+        shared = context.lockstep_algorithm().shared
+        for run in group.runs:
+            run.shared = shared
+        self._advance(context, group, batches, step, "step")
+
+    def finish_group(self, context: ClientContext, group: Block) -> None:
+        self._finish_block(context, group)
+
+    # ------------------------------------------------------------ one vectorized step of a block
+    def _advance(self, context: ClientContext, block: Block, items: Any, step: int,
+                 phase: str) -> Optional[Tensor]:
+        """Run ``phase`` (``"step"``: ``client_step``; ``"share"``: ``client_share``) of local step
+        ``step`` for the block's clients that have a batch (``items``: one per client, None for a
+        client without, or a :class:`BlockStep` of them all), one vectorized call per batch shape;
+        returns the stacked shares of the ``"share"`` phase (None if the clients share nothing)."""
+        groups: dict[Any, list[int]] = {}
+        if isinstance(items, BlockStep):
+            groups[None] = list(range(len(block.runs)))
+        else:
+            for i, item in enumerate(items):
+                if item is not None:
+                    groups.setdefault(batch_signature(item), []).append(i)
+        everyone = len(groups) == 1 and len(next(iter(groups.values()))) == len(block.runs)
+        results = []
+        first, last = block.runs[0], block.runs[-1]
+        with context.local_work(first.client_id, "block", first.round, last.client_id, phase, step):
+            for members in groups.values():
+                index = None if everyone else torch.tensor(members, device=block.tensors[0].device)
+                tensors = block.tensors if index is None else [t.index_select(0, index) for t in block.tensors]
+                given = items if isinstance(items, BlockStep) else [items[i] for i in members]
+                results.append((members, index, self._call(context, block, tensors, given, step, phase)))
+                block.checked = True
+        self._take_back(block, results)
+        if phase == "step":
+            for members, index, (_, _, _, out) in results:
+                block.record(None if index is None else members, out)
+            return None
+        shares = {m: out["share"][j] for members, _, (_, _, _, out) in results if "share" in out
+                  for j, m in enumerate(members)}
+        return torch.stack([shares[i] for i in sorted(shares)]) if shares else None
+
+    @staticmethod
+    def _take_back(block: Block, results: list) -> None:
+        """Write the groups' new carries into the block's stacked carry."""
+        specs = {(repr(spec), repr(static)) for _, _, (_, spec, static, _) in results}
+        if len(specs) > 1:
+            raise ValueError("the clients of a block changed their run values differently at one step; the batched "
+                             "backend needs the same structure for every client: use client_backend='sequential'")
+        _, _, (_, spec, static, _) = results[0]
+        if len(results) == 1 and results[0][1] is None:  # every client, one call: take the new carry as it is
+            # (a value the step made without the client dimension, a constant, comes out of vmap expanded: give
+            # it memory of its own, since later steps write into the carry in place)
+            block.tensors = [t.contiguous() if t.dim() and t.stride(0) == 0 else t for t in results[0][2][0]]
+            block.spec, block.static = spec, static
+            return
+        if repr(spec) == repr(block.spec) and static == block.static:  # same structure: overwrite the groups' rows
+            for _, index, (tensors, _, _, _) in results:
+                for t, new in zip(block.tensors, tensors):
+                    t.index_copy_(0, index, new)
+            return
+        if sum(len(members) for members, _, _ in results) < len(block.runs):
+            raise ValueError("a step changed the structure of the run values while some clients of the block had no "
+                             "batch; use client_backend='sequential'")
+        full = [torch.empty((len(block.runs), *t.shape[1:]), dtype=t.dtype, device=t.device) for t in results[0][2][0]]
+        for _, index, (tensors, _, _, _) in results:
+            for t, new in zip(full, tensors):
+                t.index_copy_(0, index, new)
+        block.tensors, block.spec, block.static = full, spec, static
+
+    def _call(self, context: ClientContext, block: Block, tensors: list[Tensor], items: Any, step: int,
+              phase: str) -> tuple[list[Tensor], Any, dict[int, Any], dict[str, Tensor]]:
+        """One ``vmap`` of the phase's hook over stacked carries ``tensors`` (the block's structure)
+        and the clients' batches (``items``: one per client, or a :class:`BlockStep`); returns the
+        new stacked carry, its structure and the hook's outputs, stacked."""
+        if isinstance(items, BlockStep):
+            batch = context.gather(items.main)
+            extras = {name: context.gather(indices) for name, indices in items.extras.items()}
+        else:
+            batch = stack_batches(context, [item[0] for item in items])
+            extras = {name: stack_batches(context, [item[1][name] for item in items]) for name in items[0][1]}
+        template, spec, static, side = block.runs[0], block.spec, block.static, {}
+        hook = context.algorithm.client_step if phase == "step" else context.lockstep_algorithm().client_share
+
+        def one_client(tensors: list[Tensor], batch: Any, extras: Any) -> tuple[list[Tensor], dict[str, Tensor], dict]:
+            run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), step, extras)
+            out = hook(run, batch)
+            new_leaves, side["spec"] = tree_flatten(run.carry())
+            new_tensors, side["static"] = split_leaves(new_leaves)
+            side["options"] = run.log_options
+            if phase == "share":
+                return new_tensors, ({} if out is None else {"share": out}), run.logs
+            return new_tensors, named_outputs(out), run.logs
+
+        guard = None if block.checked else PythonState(context.client)  # at the block's first step
+        try:
+            new_tensors, outputs, logs = vmap(one_client, randomness="different")(tensors, batch, extras)
+        except RuntimeError as error:
+            if "vmap" not in str(error):
+                raise
+            if guard is not None:
+                guard.check()  # a Metric's update, a counter: the clearer reason, where it is one
+            raise ValueError(
+                f"{type(context.algorithm).__name__}.{'client_step' if phase == 'step' else 'client_share'} cannot be vectorized "
+                "over clients: the client module's training_step (or the algorithm's step) reads a tensor's value in "
+                "Python (.item(), float(), bool(), an if on a tensor, a torchmetrics update) or calls an operation "
+                "torch.func.vmap does not support; use client_backend='sequential' (torch's message follows)"
+            ) from error
+        if guard is not None:
+            guard.check()
+        for name, (total, size) in logs.items():
+            context.logs.add(name, total.sum(), int(size.sum()), side["options"].get(name, {}))
+        return new_tensors, side["spec"], side["static"], outputs
+
+
+def named_outputs(out: Any) -> dict[str, Tensor]:
+    """A step's output as named scalars (``{"loss": out}`` for a tensor; none for None)."""
+    if out is None:
+        return {}
+    return dict(out) if isinstance(out, dict) else {"loss": out}

@@ -1,0 +1,158 @@
+"""``FunctionalRun``: a client's round as tensors, the batched backend's run."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+from pytorch_lightning.utilities.data import extract_batch_size
+from torch import Tensor
+from torch.func import grad as func_grad
+from torchmetrics import Metric
+
+from fl_lightning.backends.context import ClientContext
+from fl_lightning.backends.sequential import training_loss
+from fl_lightning.lightning_compat import routed_log
+from fl_lightning.local_logging import call_options
+from fl_lightning.optim.sgd_function import FunctionalSGD
+from fl_lightning.run import ClientRun, Model
+
+
+class FunctionalRun(ClientRun):
+    """A client's round as tensors: the batched backend's run.
+
+    In ``client_init`` and ``client_final`` it is one client's run, evaluated eagerly; in
+    ``client_step`` and ``client_share`` (under ``vmap``) it is one client's view of the block
+    (``client_id`` and ``num_samples`` are None there: a step must not depend on them).
+
+    Args:
+        context: the engine's services for local work.
+        function: the local optimizer as a function.
+        tensors: the trained model (parameters, then floating buffers).
+        **fields: the :class:`~fl_lightning.run.ClientRun` fields.
+    """
+
+    def __init__(self, context: ClientContext, function: FunctionalSGD, tensors: list[Tensor], **fields: Any) -> None:
+        super().__init__(**fields)
+        self.context = context
+        self.function = function
+        self.tensors = tensors
+        self.opt_state: list[Tensor] = []
+        #: ``self.log`` calls of the client during a vectorized step: name -> (value * batch size, batch size)
+        self.logs: dict[str, tuple[Tensor, Tensor]] = {}
+        #: their options, by name
+        self.log_options: dict[str, dict[str, Any]] = {}
+        self._active: Model = None
+
+    @property
+    def params(self) -> list[Tensor]:
+        return self.tensors[: self.layout.num_param_tensors]
+
+    @property
+    def lr(self) -> float:
+        return self.function.lr
+
+    def loss_and_grad(
+        self,
+        batch: Any,
+        model: Model = None,
+        loss_fn: Optional[Callable[[Any], Any]] = None,
+        has_aux: bool = False,
+    ) -> tuple[Any, list[Tensor]]:
+        k = self.layout.num_param_tensors
+        target = list(self.tensors if model is None else model)
+        stateless = self.context.stateless
+
+        def loss_of(params: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> tuple[Tensor, Any]:
+            tensors = [*params, *buffers]
+            logs: dict[str, tuple[Tensor, Tensor]] = {}
+            self._active = tensors
+            try:
+                with routed_log(self.context.client, self._collector(logs, batch)):
+                    if loss_fn is not None:
+                        out = loss_fn(batch)
+                    else:
+                        out = training_loss(stateless.training_step(tensors, batch, self.step_index))
+            finally:
+                self._active = None
+            loss, aux = out if has_aux else (out, None)
+            carried = {"loss": loss.detach(), "logs": logs}
+            if has_aux:
+                carried["aux"] = aux
+            return loss, carried
+
+        with self.context.forward_context():
+            grads, carried = func_grad(loss_of, has_aux=True)(tuple(target[:k]), tuple(target[k:]))
+        loss, aux, logs = carried["loss"], carried.get("aux"), carried["logs"]
+        for name, (total, size) in logs.items():
+            if name in self.logs:  # a second model of the step logged the same name: both count
+                total, size = total + self.logs[name][0], size + self.logs[name][1]
+            self.logs[name] = (total, size)
+        return ((loss, aux), list(grads)) if has_aux else (loss, list(grads))
+
+    def _collector(self, logs: dict[str, tuple[Tensor, Tensor]], batch: Any) -> Callable[..., None]:
+        """The client's ``self.log`` inside a gradient: values are returned with the loss, with
+        the call's batch size, for the round's buffered mean."""
+
+        def log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+            options = call_options(args, kwargs)
+            if isinstance(value, Metric) or options.get("reduce_fx", "mean") not in ("mean", torch.mean):
+                raise ValueError(
+                    f"the client's training_step logs {name!r} as a torchmetrics Metric or with another reduce_fx "
+                    "than the mean: the batched backend logs per-round means only; use client_backend='sequential'"
+                )
+            size = options.pop("batch_size", None) or extract_batch_size(batch)
+            logs[name] = (torch.as_tensor(value).detach().float().reshape(()) * size, torch.tensor(float(size)))
+            self.log_options[name] = options
+
+        return log
+
+    def forward(self, *args: Any, model: Model = None) -> Any:
+        tensors = model if model is not None else (self._active if self._active is not None else self.tensors)
+        with self.context.forward_context():
+            return self.context.stateless.forward(list(tensors), *args)
+
+    def step(self, grads: Sequence[Tensor]) -> None:
+        self.opt_state = self.function.step_(self.tensors[: self.layout.num_param_tensors], grads, self.opt_state)
+
+    def end(self) -> Tensor:
+        return self.layout.flatten(self.tensors)
+
+    def restart(self, start: Tensor) -> None:
+        self.start = start
+        self.tensors = [t.clone() for t in self.layout.split(start)]
+
+    def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
+        if vector is not None:
+            return super().copy_model(vector)
+        return [t.clone() for t in self.tensors]
+
+    def fetch(self, positions: Tensor) -> Any:
+        assert self.client_id is not None, "fetch is for client_init and client_final"
+        return self.context.fetch(self.client_id, positions)
+
+    def epoch(self, batch_size: int) -> Iterator[Any]:
+        assert self.client_id is not None, "epoch is for client_init and client_final"
+        return self.context.epoch(self.client_id, batch_size)
+
+    # ------------------------------------------------------------ the carry: what a step reads and writes
+    def carry(self) -> dict[str, Any]:
+        """The run's per-client values (a pytree; its non-tensor leaves must agree over a block)."""
+        return {"tensors": self.tensors, "opt": self.opt_state, "start": self.start, "state": self.state,
+                "scratch": self.scratch}
+
+    def load_carry(self, carry: dict[str, Any]) -> None:
+        """Take the values of :meth:`carry` back."""
+        self.tensors, self.opt_state, self.start = list(carry["tensors"]), list(carry["opt"]), carry["start"]
+        self.state, self.scratch = dict(carry["state"]), dict(carry["scratch"])
+
+    @classmethod
+    def view(cls, template: "FunctionalRun", carry: dict[str, Any], step: int, extras: Any) -> "FunctionalRun":
+        """One client's run inside a vectorized step: the block's ``template`` run's fields and
+        optimizer, with the client's carry (no client id, no sample count)."""
+        run = cls(template.context, template.function, list(carry["tensors"]), client_id=None,  # type: ignore[arg-type]
+                  round_idx=template.round, num_samples=None, layout=template.layout,  # type: ignore[arg-type]
+                  start=carry["start"], state={}, num_steps=template.num_steps, shared=template.shared)
+        run.load_carry(carry)
+        run.step_index, run.steps_taken, run.extra_batches = step, step, extras  # a client at step k took k steps
+        return run

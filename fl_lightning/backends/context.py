@@ -1,0 +1,330 @@
+"""``ClientContext``: everything a client backend may use from the engine.
+
+A backend (:mod:`fl_lightning.backends.base`) runs the client protocol of the algorithm for this
+process's clients of a round. It reads nothing of the federated module directly: it asks the
+context for a client's run (:meth:`ClientContext.new_run`, the one place a run is built), its
+batches (the engine's keyed streams, as batches or as dataset indices), the setting of its local
+work (:meth:`ClientContext.local_work`), and hands the finished run back
+(:meth:`ClientContext.finish`). The context, in turn, reads the module through
+:class:`Algorithm`, the declared list of what it needs of it.
+
+FedJAX's ``for_each_client`` takes the client functions and the data; this object is the same
+seam for a ``LightningModule``: the client module runs in its own precision context, its
+``self.log`` calls are buffered, its random draws keyed by client.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Protocol, TypeVar
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from fl_lightning.backends.stateless import StatelessClient
+from fl_lightning.client_store import ClientStateStore, StateSpec
+from fl_lightning.datamodules.client_data import ClientData, gather, to_device
+from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.lightning_compat import routed_log
+from fl_lightning.local_logging import LocalLogBuffer
+from fl_lightning.run import ClientRun, StepOutput, plain_step
+from fl_lightning.seeding import generator, keyed_rng
+from fl_lightning.update import ClientUpdate, UpdateSpec
+from fl_lightning.vectors import ModelVector
+
+RunT = TypeVar("RunT", bound=ClientRun)
+
+
+class Algorithm(Federation, Protocol):
+    """What the client context reads of the federated module (``FederatedModule`` satisfies it):
+    the client protocol's hooks and declarations, and the run's settings."""
+
+    #: names of the keyed batch streams a local step draws from besides the main one
+    extra_batch_streams: tuple[str, ...]
+    #: whether the local rule is a function of tensors (the batched backend can vectorize it)
+    batchable: bool
+    #: the declared uploads and per-client state entries
+    update_specs: dict[str, UpdateSpec]
+    state_specs: dict[str, StateSpec]
+    #: the client state store
+    store: ClientStateStore
+    #: local steps per round (None: ``local_epochs`` passes)
+    local_steps: Optional[int]
+    local_epochs: Optional[int]
+    #: the global model at the start of the current round
+    round_start: Optional[Tensor]
+
+    def local_optimizer(self) -> torch.optim.Optimizer: ...
+
+    def client_init(self, run: ClientRun) -> None: ...
+
+    def client_step(self, run: ClientRun, batch: Any) -> StepOutput: ...
+
+    def client_final(self, run: ClientRun) -> dict[str, Tensor]: ...
+
+    def receive(self, update: ClientUpdate, state: Optional[dict[str, Tensor]]) -> None: ...
+
+
+class LockstepAlgorithm(Algorithm, Protocol):
+    """An algorithm whose clients move in lock-step (:class:`~fl_lightning.lockstep.LockstepModule`)."""
+
+    lockstep: ClassVar[bool]
+    #: the server's latest reply to the shared values
+    shared: Optional[Tensor]
+
+    def client_share(self, run: ClientRun, batch: Any) -> Optional[Tensor]: ...
+
+    def server_share(self, mean: Tensor) -> Tensor: ...
+
+
+def _drop_log(*args: Any, **kwargs: Any) -> None:
+    """Stands in for a client's ``self.log`` during local work inside an evaluation hook."""
+
+
+class ClientContext:
+    """The engine's services for local work of ``algorithm``'s clients.
+
+    Args:
+        algorithm: the federated module.
+    """
+
+    def __init__(self, algorithm: Algorithm) -> None:
+        self.algorithm = algorithm
+        #: the client module (it holds the global model between rounds)
+        self.client: pl.LightningModule = algorithm.client
+        #: the client module as a function of its tensors
+        self.stateless = StatelessClient(algorithm.client)
+        #: the client's ``self.log`` calls of local work, logged once per round
+        self.logs = LocalLogBuffer()
+        self.logs.bind(algorithm.client)
+        #: whether the round's clients move in lock-step (``client_share``/``server_share`` between steps)
+        self.lockstep: bool = bool(getattr(algorithm, "lockstep", False))
+        #: whether the algorithm prepares its clients' rounds (overrides ``client_init``): a backend
+        #: need not set up a client's local work to run the default, which does nothing
+        self.prepares_rounds = _overrides_default(algorithm, "client_init")
+        self._callbacks: list[FederatedCallback] = []
+        self._batch_callbacks: list[FederatedCallback] = []
+        self._integer_buffers: Optional[list[Tensor]] = None
+
+    # ------------------------------------------------------------ the round
+    def start_round(self, callbacks: list[FederatedCallback]) -> None:
+        """Take the round's federated callbacks (those that forge uploads or change local batches)."""
+        self._callbacks = callbacks
+        self._batch_callbacks = [cb for cb in callbacks
+                                 if type(cb).on_local_batch is not FederatedCallback.on_local_batch]
+        self._integer_buffers = None  # looked up again once per round (the module may have moved)
+
+    @property
+    def round(self) -> int:
+        return self.algorithm.current_epoch
+
+    @property
+    def device(self) -> torch.device:
+        return self.algorithm.device
+
+    @property
+    def global_model(self) -> ModelVector:
+        """The client module's tensors as one vector (the global model between rounds)."""
+        return self.algorithm.global_model
+
+    @property
+    def trainer(self) -> pl.Trainer:
+        return self.algorithm.trainer
+
+    @property
+    def forward_context(self) -> Callable[[], Any]:
+        """The precision plugin's forward context (autocast of ``bf16-mixed``)."""
+        return self.trainer.precision_plugin.forward_context
+
+    @property
+    def grad_scaler(self) -> Optional[torch.amp.GradScaler]:
+        """The precision plugin's loss scaler (``16-mixed``), or None."""
+        return getattr(self.trainer.precision_plugin, "scaler", None)
+
+    def lockstep_algorithm(self) -> LockstepAlgorithm:
+        """The module as a lock-step algorithm (for the lock-step driver)."""
+        assert self.lockstep, "the algorithm does not move its clients in lock-step"
+        return self.algorithm  # type: ignore[return-value]
+
+    # ------------------------------------------------------------ runs
+    def load_client_state(self, client_id: int) -> dict[str, Tensor]:
+        """Client ``client_id``'s declared state entries, on the device (defaults where absent)."""
+        state = {}
+        for name, spec in self.algorithm.state_specs.items():
+            value = self.algorithm.store.get(client_id, name, device=self.device)
+            if value is None:
+                value = spec.initial()
+            if value is not None:
+                state[name] = value.to(self.device)
+        return state
+
+    def new_run(self, run_class: type[RunT], client_id: int, *args: Any, start: Optional[Tensor] = None,
+                with_state: bool = True, round_idx: Optional[int] = None) -> RunT:
+        """A ``run_class`` run of ``client_id`` (its backend's ``*args`` first): from ``start``
+        (default: the round's global model), with the client's declared state entries (none
+        without ``with_state``: plain local work), this round's steps and the lock-step value."""
+        algorithm = self.algorithm
+        if start is None:
+            assert algorithm.round_start is not None, "the round has not started"
+            start = algorithm.round_start
+        return run_class(
+            *args,
+            client_id=client_id,
+            round_idx=self.round if round_idx is None else round_idx,
+            num_samples=algorithm.datamodule.num_samples(client_id),
+            layout=self.global_model.layout,
+            start=start,
+            state=self.load_client_state(client_id) if with_state else {},
+            num_steps=algorithm.local_steps,
+            shared=self.lockstep_algorithm().shared if self.lockstep and with_state else None,
+        )
+
+    def finish(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> None:
+        """Hand a finished run's uploads (checked against the declarations) and new state to the round."""
+        specs = self.algorithm.update_specs
+        if set(uploads) != set(specs):
+            raise ValueError(
+                f"{type(self.algorithm).__name__}.client_final returned uploads {sorted(uploads)}, "
+                f"but the declared uploads are {sorted(specs)} (see add_update)"
+            )
+        tensors = {}
+        for name, spec in specs.items():
+            value = uploads[name]
+            if value.numel() != spec.size:
+                raise ValueError(f"upload {name!r} has {value.numel()} entries, declared {spec.size}")
+            tensors[name] = value.reshape(-1).float()
+        self.algorithm.receive(ClientUpdate(run.client_id, run.num_samples, tensors, run.summary()), run.state)
+
+    def is_forged(self, client_id: int) -> bool:
+        """Whether a callback will replace ``client_id``'s upload without reading it (its local
+        work is then skipped: the result is the same, only faster)."""
+        return any(cb.forges_upload(self.trainer, self.algorithm, client_id) for cb in self._callbacks)
+
+    def skip_forged(self, client_id: int) -> None:
+        """Hand the round zeros of the declared shapes for ``client_id``, whose upload a callback forges."""
+        specs = self.algorithm.update_specs
+        zeros = {name: torch.zeros(spec.size, device=self.device) for name, spec in specs.items()}
+        self.algorithm.receive(ClientUpdate(client_id, self.algorithm.datamodule.num_samples(client_id), zeros), None)
+
+    # ------------------------------------------------------------ batches
+    @property
+    def changes_local_batches(self) -> bool:
+        """Whether a callback of the round changes clients' local batches (``on_local_batch``): then
+        batches must be real ones, each passed through the callbacks."""
+        return bool(self._batch_callbacks)
+
+    def client_data(self, client_id: int) -> ClientData:
+        """The client's training split."""
+        return self.algorithm.datamodule.client_data(client_id, "train")
+
+    def prepare_batch(self, client_id: int, batch: Any) -> Any:
+        """``batch`` on the device, after the callbacks' ``on_local_batch`` (data poisoning)."""
+        batch = to_device(batch, self.device)
+        for cb in self._batch_callbacks:
+            batch = cb.on_local_batch(self.trainer, self.algorithm, client_id, batch)
+        return batch
+
+    def batch_order(self, client_id: int, stream: str = "batches", round_idx: Optional[int] = None) -> torch.Generator:
+        """The generator of the client's batch order in ``stream`` this round (or ``round_idx``)."""
+        return generator(self.algorithm.seed, stream, self.round if round_idx is None else round_idx, client_id)
+
+    def batches(self, client_id: int, num_steps: Optional[int], stream: str = "batches",
+                round_idx: Optional[int] = None) -> Iterator[Any]:
+        """The client's mini-batches, ready for a step, in an order from ``(seed, stream, round, client)``:
+        ``num_steps`` batches, or ``local_epochs`` passes when ``num_steps`` is None."""
+        data, g = self.client_data(client_id), self.batch_order(client_id, stream, round_idx)
+        if num_steps is not None:
+            batches = data.step_batches(num_steps, g)
+        else:
+            assert self.algorithm.local_epochs is not None
+            batches = data.epoch_batches(self.algorithm.local_epochs, g)
+        for batch in batches:
+            yield self.prepare_batch(client_id, batch)
+
+    def indices(self, client_id: int, num_steps: Optional[int], stream: str = "batches") -> Iterator[Tensor]:
+        """The dataset indices of :meth:`batches`' batches (the same keyed order), for a backend that
+        gathers many clients' batches at once (only when no callback changes local batches)."""
+        data, g = self.client_data(client_id), self.batch_order(client_id, stream)
+        if num_steps is not None:
+            return iter(data.step_indices(num_steps, g))
+        assert self.algorithm.local_epochs is not None
+        return data.epoch_indices(self.algorithm.local_epochs, g)
+
+    def index_table(self, client_id: int, num_steps: int, stream: str = "batches") -> Tensor:
+        """:meth:`indices` of ``num_steps`` steps as one table, ``[num_steps, batch]``."""
+        return self.client_data(client_id).step_indices(num_steps, self.batch_order(client_id, stream))
+
+    def fetch(self, client_id: int, positions: Tensor) -> Any:
+        """The client's training samples at ``positions`` as one batch, ready for a step."""
+        return self.prepare_batch(client_id, self.client_data(client_id).fetch(positions))
+
+    def epoch(self, client_id: int, batch_size: int) -> Iterator[Any]:
+        """One pass over the client's training split in index order, in batches ready for a step."""
+        for batch in self.client_data(client_id).epoch_batches(1, batch_size=batch_size):
+            yield self.prepare_batch(client_id, batch)
+
+    def gather(self, indices: Tensor) -> Any:
+        """The samples of the dataset pool at ``indices`` (any shape, e.g. ``[clients, batch]``), on the device."""
+        return to_device(gather(self.algorithm.datamodule.pool, indices), self.device)
+
+    def step_batches(self, run: ClientRun) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Each local step's batch and the batches of the extra streams, for ``run``."""
+        main = iter(run.batches) if run.batches is not None else self.batches(run.client_id, run.num_steps)
+        extras = {s: self.batches(run.client_id, run.num_steps, s) for s in self.algorithm.extra_batch_streams}
+        for batch in main:
+            yield batch, {name: next(it) for name, it in extras.items()}
+
+    # ------------------------------------------------------------ the setting of local work
+    @contextmanager
+    def local_work(self, client_id: int, *keys: Any) -> Iterator[None]:
+        """The setting of local work of ``client_id``.
+
+        The global torch RNG is forked and seeded from ``(seed, "client", client, *keys)``, so the
+        client module's own draws (Dropout, augmentation) do not depend on the process, the
+        client order or a resume. The client module is in train mode. In training, its
+        ``self.log`` calls are buffered and logged once per round as their batch-size-weighted
+        mean (:mod:`fl_lightning.local_logging`); in an evaluation hook (finetuning, fitting an
+        unseen client) gradients are enabled, inference mode is left, and the client's
+        ``self.log`` calls are dropped: they would land in the evaluation's results. Integer
+        buffers (BatchNorm's ``num_batches_tracked``) are not federated state: local work leaves
+        them at the global model's values, whatever the backend.
+        """
+        training = self.trainer.training
+        client = self.client
+        was_training = client.training
+        if self._integer_buffers is None or not training:
+            self._integer_buffers = [b for b in client.buffers() if not b.is_floating_point()]
+        counters = [(b, b.clone()) for b in self._integer_buffers]
+        with ExitStack() as stack:
+            stack.enter_context(keyed_rng(self.algorithm.seed, "client", client_id, *keys, device=self.device))
+            stack.enter_context(routed_log(client, self.logs.log if training else _drop_log))
+            if not training:
+                stack.enter_context(torch.inference_mode(False))
+                stack.enter_context(torch.enable_grad())
+            if not was_training:
+                client.train()
+            try:
+                yield
+            finally:
+                if not was_training:
+                    client.eval()
+                self.logs.batch = None
+                with torch.no_grad():
+                    for buffer, value in counters:
+                        buffer.copy_(value)
+
+    def train_locally(self, run: ClientRun, steps: Optional[int], stream: str) -> Tensor:
+        """Plain local training of ``run`` (a run with no state): the client module's loss and
+        optimizer on ``steps`` batches of ``stream``; returns the trained state vector."""
+        with self.local_work(run.client_id, stream, run.round), torch.no_grad():
+            for batch in self.batches(run.client_id, steps, stream, run.round):
+                run.record(plain_step(run, batch))
+        return run.end()
+
+
+def _overrides_default(obj: Any, name: str) -> bool:
+    """Whether ``obj``'s class overrides the default of method ``name`` (its first definition in
+    the class hierarchy, the engine's)."""
+    defining = [klass for klass in type(obj).__mro__ if name in vars(klass)]
+    return getattr(type(obj), name) is not vars(defining[-1])[name]

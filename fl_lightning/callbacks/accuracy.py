@@ -1,0 +1,42 @@
+"""Classification accuracy of the engine's models on a client's data, for the metric callbacks.
+
+The client module's output is read as logits (the predicted class: its argmax), so these
+functions are for classification; the engine itself knows nothing of accuracy.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from lightning_fabric.utilities.apply_func import move_data_to_device
+from torch import Tensor
+
+from fl_lightning.datamodules.client_data import ClientData
+from fl_lightning.hooks import Federation
+
+
+def client_accuracy(module: Federation, client_id: int, data: ClientData, personalized: bool = True) -> float:
+    """Accuracy on ``data`` of client ``client_id``'s model (``module.client_eval_state``), or
+    of the global model if ``personalized`` is False."""
+    return accuracy_of(module, module.client_eval_state(client_id) if personalized else None, data)
+
+
+@torch.no_grad()
+def accuracy_of(module: Federation, state: Optional[Tensor], data: ClientData) -> float:
+    """Accuracy on ``data`` of the model ``state`` (None: the global model); the client module's
+    output is read as logits. ``state`` is loaded into ``module.global_model`` for the
+    evaluation and the global model restored afterwards; the client module is left as it was."""
+    saved = module.global_model.flatten() if state is not None else None
+    if state is not None:
+        module.global_model.load(state.to(module.device))
+    was_training = module.client.training
+    module.client.eval()
+    correct = 0
+    for x, y in data.epoch_batches(1, batch_size=module.datamodule.eval_batch_size):
+        logits = module.client(move_data_to_device(x, module.device))
+        correct += int((logits.argmax(-1).cpu() == y).sum())
+    module.client.train(was_training)
+    if saved is not None:
+        module.global_model.load(saved)
+    return correct / max(len(data), 1)

@@ -1,0 +1,94 @@
+"""``ClientEvaluation``: validation, test and predict run the client module's own hooks on the global model.
+
+Between rounds the client module holds the global model, so the federated module's
+``validation_step``/``test_step``/``predict_step`` are the client's, and the metrics it logs are
+the global model's. Federated evaluation of each client's own model is done by callbacks
+(:mod:`fl_lightning.callbacks`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pytorch_lightning as pl
+from torch import Tensor
+
+from fl_lightning.backends import ClientContext, train_plainly
+from fl_lightning.lightning_compat import set_current_hook
+from fl_lightning.vectors import ModelVector
+
+
+class ClientEvaluation(pl.LightningModule):
+    """The evaluation hooks of a module that wraps a client ``LightningModule`` (``self.client``),
+    and the plain local training that evaluation needs (finetuning, fitting an unseen client)."""
+
+    client: pl.LightningModule
+    context: ClientContext
+    global_model: ModelVector
+    local_steps: Optional[int]
+
+    def train_locally(
+        self,
+        client_id: int,
+        start: Optional[Tensor] = None,
+        steps: Optional[int] = None,
+        stream: str = "batches",
+        round_idx: Optional[int] = None,
+    ) -> Tensor:
+        """Plain local training of client ``client_id``, for any algorithm: its module's loss and
+        optimizer, from ``start`` (default: the global model); returns the trained state vector.
+
+        This is the one entry point of callbacks' local work (finetuning, fitting an unseen
+        client). The client module is left as it was; batches come from
+        ``(seed, stream, round_idx, client)`` (``round_idx`` defaults to the current round).
+        """
+        saved = self.global_model.flatten()
+        start = saved if start is None else start.to(self.device)
+        round_idx = self.current_epoch if round_idx is None else round_idx
+        steps = steps if steps is not None else self.local_steps
+        end = train_plainly(self.context, client_id, start, steps, stream, round_idx)
+        self.global_model.load(saved)
+        return end
+
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return self._client_hook("validation_step", batch, batch_idx)
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return self._client_hook("test_step", batch, batch_idx)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        """The client's own ``predict_step``; for a client without one, the global model's
+        outputs on the inputs: the batch's first element (the datamodule's batches are ``(x, y)``)."""
+        if type(self.client).predict_step is not pl.LightningModule.predict_step:
+            return self._client_hook("predict_step", batch, batch_idx)
+        return self.client(batch[0] if isinstance(batch, (list, tuple)) else batch)
+
+    def on_validation_epoch_start(self) -> None:
+        self._client_hook("on_validation_epoch_start")
+
+    def on_validation_epoch_end(self) -> None:
+        self._client_hook("on_validation_epoch_end")
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            self.log_round_step()
+
+    def log_round_step(self) -> None:
+        """Make the number of rounds done the loggers' step for the metrics logged with this
+        epoch's (Lightning takes a logged ``step`` as the x-axis): plots read rounds, not work
+        items. ``epoch`` (the 0-based index) is kept beside it, as Lightning logs it. Without a
+        logger there is no axis to set (and each ``self.log`` costs a fraction of a millisecond)."""
+        if not self.trainer.loggers:
+            return
+        self.log("step", float(self.current_epoch + 1), on_step=False, on_epoch=True, batch_size=1)
+        self.log("epoch", float(self.current_epoch), on_step=False, on_epoch=True, batch_size=1)
+
+    def on_test_epoch_start(self) -> None:
+        self._client_hook("on_test_epoch_start")
+
+    def on_test_epoch_end(self) -> None:
+        self._client_hook("on_test_epoch_end")
+
+    def _client_hook(self, name: str, *args: Any) -> Any:
+        set_current_hook(self.client, name)
+        return getattr(self.client, name)(*args)
+
