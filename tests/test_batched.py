@@ -230,11 +230,12 @@ def test_dropout_draws_are_independent_per_client():
     batch = (torch.randn(8, 20), torch.randint(0, 10, (8,)))
     trainer(1).fit(module, synthetic(2))  # attaches the Trainer
     from fl_lightning.backends.batched.backend import Block
+    from fl_lightning.backends.batched.batches import BatchGroup
 
     backend = module.backend
     module.on_train_epoch_start()
-    block = Block([backend.new_run(module.context, cid) for cid in (0, 1)], [])
-    backend._advance(module.context, block, [(batch, {}), (batch, {})], 0, "step")
+    block = Block([backend.new_run(module.context, cid) for cid in (0, 1)], iter([]))
+    backend._advance(module.context, block, [BatchGroup([0, 1], [(batch, {}), (batch, {})])], 0, "step")
     block.unstack()
     assert not torch.equal(block.runs[0].end(), block.runs[1].end())
 

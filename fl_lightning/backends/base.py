@@ -110,15 +110,16 @@ class ClientBackend(ABC, Generic[Group]):
             self._groups = [self.start_group(context, clients) for clients in self._lockstep_plan]
         batches = [self.next_batches(context, group) for group in self._groups]
         shares = [self.share(context, group, b, step) for group, b in zip(self._groups, batches)]
-        if any(s is not None for s in shares):
-            if any(s is None for s in shares):
+        parts = [s for s in shares if s is not None]
+        if parts:
+            if len(parts) < len(shares):
                 raise RuntimeError("client_share must return a value for every client or for none, at a given step")
             algorithm = context.lockstep_algorithm()
             total = float(sum(algorithm.datamodule.num_samples(c) for c in algorithm.round_clients))
-            algorithm.shared = algorithm.server_share(all_reduce_sum(weighted_mean(shares, total)))  # type: ignore[arg-type]
+            algorithm.shared = algorithm.server_share(all_reduce_sum(weighted_mean(parts, total)))
         for group, b in zip(self._groups, batches):
             self.step(context, group, b, step)
-        if step == context.algorithm.local_steps - 1:  # type: ignore[operator]
+        if step == self.num_work_items(context, 0) - 1:
             for group in self._groups:
                 self.finish_group(context, group)
             self._groups = []

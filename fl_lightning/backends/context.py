@@ -16,7 +16,7 @@ seam for a ``LightningModule``: the client module runs in its own precision cont
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Protocol, TypeVar
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Protocol, TypeVar, cast
 
 import pytorch_lightning as pl
 import torch
@@ -145,7 +145,7 @@ class ClientContext:
     def lockstep_algorithm(self) -> LockstepAlgorithm:
         """The module as a lock-step algorithm (for the lock-step driver)."""
         assert self.lockstep, "the algorithm does not move its clients in lock-step"
-        return self.algorithm  # type: ignore[return-value]
+        return cast(LockstepAlgorithm, self.algorithm)
 
     # ------------------------------------------------------------ runs
     def load_client_state(self, client_id: int) -> dict[str, Tensor]:
@@ -160,10 +160,10 @@ class ClientContext:
         return state
 
     def new_run(self, run_class: type[RunT], client_id: int, *args: Any, start: Optional[Tensor] = None,
-                with_state: bool = True, round_idx: Optional[int] = None) -> RunT:
+                plain: bool = False, round_idx: Optional[int] = None) -> RunT:
         """A ``run_class`` run of ``client_id`` (its backend's ``*args`` first): from ``start``
-        (default: the round's global model), with the client's declared state entries (none
-        without ``with_state``: plain local work), this round's steps and the lock-step value."""
+        (default: the round's global model), with this round's steps and, unless ``plain`` (plain
+        local work, outside the algorithm), the client's declared state entries and the lock-step value."""
         algorithm = self.algorithm
         if start is None:
             assert algorithm.round_start is not None, "the round has not started"
@@ -175,9 +175,9 @@ class ClientContext:
             num_samples=algorithm.datamodule.num_samples(client_id),
             layout=self.global_model.layout,
             start=start,
-            state=self.load_client_state(client_id) if with_state else {},
+            state={} if plain else self.load_client_state(client_id),
             num_steps=algorithm.local_steps,
-            shared=self.lockstep_algorithm().shared if self.lockstep and with_state else None,
+            shared=self.lockstep_algorithm().shared if self.lockstep and not plain else None,
         )
 
     def finish(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> None:
@@ -242,17 +242,14 @@ class ClientContext:
         for batch in batches:
             yield self.prepare_batch(client_id, batch)
 
-    def indices(self, client_id: int, num_steps: Optional[int], stream: str = "batches") -> Iterator[Tensor]:
-        """The dataset indices of :meth:`batches`' batches (the same keyed order), for a backend that
-        gathers many clients' batches at once (only when no callback changes local batches)."""
-        data, g = self.client_data(client_id), self.batch_order(client_id, stream)
-        if num_steps is not None:
-            return iter(data.step_indices(num_steps, g))
+    def epoch_indices(self, client_id: int, stream: str = "batches") -> Iterator[Tensor]:
+        """The dataset indices of the batches of the client's ``local_epochs`` passes (:meth:`batches`'
+        order), for a backend that gathers many clients' batches at once."""
         assert self.algorithm.local_epochs is not None
-        return data.epoch_indices(self.algorithm.local_epochs, g)
+        return self.client_data(client_id).epoch_indices(self.algorithm.local_epochs, self.batch_order(client_id, stream))
 
     def index_table(self, client_id: int, num_steps: int, stream: str = "batches") -> Tensor:
-        """:meth:`indices` of ``num_steps`` steps as one table, ``[num_steps, batch]``."""
+        """The dataset indices of :meth:`batches`' ``num_steps`` batches as one table, ``[num_steps, batch]``."""
         return self.client_data(client_id).step_indices(num_steps, self.batch_order(client_id, stream))
 
     def fetch(self, client_id: int, positions: Tensor) -> Any:

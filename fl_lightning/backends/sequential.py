@@ -15,39 +15,17 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from fl_lightning.backends.base import ClientBackend
 from fl_lightning.backends.context import ClientContext
+from fl_lightning.backends.stateless import training_loss
 from fl_lightning.optim.param_groups import optimizer_lr
 from fl_lightning.run import ClientRun, Model
 from fl_lightning.vectors import set_grads
-
-
-def training_loss(output: Any) -> Tensor:
-    """The loss of a ``training_step`` result: a tensor, or the ``"loss"`` of a dict, as a 0-dim tensor.
-
-    Both backends take the loss here. A loss of more than one element, or one that does not
-    require grad (detached, or computed under ``no_grad``), is refused with a ValueError: the
-    first fails in ``backward`` / ``torch.func.grad``, the second would give the batched backend
-    a zero gradient. The checks read tensor metadata only (no device sync)."""
-    loss = output["loss"] if isinstance(output, Mapping) and "loss" in output else output
-    if not isinstance(loss, Tensor):
-        got = f"a dict with keys {sorted(output)}" if isinstance(output, Mapping) else type(output).__name__
-        raise TypeError(
-            f"the client's training_step must return a loss tensor or a dict with a 'loss' tensor, got {got}"
-        )
-    if loss.numel() != 1:
-        raise ValueError(f"the client's training_step returned a loss of shape {tuple(loss.shape)}: it must be a "
-                         "scalar tensor (one element); reduce it, e.g. with .mean()")
-    if not loss.requires_grad:
-        raise ValueError("the client's training_step returned a loss that does not require grad (detached, computed "
-                         "under torch.no_grad(), or from no trainable parameter): it must be a tensor computed from "
-                         "the model's parameters with grad enabled")
-    return loss.reshape(())
 
 
 @dataclass(frozen=True)
@@ -309,6 +287,6 @@ def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: 
     ``round_idx``); returns the trained state vector. The client module is left trained: the
     caller restores it."""
     run = context.new_run(ModuleRun, client_id, context, context.algorithm.local_optimizer(), start=start,
-                          with_state=False, round_idx=round_idx)
+                          plain=True, round_idx=round_idx)
     run.restart(start)
     return context.train_locally(run, steps, stream)

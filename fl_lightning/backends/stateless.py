@@ -4,12 +4,13 @@
 parameters and buffers. :class:`StatelessClient` wraps the client module so that its
 ``forward`` and its ``training_step`` can be evaluated at any model given as a list of tensors
 in :class:`~fl_lightning.vectors.Layout` order (parameters, then floating buffers): the other
-models of a local step in the sequential backend, every model in the batched one.
+models of a local step in the sequential backend, every model in the batched one. Both backends
+take the loss of a ``training_step`` with :func:`training_loss`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from torch import Tensor, nn
 from torch.func import functional_call
@@ -59,3 +60,26 @@ class StatelessClient:
         """The client's ``training_step(batch, index)`` at the model ``tensors``."""
         named = {f"client.{name}": t for name, t in self.named(tensors).items()}
         return functional_call(self._step, named, (batch, index))
+
+
+def training_loss(output: Any) -> Tensor:
+    """The loss of a ``training_step`` result: a tensor, or the ``"loss"`` of a dict, as a 0-dim tensor.
+
+    Both backends take the loss here. A loss of more than one element, or one that does not
+    require grad (detached, or computed under ``no_grad``), is refused with a ValueError: the
+    first fails in ``backward`` / ``torch.func.grad``, the second would give the batched backend
+    a zero gradient. The checks read tensor metadata only (no device sync)."""
+    loss = output["loss"] if isinstance(output, Mapping) and "loss" in output else output
+    if not isinstance(loss, Tensor):
+        got = f"a dict with keys {sorted(output)}" if isinstance(output, Mapping) else type(output).__name__
+        raise TypeError(
+            f"the client's training_step must return a loss tensor or a dict with a 'loss' tensor, got {got}"
+        )
+    if loss.numel() != 1:
+        raise ValueError(f"the client's training_step returned a loss of shape {tuple(loss.shape)}: it must be a "
+                         "scalar tensor (one element); reduce it, e.g. with .mean()")
+    if not loss.requires_grad:
+        raise ValueError("the client's training_step returned a loss that does not require grad (detached, computed "
+                         "under torch.no_grad(), or from no trainable parameter): it must be a tensor computed from "
+                         "the model's parameters with grad enabled")
+    return loss.reshape(())

@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from fl_lightning.backends.base import ClientBackend
-from fl_lightning.backends.batched.batches import BlockStep, batch_signature, index_stream, stack_batches, step_table
+from fl_lightning.backends.batched.batches import StepGroup, plan_steps
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
 from fl_lightning.backends.batched.stacking import merge_leaves, split_leaves, stack_carries
@@ -20,14 +20,12 @@ from fl_lightning.optim.sgd_function import FunctionalSGD, functional_optimizer
 
 
 class Block:
-    """A block of clients whose runs advance together: the runs, their keyed batch streams (or,
-    when every client's steps have the same shapes, the table of all its steps), and while they
-    step, their carries stacked along the client dimension (built once, taken back into the runs
-    once, at the end)."""
+    """A block of clients whose runs advance together: the runs, the plan of their steps
+    (:func:`~fl_lightning.backends.batched.batches.plan_steps`), and while they step, their carries
+    stacked along the client dimension (built once, taken back into the runs once, at the end)."""
 
-    def __init__(self, runs: list[FunctionalRun], streams: list[Iterator[tuple[Any, dict[str, Any]]]],
-                 table: Optional[list[BlockStep]] = None) -> None:
-        self.runs, self.streams, self.table = runs, streams, table
+    def __init__(self, runs: list[FunctionalRun], plan: Iterator[list[StepGroup]]) -> None:
+        self.runs, self.plan = runs, plan
         self.tensors, self.spec, self.static = stack_carries([run.carry() for run in runs]) if runs else ([], None, {})
         #: each step's outputs (name -> values stacked over the clients that took part, None: all of them)
         self.outputs: list[tuple[Optional[list[int]], dict[str, Tensor]]] = []
@@ -85,18 +83,8 @@ class BatchedBackend(ClientBackend[Block]):
         """A block's whole round: every client's ``client_init``, the block's vectorized steps, every
         client's ``client_final``."""
         block = self._init_block(context, clients)
-        if block.table is not None:
-            for step, block_step in enumerate(block.table):
-                self._advance(context, block, block_step, step, "step")
-            self._finish_block(context, block)
-            return
-        step = 0
-        while block.runs:
-            items = [next(stream, None) for stream in block.streams]
-            if all(i is None for i in items):
-                break
-            self._advance(context, block, items, step, "step")
-            step += 1
+        for step, groups in enumerate(block.plan):
+            self._advance(context, block, groups, step, "step")
         self._finish_block(context, block)
 
     # ------------------------------------------------------------ runs
@@ -131,12 +119,7 @@ class BatchedBackend(ClientBackend[Block]):
                 self._finish_runs(context, [run])
                 continue
             runs.append(run)
-        if context.changes_local_batches or any(run.batches is not None for run in runs):
-            return Block(runs, [context.step_batches(run) for run in runs])
-        table = None if context.lockstep or not runs else step_table(context, runs)
-        if table is not None:
-            return Block(runs, [], table)
-        return Block(runs, [index_stream(context, run) for run in runs])  # gathered a step at a time
+        return Block(runs, plan_steps(context, runs))
 
     def _finish_block(self, context: ClientContext, block: Block) -> None:
         block.unstack()
@@ -155,7 +138,7 @@ class BatchedBackend(ClientBackend[Block]):
         return self._init_block(context, clients)
 
     def next_batches(self, context: ClientContext, group: Block) -> Any:
-        return [next(stream) for stream in group.streams]
+        return next(group.plan)
 
     def share(self, context: ClientContext, group: Block, batches: Any, step: int) -> Optional[tuple[Tensor, Tensor]]:
         shares = self._advance(context, group, batches, step, "share")
@@ -171,28 +154,19 @@ class BatchedBackend(ClientBackend[Block]):
         self._finish_block(context, group)
 
     # ------------------------------------------------------------ one vectorized step of a block
-    def _advance(self, context: ClientContext, block: Block, items: Any, step: int,
+    def _advance(self, context: ClientContext, block: Block, groups: list[StepGroup], step: int,
                  phase: str) -> Optional[Tensor]:
         """Run ``phase`` (``"step"``: ``client_step``; ``"share"``: ``client_share``) of local step
-        ``step`` for the block's clients that have a batch (``items``: one per client, None for a
-        client without, or a :class:`BlockStep` of them all), one vectorized call per batch shape;
-        returns the stacked shares of the ``"share"`` phase (None if the clients share nothing)."""
-        groups: dict[Any, list[int]] = {}
-        if isinstance(items, BlockStep):
-            groups[None] = list(range(len(block.runs)))
-        else:
-            for i, item in enumerate(items):
-                if item is not None:
-                    groups.setdefault(batch_signature(item), []).append(i)
-        everyone = len(groups) == 1 and len(next(iter(groups.values()))) == len(block.runs)
+        ``step`` for the block's clients that take it (``groups``: by batch shapes), one vectorized call
+        per group; returns the stacked shares of the ``"share"`` phase (None if the clients share nothing)."""
+        everyone = len(groups) == 1 and len(groups[0].members) == len(block.runs)
         results = []
         first, last = block.runs[0], block.runs[-1]
         with context.local_work(first.client_id, "block", first.round, last.client_id, phase, step):
-            for members in groups.values():
-                index = None if everyone else torch.tensor(members, device=block.tensors[0].device)
+            for group in groups:
+                index = None if everyone else torch.tensor(group.members, device=block.tensors[0].device)
                 tensors = block.tensors if index is None else [t.index_select(0, index) for t in block.tensors]
-                given = items if isinstance(items, BlockStep) else [items[i] for i in members]
-                results.append((members, index, self._call(context, block, tensors, given, step, phase)))
+                results.append((group.members, index, self._call(context, block, tensors, group, step, phase)))
                 block.checked = True
         self._take_back(block, results)
         if phase == "step":
@@ -231,17 +205,12 @@ class BatchedBackend(ClientBackend[Block]):
                 t.index_copy_(0, index, new)
         block.tensors, block.spec, block.static = full, spec, static
 
-    def _call(self, context: ClientContext, block: Block, tensors: list[Tensor], items: Any, step: int,
+    def _call(self, context: ClientContext, block: Block, tensors: list[Tensor], group: StepGroup, step: int,
               phase: str) -> tuple[list[Tensor], Any, dict[int, Any], dict[str, Tensor]]:
         """One ``vmap`` of the phase's hook over stacked carries ``tensors`` (the block's structure)
-        and the clients' batches (``items``: one per client, or a :class:`BlockStep`); returns the
-        new stacked carry, its structure and the hook's outputs, stacked."""
-        if isinstance(items, BlockStep):
-            batch = context.gather(items.main)
-            extras = {name: context.gather(indices) for name, indices in items.extras.items()}
-        else:
-            batch = stack_batches(context, [item[0] for item in items])
-            extras = {name: stack_batches(context, [item[1][name] for item in items]) for name in items[0][1]}
+        and the ``group``'s batches; returns the new stacked carry, its structure and the hook's
+        outputs, stacked."""
+        batch, extras = group.load(context)
         template, spec, static, side = block.runs[0], block.spec, block.static, {}
         hook = context.algorithm.client_step if phase == "step" else context.lockstep_algorithm().client_share
 

@@ -1,8 +1,15 @@
-"""The step batches of a block of clients: dataset indices gathered for the whole block in one go,
-or real batches stacked over the clients, and the shapes that group clients into one vectorized call."""
+"""The batches of a block's local steps, in one format: per step, the clients grouped by the shape
+of their batches (each group runs as one vectorized call), with the group's batches.
+
+A step's batches are, per group, the dataset indices of every stream ``[clients, batch]``,
+gathered from the pool in one go (:class:`IndexGroup`). Only where a callback rewrites local
+batches (``on_local_batch``) or ``client_init`` gave its own, the clients' real batches are stacked
+instead (:class:`BatchGroup`): the one exception, kept apart.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import torch
@@ -12,66 +19,94 @@ from fl_lightning.backends.batched.run import FunctionalRun
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
 
-
-class Indices:
-    """A client's batch given by its dataset indices (gathered with the block's other clients')."""
-
-    __slots__ = ("indices",)
-
-    def __init__(self, indices: Tensor) -> None:
-        self.indices = indices
+#: one client's step: its batch (or its indices) and those of the algorithm's extra streams
+Item = tuple[Any, dict[str, Any]]
 
 
-class BlockStep:
-    """One local step of every client of a block, as dataset indices ``[clients, batch]`` (and those
-    of the extra streams): the batches of the whole block are gathered in one go."""
+@dataclass
+class IndexGroup:
+    """Clients of a block (positions ``members``) whose step batches have the same shapes, as the
+    dataset indices of each stream, stacked ``[len(members), batch]`` (``"batches"``: the main one)."""
 
-    __slots__ = ("main", "extras")
+    members: list[int]
+    indices: dict[str, Tensor]
 
-    def __init__(self, main: Tensor, extras: dict[str, Tensor]) -> None:
-        self.main, self.extras = main, extras
-
-
-def step_table(context: ClientContext, runs: list[FunctionalRun]) -> Optional[list[BlockStep]]:
-    """The block's steps as :class:`BlockStep` when every client takes the same number of steps with
-    batches of the same size (``local_steps``), else None (``local_epochs``, a client smaller than
-    the batch): each client's steps are one table of dataset indices, the block's one stack."""
-    steps = runs[0].num_steps
-    if steps is None or any(run.num_steps != steps for run in runs):
-        return None
-    tables = {stream: [context.index_table(run.client_id, steps, stream) for run in runs]
-              for stream in ("batches", *context.algorithm.extra_batch_streams)}
-    if any(len({t.shape for t in column}) != 1 for column in tables.values()):
-        return None
-    stacked = {stream: torch.stack(column) for stream, column in tables.items()}
-    main = stacked.pop("batches")
-    return [BlockStep(main[:, k], {name: t[:, k] for name, t in stacked.items()}) for k in range(steps)]
+    def load(self, context: ClientContext) -> Item:
+        """The group's batches on the device, gathered in one go per stream."""
+        gathered = {stream: context.gather(indices) for stream, indices in self.indices.items()}
+        return gathered.pop("batches"), gathered
 
 
-def index_stream(context: ClientContext, run: FunctionalRun) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """A run's step batches as dataset indices (the engine's keyed order)."""
-    extras = {s: context.indices(run.client_id, run.num_steps, s) for s in context.algorithm.extra_batch_streams}
-    for idx in context.indices(run.client_id, run.num_steps):
-        yield Indices(idx), {name: Indices(next(it)) for name, it in extras.items()}
+@dataclass
+class BatchGroup:
+    """Clients of a block whose real step batches (after the callbacks) have the same shapes."""
+
+    members: list[int]
+    items: list[Item]
+
+    def load(self, context: ClientContext) -> Item:
+        """The group's batches stacked along a new first dimension, leaf by leaf."""
+        batch = stack_batches([item[0] for item in self.items])
+        extras = {name: stack_batches([item[1][name] for item in self.items]) for name in self.items[0][1]}
+        return batch, extras
 
 
-def stack_batches(context: ClientContext, batches: list[Any]) -> Any:
-    """The clients' batches of a step stacked along a new first dimension: gathered from the
-    dataset in one go when given as indices, else stacked leaf by leaf."""
+StepGroup = IndexGroup | BatchGroup
+
+
+def plan_steps(context: ClientContext, runs: list[FunctionalRun]) -> Iterator[list[StepGroup]]:
+    """Each local step of the block's ``runs``: the clients that take it, grouped by batch shapes.
+
+    Real batches are drawn a step at a time (the callbacks see them in the clients' order);
+    indices come from the engine's keyed streams, which draw from no global generator."""
+    if context.changes_local_batches or any(run.batches is not None for run in runs):
+        streams = [context.step_batches(run) for run in runs]
+        while True:
+            items = [next(stream, None) for stream in streams]
+            if all(item is None for item in items):
+                return
+            yield _group_batches(items)
+    streams = ("batches", *context.algorithm.extra_batch_streams)
+    tables = [{stream: _index_steps(context, run, stream) for stream in streams} for run in runs]
+    for k in range(max((len(t["batches"]) for t in tables), default=0)):
+        groups: dict[tuple, list[int]] = {}
+        for i, table in enumerate(tables):
+            if k < len(table["batches"]):
+                groups.setdefault(tuple(len(table[s][k]) for s in streams), []).append(i)
+        yield [IndexGroup(members, {s: torch.stack([tables[i][s][k] for i in members]) for s in streams})
+               for members in groups.values()]
+
+
+def _index_steps(context: ClientContext, run: FunctionalRun, stream: str) -> list[Tensor]:
+    """A run's step indices in ``stream``: rows of its table (``num_steps`` steps), or its epochs' batches."""
+    if run.num_steps is not None:
+        return list(context.index_table(run.client_id, run.num_steps, stream))
+    return list(context.epoch_indices(run.client_id, stream))
+
+
+def _group_batches(items: list[Optional[Item]]) -> list[StepGroup]:
+    """The clients that have a real batch at this step, grouped by its shapes."""
+    groups: dict[tuple, BatchGroup] = {}
+    for i, item in enumerate(items):
+        if item is not None:
+            group = groups.setdefault(_signature(item), BatchGroup([], []))
+            group.members.append(i)
+            group.items.append(item)
+    return list(groups.values())
+
+
+def stack_batches(batches: list[Any]) -> Any:
+    """The clients' batches of a step stacked along a new first dimension, leaf by leaf."""
     first = batches[0]
-    if isinstance(first, Indices):
-        return context.gather(torch.stack([b.indices for b in batches]))
     if isinstance(first, tuple) and all(isinstance(t, Tensor) for t in first):  # the usual (x, y)
         return tuple(torch.stack(column) for column in zip(*batches))
     flat = [tree_flatten(b) for b in batches]
     return tree_unflatten([torch.stack(column) for column in zip(*(leaves for leaves, _ in flat))], flat[0][1])
 
 
-def batch_signature(item: tuple[Any, dict[str, Any]]) -> tuple:
-    """The shapes of a step's batches: clients with the same signature run the step together."""
+def _signature(item: Item) -> tuple:
+    """The shapes of a client's real batches at a step: clients with the same one run it together."""
     batch, extras = item
-    if isinstance(batch, Indices):
-        return (len(batch.indices), *(len(e.indices) for e in extras.values()))
     if not extras and isinstance(batch, tuple) and all(isinstance(t, Tensor) for t in batch):  # the usual (x, y)
         return tuple(t.shape for t in batch)
     return tuple(tuple(x.shape) if isinstance(x, Tensor) else x for x in tree_flatten(item)[0])

@@ -11,7 +11,7 @@ from torch.func import grad as func_grad
 from torchmetrics import Metric
 
 from fl_lightning.backends.context import ClientContext
-from fl_lightning.backends.sequential import training_loss
+from fl_lightning.backends.stateless import training_loss
 from fl_lightning.lightning_compat import routed_log
 from fl_lightning.local_logging import call_options
 from fl_lightning.optim.sgd_function import FunctionalSGD
