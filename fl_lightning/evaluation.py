@@ -3,18 +3,21 @@
 Between rounds the client module holds the global model, so the federated module's
 ``validation_step``/``test_step``/``predict_step`` are the client's, and the metrics it logs are
 the global model's. Federated evaluation of each client's own model is done by callbacks
-(:mod:`fl_lightning.callbacks`).
+(:mod:`fl_lightning.callbacks`), through :meth:`ClientEvaluation.evaluate_clients`: the client
+module's own hook on each client's split, by the run's client backend.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import pytorch_lightning as pl
 from torch import Tensor
 
-from fl_lightning.backends import ClientContext, train_plainly
+from fl_lightning.backends import ClientBackend, ClientContext, train_plainly
+from fl_lightning.backends.evaluate import check_evaluation
 from fl_lightning.lightning_compat import set_current_hook
+from fl_lightning.update import ClientResult
 from fl_lightning.vectors import ModelVector
 
 
@@ -24,6 +27,9 @@ class ClientEvaluation(pl.LightningModule):
 
     client: pl.LightningModule
     context: ClientContext
+    backend: ClientBackend
+    #: the state vector a client is evaluated with (None: the global model); ``FederatedModule``'s
+    client_eval_state: Callable[[int], Optional[Tensor]]
     global_model: ModelVector
     local_steps: Optional[int]
 
@@ -50,6 +56,27 @@ class ClientEvaluation(pl.LightningModule):
         self.global_model.load(saved)
         return end
 
+    def evaluate_clients(
+        self,
+        client_ids: Sequence[int],
+        split: Literal["train", "val", "test"],
+        hook: Literal["validation_step", "test_step"] = "validation_step",
+        personalized: bool = True,
+    ) -> list[ClientResult]:
+        """This process's evaluation of ``client_ids`` (in that order; clients whose split is empty
+        are left out), each with its own model (``client_eval_state(cid)`` when ``personalized``
+        and not None, else the global model), by the run's client backend.
+
+        The client module's ``hook`` runs on each batch of the client's ``split``
+        (``eval_batch_size`` samples, in index order) and every value it logs is reduced over
+        the client's batches as Lightning reduces an epoch's (a scalar's batch-size-weighted
+        mean; a torchmetrics ``Metric`` reset before the client and computed after it); see
+        :mod:`fl_lightning.backends.evaluate`. Epoch-level hooks are not called. The client module
+        is left as it was, its ``Metric`` objects included.
+        """
+        check_evaluation(self.client, split, hook)
+        state_of = self.client_eval_state if personalized else _global_model
+        return self.backend.evaluate(self.context, client_ids, state_of, split, hook)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         return self._client_hook("validation_step", batch, batch_idx)
@@ -92,3 +119,8 @@ class ClientEvaluation(pl.LightningModule):
         set_current_hook(self.client, name)
         return getattr(self.client, name)(*args)
 
+
+
+def _global_model(client_id: int) -> None:
+    """Every client's evaluation model when not personalized: the global model."""
+    return None

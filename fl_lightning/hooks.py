@@ -6,8 +6,9 @@ live beside the engine so that it needs nothing from the callbacks package.
 
 The hooks receive the engine as a :class:`Federation`: the protocol that says what a callback
 may use of it (the datamodule, the round's clients, the declared uploads, plain local training,
-the client module and the global model...). ``FederatedModule`` satisfies it structurally, so
-the hooks and the callbacks depend on this protocol, not on the engine's module.
+the clients' evaluation, the client module and the global model...). ``FederatedModule``
+satisfies it structurally, so the hooks and the callbacks depend on this protocol, not on the
+engine's module.
 
 A ``FederatedCallback`` is an ordinary Lightning callback (it can use every ``pl.Callback``
 hook and keeps its state in ``state_dict``) plus hooks the engine calls each round:
@@ -30,13 +31,13 @@ hook and keeps its state in ``state_dict``) plus hooks the engine calls each rou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional, Protocol, Sequence
 
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.update import ClientUpdate, LinearReduction, UpdateSpec
+from fl_lightning.update import ClientResult, ClientUpdate, LinearReduction, UpdateSpec
 from fl_lightning.vectors import ModelVector
 
 if TYPE_CHECKING:
@@ -113,6 +114,17 @@ class Federation(Protocol):
         round_idx: Optional[int] = None,
     ) -> Tensor:
         """Plain local training of ``client_id`` from ``start`` (default: the global model); the trained state vector."""
+
+    def evaluate_clients(
+        self,
+        client_ids: Sequence[int],
+        split: Literal["train", "val", "test"],
+        hook: Literal["validation_step", "test_step"] = "validation_step",
+        personalized: bool = True,
+    ) -> list[ClientResult]:
+        """This process's evaluation of ``client_ids`` by the client module's own ``hook`` on each
+        one's ``split``, each with its own model (``client_eval_state`` when ``personalized``);
+        clients whose split is empty are left out."""
 
     def log(
         self,

@@ -8,7 +8,8 @@ wrapper. Lightning offers no public API for these; each use is a small function 
 ``tests/test_lightning_compat.py`` exercises every one against the installed Lightning, so an
 upgrade that changes them fails in one place. ``pyproject.toml`` caps pytorch-lightning at the
 versions these were checked against (:data:`TESTED_LIGHTNING`). torch's private names used
-(``torch.utils._pytree``, the BatchNorm base class) are here too, for the same reason.
+(``torch.utils._pytree``, the BatchNorm base class) and torchmetrics' (a ``Metric``'s accumulated
+state, which a client's evaluation sets aside) are here too, for the same reason.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pytorch_lightning.core.saving import _default_map_location, _load_state
 from pytorch_lightning.overrides.distributed import _sync_module_states
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: F401  (no public pytree module yet)
+from torchmetrics import Metric
 
 #: the pytorch-lightning releases whose private APIs this module was checked against
 TESTED_LIGHTNING = (">=2.4", "<2.7")
@@ -188,3 +190,32 @@ def batch_norm_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
 def lightning_module_attributes() -> frozenset[str]:
     """The instance attributes every ``LightningModule`` has (those its constructor sets)."""
     return frozenset(vars(pl.LightningModule()))
+
+
+#: the private fields of a torchmetrics ``Metric`` besides its states that an update, a ``compute`` or a
+#: sync changes (the update count, the cached results, the sync settings)
+_METRIC_FIELDS = ("_update_count", "_computed", "_forward_cache", "_cache", "_is_synced", "_to_sync",
+                  "dist_sync_on_step", "sync_on_compute")
+
+
+def metric_snapshot(metric: Metric) -> dict[str, Any]:
+    """A copy of everything ``metric`` has accumulated (its states, update count, cached results
+    and sync settings), for :func:`restore_metric`."""
+    return {"states": metric._copy_state_dict(), **{name: getattr(metric, name) for name in _METRIC_FIELDS}}
+
+
+def restore_metric(metric: Metric, snapshot: dict[str, Any]) -> None:
+    """Put ``metric`` back as :func:`metric_snapshot` found it."""
+    for name, value in snapshot["states"].items():
+        setattr(metric, name, value)
+    for name in _METRIC_FIELDS:
+        setattr(metric, name, snapshot[name])
+
+
+def unsync_metric(metric: Metric) -> None:
+    """Make ``metric`` update and ``compute`` on this process's states only (no all-gather between
+    processes, which evaluate different clients). ``sync_on_compute`` too: the Metric's ``forward``
+    sets ``_to_sync`` back from it after every call."""
+    metric._to_sync = False
+    metric.sync_on_compute = False
+    metric.dist_sync_on_step = False

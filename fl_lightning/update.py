@@ -1,5 +1,5 @@
-"""What one client sends back to the server, how each uploaded tensor is combined, and the
-linear combinations themselves.
+"""What one client sends back to the server (and what its evaluation gives), how each uploaded
+tensor is combined, and the linear combinations themselves.
 
 An algorithm declares each tensor it uploads with :meth:`FederatedModule.add_update
 <fl_lightning.module.FederatedModule.add_update>`, naming its size and its reduction, in the
@@ -80,6 +80,25 @@ class ClientUpdate:
             {k: v.to(device) for k, v in self.tensors.items()},
             dict(self.metrics),
         )
+
+
+@dataclass
+class ClientResult:
+    """One client's evaluation by its module's own ``validation_step`` / ``test_step``.
+
+    Attributes:
+        client_id: index of the client in the federation.
+        num_samples: samples in the client's evaluated split (the weight of sample-weighted means).
+        metrics: each name the hook logged, with the client's value: a scalar's
+            batch-size-weighted mean over the client's batches (or its ``reduce_fx``), a torchmetrics
+            ``Metric``'s ``compute()`` over the client's batches.
+        higher_is_better: the direction of each logged ``Metric`` that declares one, by name.
+    """
+
+    client_id: int
+    num_samples: int
+    metrics: dict[str, float]
+    higher_is_better: dict[str, bool] = field(default_factory=dict)
 
 
 def all_finite(tensors: Iterable[Tensor]) -> bool:

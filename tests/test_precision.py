@@ -1,11 +1,15 @@
-"""Mixed precision: bf16-mixed trains on CPU close to fp32; 16-mixed on CUDA scales local losses."""
+"""Mixed precision: bf16-mixed trains on CPU close to fp32; 16-mixed (a CUDA or a CPU GradScaler) scales
+local losses and unscales gradients before the algorithm's hook."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
+import pytorch_lightning as pl
 import torch
+from pytorch_lightning.plugins.precision import MixedPrecision
 
 from fl_lightning.algorithms import FedAvg, SCAFFOLD
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
@@ -31,11 +35,11 @@ def test_bf16_mixed_keeps_scaffold_state_fp32():
     accuracy("bf16-mixed", SCAFFOLD, rounds=2)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_fp16_mixed_on_cuda_scales_local_losses():
-    """With 16-mixed, local losses are scaled by the GradScaler and gradients unscaled before
-    the algorithm's gradient hook: FedProx's proximal term must see true gradients."""
+def fedprox_probe(**trainer_kwargs: Any) -> tuple[float, float, pl.Trainer]:
+    """FedProx trained 3 rounds by a Trainer of ``trainer_kwargs``, its gradients probed where the proximal term is
+    added: the largest finite gradient entry seen by the hook, the validation accuracy, the Trainer.
+    With a loss scaler, local losses are scaled and gradients unscaled before the algorithm's
+    gradient hook: FedProx's proximal term must see true gradients."""
     from fl_lightning.algorithms import FedProx
     from fl_lightning.functional.prox import proximal_gradient
 
@@ -49,17 +53,46 @@ def test_fp16_mixed_on_cuda_scales_local_losses():
             return loss
 
     dm = synthetic(8)
-    runs = {}
-    for precision in ("32-true", "16-mixed"):
-        seen.clear()
-        module = Probe(tiny_client(hidden=(32,)), mu=0.1, clients_per_round=8, local_steps=10)
-        t = trainer(3, precision=precision, accelerator="gpu")
-        t.fit(module, dm)
-        # a step whose scaled gradients overflowed has inf gradients after unscaling; the scaler skips it
-        finite = [g for g in seen if math.isfinite(g)]
-        assert len(finite) >= 0.8 * len(seen)
-        runs[precision] = (max(finite), t.validate(module, dm, verbose=False)[0]["val_acc"])
-        if precision == "16-mixed":
-            assert t.precision_plugin.scaler is not None and t.precision_plugin.scaler.get_scale() > 1
-    assert runs["16-mixed"][0] < 100 * runs["32-true"][0]  # unscaled before the hook
-    assert abs(runs["16-mixed"][1] - runs["32-true"][1]) <= 0.05
+    module = Probe(tiny_client(hidden=(32,)), mu=0.1, clients_per_round=8, local_steps=10)
+    t = trainer(3, **trainer_kwargs)
+    t.fit(module, dm)
+    # a step whose scaled gradients overflowed has inf gradients after unscaling; the scaler skips it
+    finite = [g for g in seen if math.isfinite(g)]
+    assert len(finite) >= 0.8 * len(seen)
+    assert torch.isfinite(global_vector(module)).all()
+    return max(finite), t.validate(module, dm, verbose=False)[0]["val_acc"], t
+
+
+def assert_scaled_like_fp32(scaled: tuple[float, float, pl.Trainer], fp32: tuple[float, float, pl.Trainer]) -> None:
+    """The loss scaler was used, yet the hook saw unscaled gradients and training matched fp32."""
+    scaler = scaled[2].precision_plugin.scaler
+    assert scaler is not None and scaler.get_scale() > 1
+    assert scaled[0] < 100 * fp32[0]  # unscaled before the hook
+    assert abs(scaled[1] - fp32[1]) <= 0.05
+
+
+def cpu_fp16_mixed() -> MixedPrecision:
+    """16-mixed on the CPU: float16 autocast and a CPU GradScaler, the CUDA path without a GPU."""
+    return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+
+
+def test_fp16_mixed_grad_scaler_on_cpu_scales_local_losses():
+    """The 16-mixed GradScaler path on the CPU: catches breaks of the scaler path without a GPU."""
+    assert_scaled_like_fp32(fedprox_probe(plugins=[cpu_fp16_mixed()]), fedprox_probe(precision="32-true"))
+
+
+def test_batched_backend_refuses_fp16_mixed():
+    """The batched backend runs the optimizer as a function, which no loss scaler can step: refused, with why."""
+    module = FedAvg(tiny_client(), clients_per_round=2, local_steps=2, client_backend="batched")
+    with pytest.raises(ValueError, match=r"precision '16-mixed' scales each optimizer's loss.*"
+                                         r"use 'bf16-mixed' or client_backend='sequential'"):
+        trainer(1, plugins=[cpu_fp16_mixed()]).fit(module, synthetic(4))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fp16_mixed_on_cuda_scales_local_losses():
+    """With 16-mixed on CUDA, local losses are scaled by the GradScaler and gradients unscaled
+    before the algorithm's gradient hook: FedProx's proximal term must see true gradients."""
+    fp32 = fedprox_probe(precision="32-true", accelerator="gpu")
+    assert_scaled_like_fp32(fedprox_probe(precision="16-mixed", accelerator="gpu"), fp32)

@@ -12,19 +12,25 @@ of every group of this process, and this module's driver runs it: every group's 
 clients' shared values (``client_share``), their weighted mean over all processes and the
 server's reply (``server_share``), every group's step, and after the last step every client's
 ``client_final``. A backend supplies the group operations the driver calls.
+
+A backend also evaluates clients with the client module's own ``validation_step`` / ``test_step``
+(:meth:`ClientBackend.evaluate`; by default one client after another,
+:mod:`fl_lightning.backends.evaluate`).
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Generic, Optional, TypeVar
+from typing import Any, Generic, Optional, Sequence, TypeVar
 
 import torch
 from torch import Tensor
 
 from fl_lightning.backends.context import ClientContext
+from fl_lightning.backends.evaluate import StateOf, evaluate_in_module
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
+from fl_lightning.update import ClientResult
 
 Group = TypeVar("Group")
 
@@ -79,6 +85,14 @@ class ClientBackend(ABC, Generic[Group]):
     @abstractmethod
     def run_clients(self, context: ClientContext, clients: list[int]) -> None:
         """The whole round of ``clients`` (one group): their runs from ``client_init`` to ``finish``."""
+
+    # ------------------------------------------------------------ evaluation
+    def evaluate(self, context: ClientContext, client_ids: Sequence[int], state_of: StateOf, split: str,
+                 hook: str) -> list[ClientResult]:
+        """``client_ids``' evaluation by the client module's own ``hook`` on their ``split`` (in that
+        order; empty splits left out), each with its model ``state_of(client)`` (None: the global
+        model); by default one client after another (:mod:`fl_lightning.backends.evaluate`)."""
+        return evaluate_in_module(context, client_ids, state_of, split, hook)
 
     # ------------------------------------------------------------ lock-step group operations
     @abstractmethod

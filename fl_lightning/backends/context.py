@@ -55,6 +55,10 @@ class Algorithm(Federation, Protocol):
     #: the global model at the start of the current round
     round_start: Optional[Tensor]
 
+    @property
+    def trainer(self) -> pl.Trainer:
+        """The Trainer running the federation (its precision plugin, whether it is training)."""
+
     def local_optimizer(self) -> torch.optim.Optimizer: ...
 
     def client_init(self, run: ClientRun) -> None: ...

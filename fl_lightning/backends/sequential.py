@@ -101,19 +101,18 @@ class ModuleRun(ClientRun):
             self._unscaled = False
         for p in self._params:
             p.grad = None
-        with torch.enable_grad(), self._forward_context():
-            if loss_fn is not None:
-                out = loss_fn(batch)
-            else:
-                self.context.logs.batch = batch  # the client's self.log infers batch sizes from it
-                out = training_loss(self.context.client.training_step(batch, self.step_index))
-        loss = out[0] if isinstance(out, tuple) else out
+        with torch.enable_grad():
+            with self._forward_context():
+                if loss_fn is not None:
+                    out = loss_fn(batch)
+                else:
+                    self.context.logs.batch = batch  # the client's self.log infers batch sizes from it
+                    out = training_loss(self.context.client.training_step(batch, self.step_index))
+            scaled = self._scaled_loss(out)
+        scaled.backward()
         if scaler is not None:
-            scaler.scale(loss).backward()
             scaler.unscale_(self.optimizer)
             self._unscaled = True
-        else:
-            loss.backward()
         return out, [torch.zeros_like(p) if p.grad is None else p.grad for p in self._params]
 
     def _other_loss_and_grad(
@@ -122,23 +121,30 @@ class ModuleRun(ClientRun):
         k = self.layout.num_param_tensors
         leaves = [t.detach().requires_grad_() for t in model[:k]]
         tensors = [*leaves, *model[k:]]
-        with torch.enable_grad(), self._forward_context():
-            if loss_fn is not None:
-                self._active = tensors
-                try:
-                    out = loss_fn(batch)
-                finally:
-                    self._active = None
-            else:
-                self.context.logs.batch = batch
-                out = training_loss(self.context.stateless.training_step(tensors, batch, self.step_index))
-            loss = out[0] if isinstance(out, tuple) else out
-            scaler = self._scaler
-            scaled = scaler.scale(loss) if scaler is not None else loss
+        with torch.enable_grad():
+            with self._forward_context():
+                if loss_fn is not None:
+                    self._active = tensors
+                    try:
+                        out = loss_fn(batch)
+                    finally:
+                        self._active = None
+                else:
+                    self.context.logs.batch = batch
+                    out = training_loss(self.context.stateless.training_step(tensors, batch, self.step_index))
+            scaled = self._scaled_loss(out)
         grads = torch.autograd.grad(scaled, leaves, allow_unused=True)
+        scaler = self._scaler
         inverse = 1.0 / scaler.get_scale() if scaler is not None else 1.0
         return out, [torch.zeros_like(p) if g is None else (g * inverse if scaler is not None else g)
                      for p, g in zip(leaves, grads)]
+
+    def _scaled_loss(self, out: Any) -> Tensor:
+        """The loss of ``out`` (a loss, or a ``(loss, aux)`` pair) times the loss scaler's scale
+        (``16-mixed``), or the loss itself. Call it with grad enabled, as the forward: local steps
+        run under ``torch.no_grad()``, where the scaled loss would have no grad_fn to backward."""
+        loss = out[0] if isinstance(out, tuple) else out
+        return self._scaler.scale(loss) if self._scaler is not None else loss
 
     def forward(self, *args: Any, model: Model = None) -> Any:
         tensors = model if model is not None else self._active

@@ -2,8 +2,9 @@
 
 ``torch.func.functional_call`` evaluates a module with other tensors in place of its
 parameters and buffers. :class:`StatelessClient` wraps the client module so that its
-``forward`` and its ``training_step`` can be evaluated at any model given as a list of tensors
-in :class:`~fl_lightning.vectors.Layout` order (parameters, then floating buffers): the other
+``forward``, its ``training_step`` and its evaluation steps (``validation_step``, ``test_step``)
+can be evaluated at any model given as a list of tensors in
+:class:`~fl_lightning.vectors.Layout` order (parameters, then floating buffers): the other
 models of a local step in the sequential backend, every model in the batched one. Both backends
 take the loss of a ``training_step`` with :func:`training_loss`.
 """
@@ -16,19 +17,25 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 
-class _TrainingStep(nn.Module):
-    """``forward(batch, index)`` is the client's ``training_step``, for ``functional_call``."""
+#: the client hooks of one batch that :class:`StatelessClient` evaluates at given tensors
+STEP_HOOKS: tuple[str, ...] = ("training_step", "validation_step", "test_step")
 
-    def __init__(self, client: nn.Module) -> None:
+
+class _Step(nn.Module):
+    """``forward(batch, index)`` is the client's hook ``hook(batch, index)`` (``training_step``,
+    ``validation_step``, ``test_step``), for ``functional_call``."""
+
+    def __init__(self, client: nn.Module, hook: str) -> None:
         super().__init__()
         self.client = client
+        self.hook = hook
 
     def forward(self, batch: Any, index: int) -> Any:
-        return self.client.training_step(batch, index)
+        return getattr(self.client, self.hook)(batch, index)
 
 
 class StatelessClient:
-    """The client module's ``forward`` and ``training_step`` at given tensors.
+    """The client module's ``forward`` and its steps (:data:`STEP_HOOKS`) at given tensors.
 
     Args:
         client: the client module (its own tensors are left unchanged, except that a
@@ -41,7 +48,7 @@ class StatelessClient:
             n for n, b in client.named_buffers() if b.is_floating_point()
         ]
         self.int_buffers = [n for n, b in client.named_buffers() if not b.is_floating_point()]
-        self._step = _TrainingStep(client)
+        self._steps = {hook: _Step(client, hook) for hook in STEP_HOOKS}
 
     def named(self, tensors: Sequence[Tensor]) -> dict[str, Tensor]:
         """``{name: tensor}`` for a model in layout order, with copies of the client's integer
@@ -58,8 +65,12 @@ class StatelessClient:
 
     def training_step(self, tensors: Sequence[Tensor], batch: Any, index: int) -> Any:
         """The client's ``training_step(batch, index)`` at the model ``tensors``."""
+        return self.step("training_step", tensors, batch, index)
+
+    def step(self, hook: str, tensors: Sequence[Tensor], batch: Any, index: int) -> Any:
+        """The client's ``hook(batch, index)`` (one of :data:`STEP_HOOKS`) at the model ``tensors``."""
         named = {f"client.{name}": t for name, t in self.named(tensors).items()}
-        return functional_call(self._step, named, (batch, index))
+        return functional_call(self._steps[hook], named, (batch, index))
 
 
 def training_loss(output: Any) -> Tensor:

@@ -16,6 +16,7 @@ from fl_lightning.callbacks.attacks import (
 from fl_lightning.callbacks.checkpoint import RoundCheckpoint
 from fl_lightning.callbacks.class_metrics import ClassAccuracy
 from fl_lightning.callbacks.client_metrics import ClientMetrics
+from fl_lightning.callbacks.federated_evaluation import FederatedEvaluation
 from fl_lightning.callbacks.finetune import LocalFinetuning
 from fl_lightning.callbacks.history import RoundHistory
 from fl_lightning.callbacks.personalized import PersonalizedAccuracy
@@ -43,6 +44,7 @@ __all__ = [
     "CoordinateMedian",
     "DifferentialPrivacy",
     "FederatedCallback",
+    "FederatedEvaluation",
     "GaussianAttack",
     "GeometricMedian",
     "IPMAttack",

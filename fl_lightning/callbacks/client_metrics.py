@@ -20,17 +20,15 @@ from torch import Tensor
 
 from fl_lightning.callbacks.accuracy import client_accuracy
 from fl_lightning.distributed import map_clients
+from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.hooks import FederatedCallback, Federation
 
 
 def accuracy_summary(accuracies: Tensor, prefix: str) -> dict[str, float]:
-    """Mean, worst and 10th percentile of per-client accuracies."""
-    acc = accuracies.double()
-    return {
-        f"{prefix}/acc_mean": float(acc.mean()),
-        f"{prefix}/acc_worst": float(acc.min()),
-        f"{prefix}/acc_p10": float(torch.quantile(acc, 0.1)),
-    }
+    """Mean (uniform over clients), worst and 10th percentile of per-client accuracies
+    (:func:`~fl_lightning.functional.client_summaries.summarize`'s figures)."""
+    summary = summarize(accuracies, torch.ones_like(accuracies), higher_is_better=True, percentiles=(10,))
+    return {f"{prefix}/acc_{stat}": summary[stat] for stat in ("mean", "worst", "p10")}
 
 
 def default_prefix(name: str, split: str, clients: str) -> str:

@@ -21,12 +21,11 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 from torch import Tensor
 
+from fl_lightning.callbacks.metric_direction import direction_from_name
 from fl_lightning.hooks import FederatedCallback, Federation
 
-#: metrics whose best value is the smallest
-LOWER_IS_BETTER = ("loss",)
 #: metrics that are accounting, not quality: the summary gives no best value for them
-NO_BEST = ("excluded", "epsilon", "noise_multiplier", "byzantine_fraction", "weiszfeld")
+NO_BEST = ("excluded", "epsilon", "noise_multiplier", "byzantine_fraction", "weiszfeld", "num_clients")
 
 
 class RoundHistory(FederatedCallback):
@@ -146,17 +145,18 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     """A table of every metric's first, last and best value over ``rows`` (the best's round in brackets)."""
     names = sorted({k for row in rows for k, v in row.items() if isinstance(v, float)} - {"updates"})
     excluded = int(sum(row.get("round/excluded", 0.0) for row in rows))
+    width = max([28, *(len(name) for name in names)])
     lines = [f"fl_lightning: {len(rows)} rounds, {len(rows[-1]['clients'])} clients in the last, "
              f"{excluded} updates left out for NaN/Inf",
-             f"{'metric':<28} {'first':>10} {'last':>10} {'best':>10}  round"]
+             f"{'metric':<{width}} {'first':>10} {'last':>10} {'best':>10}  round"]
     for name in names:
         series = [(row["round"], row[name]) for row in rows if name in row and not math.isnan(row[name])]
         if not series:
             continue
         if any(word in name for word in NO_BEST):
-            lines.append(f"{name:<28} {series[0][1]:>10.4g} {series[-1][1]:>10.4g} {'-':>10}")
+            lines.append(f"{name:<{width}} {series[0][1]:>10.4g} {series[-1][1]:>10.4g} {'-':>10}")
             continue
-        lower = any(word in name for word in LOWER_IS_BETTER)
+        lower = direction_from_name(name) is False  # higher is better unless the name says otherwise
         best_round, best = (min if lower else max)(series, key=lambda item: item[1])
-        lines.append(f"{name:<28} {series[0][1]:>10.4g} {series[-1][1]:>10.4g} {best:>10.4g}  {best_round}")
+        lines.append(f"{name:<{width}} {series[0][1]:>10.4g} {series[-1][1]:>10.4g} {best:>10.4g}  {best_round}")
     return "\n".join(lines)

@@ -16,6 +16,8 @@ which are tested on their own against hand-computed values.
 * :mod:`~fl_lightning.functional.privacy`: clipping an update and Gaussian noise (DP-FedAvg);
 * :mod:`~fl_lightning.functional.partition`: client partitions of labels or keys (the
   partitioner objects of :mod:`fl_lightning.datamodules.partitioners` wrap them);
+* :mod:`~fl_lightning.functional.client_summaries`: a metric's distribution over clients (the
+  sample-weighted and uniform means, the worst and best client, percentiles);
 * :mod:`~fl_lightning.functional.fedproxvr_theory`: FedProxVR's convergence theory as numbers
   (imported from its module: its names are the paper's).
 """
@@ -31,6 +33,7 @@ from fl_lightning.functional.attacks import (
     select_byzantine,
     sign_flip_attack,
 )
+from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.functional.dro import (
     KLDRO,
     ChiSquareDRO,
@@ -100,6 +103,7 @@ __all__ = [
     "select_byzantine",
     "sign_flip_attack",
     "storm_estimate",
+    "summarize",
     "surrogate",
     "svrg_direction",
     "trim_count",

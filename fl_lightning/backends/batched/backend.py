@@ -3,20 +3,24 @@ their vectorized steps."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torch.func import vmap
 
 from fl_lightning.backends.base import ClientBackend
 from fl_lightning.backends.batched.batches import StepGroup, plan_steps
+from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
 from fl_lightning.backends.batched.stacking import merge_leaves, split_leaves, stack_carries
 from fl_lightning.backends.context import ClientContext
+from fl_lightning.backends.evaluate import StateOf
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
 from fl_lightning.optim.sgd_function import FunctionalSGD, functional_optimizer
+from fl_lightning.update import ClientResult
 
 
 class Block:
@@ -65,6 +69,8 @@ class BatchedBackend(ClientBackend[Block]):
 
     def __init__(self, clients_per_block: int = 10) -> None:
         super().__init__(clients_per_block)
+        #: why each evaluation hook found unvectorizable is evaluated one client after another, by hook
+        self._sequential_evaluation: dict[str, str] = {}
 
     @classmethod
     def check(cls, context: ClientContext) -> list[str]:
@@ -86,6 +92,19 @@ class BatchedBackend(ClientBackend[Block]):
         for step, groups in enumerate(block.plan):
             self._advance(context, block, groups, step, "step")
         self._finish_block(context, block)
+
+    def evaluate(self, context: ClientContext, client_ids: Sequence[int], state_of: StateOf, split: str,
+                 hook: str) -> list[ClientResult]:
+        """Blocks of ``clients_per_block`` clients evaluated at once, ``vmap``-ped over their models
+        (:mod:`fl_lightning.backends.batched.evaluate`); where the hook cannot be vectorized, one
+        client after another, with a one-time warning that says why (the hook is not tried again)."""
+        if hook not in self._sequential_evaluation:
+            try:
+                return evaluate_vectorized(context, client_ids, state_of, split, hook, self.clients_per_block)
+            except NotVectorizable as reason:
+                self._sequential_evaluation[hook] = str(reason)
+                rank_zero_warn(f"the batched client backend evaluates clients one after another: {reason}")
+        return super().evaluate(context, client_ids, state_of, split, hook)
 
     # ------------------------------------------------------------ runs
     def new_run(self, context: ClientContext, client_id: int, function: Optional[FunctionalSGD] = None
