@@ -1,7 +1,7 @@
 """Plots of finished (or running) runs: metrics per round, and the partition's label distribution.
 
-Reads the files ``RoundHistory`` writes into a run's log folder (``history.json``,
-``partition.json``) and draws, with matplotlib (the ``[plot]`` extra):
+Reads the files ``RoundHistory`` writes into a run's log folder (``history.json`` and the rounds
+only ``history.csv`` holds yet, ``partition.json``) and draws, with matplotlib (the ``[plot]`` extra):
 
 * ``metrics.png``: one panel per metric, the round on the x-axis, one line per run, so several
   runs (algorithms, seeds) compare on one figure;
@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from fl_lightning.callbacks.history import read_history
 
 #: metrics drawn by default, after the global validation accuracy and loss (:func:`metric_names`)
 DEFAULT_METRICS = ("round/client_loss",)
@@ -70,7 +72,7 @@ def find_history(path: str | Path) -> Path:
 def load_run(path: str | Path, label: Optional[str] = None) -> Run:
     """Read the history (and the partition, when written) of the run in or below ``path``."""
     folder = find_history(path)
-    rows = json.loads((folder / "history.json").read_text())
+    rows = read_history(folder)
     partition_file = folder / "partition.json"
     partition = json.loads(partition_file.read_text()) if partition_file.is_file() else None
     return Run(label or str(path), folder, rows, partition)

@@ -4,6 +4,7 @@ plots drawn from it (``fl-lightning plot``)."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.callbacks import ClientMetrics, FederatedCallback, RoundCheckpoint, RoundHistory
+from fl_lightning.callbacks import history as history_module
+from fl_lightning.callbacks.history import read_history
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.plotting import Run, load_run, metric_names, plot_label_distribution, plot_metrics
 from tests.helpers import synthetic, tiny_client, trainer
@@ -164,3 +167,94 @@ def test_the_cli_adds_a_history_unless_one_is_configured(tmp_path, capsys):
     assert sum(isinstance(c, RoundHistory) for c in cli.trainer.callbacks) == 1
     assert (tmp_path / "mine" / "history.json").is_file() and not (tmp_path / "b" / "history.json").exists()
     assert "fl_lightning:" not in capsys.readouterr().out
+
+
+def full_rewrite(rows) -> tuple[bytes, bytes]:
+    """The bytes of ``history.csv`` and ``history.json`` as RoundHistory wrote them before it
+    appended (a full rewrite of every row after every round): the reference the files must equal."""
+    columns = ["round", "updates"] + sorted({k for row in rows for k in row} - {"round", "updates", "clients"})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns + ["clients"])
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({**{k: row.get(k, "") for k in columns}, "clients": " ".join(map(str, row["clients"]))})
+    return text.getvalue().encode(), json.dumps(rows).encode()
+
+
+class CountWrites:
+    """Counts the full writes of the history files (``write_csv``, ``write_json``) and the appended rows."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls: dict[str, int] = {"write_csv": 0, "append_csv_row": 0, "write_json": 0}
+        for name in self.calls:
+            monkeypatch.setattr(history_module, name, self.counted(name, getattr(history_module, name)))
+
+    def counted(self, name, write):
+        def wrapper(*args, **kwargs):
+            self.calls[name] += 1
+            return write(*args, **kwargs)
+        return wrapper
+
+
+class CheckFilesEachRound(FederatedCallback):
+    """After RoundHistory closed a round: history.csv is what a full rewrite writes, and
+    history.json holds the rows of its last write; raises after round ``fail_after``."""
+
+    def __init__(self, history: RoundHistory, folder: Path, fail_after: int = 0) -> None:
+        self.history, self.folder, self.fail_after = history, folder, fail_after
+        self.json_rounds: list[int] = []
+
+    def on_train_epoch_end(self, trainer, module):
+        assert (self.folder / "history.csv").read_bytes() == full_rewrite(self.history.rows)[0]
+        self.json_rounds.append(len(json.loads((self.folder / "history.json").read_text())))
+        if len(self.history.rows) == self.fail_after:
+            raise RuntimeError("stop here")
+
+
+def test_the_final_files_are_those_a_full_rewrite_of_every_round_writes(tmp_path):
+    _, _, history = fit(tmp_path)  # validation from round 2 on: its columns appear then
+    assert "val_acc" not in history.rows[0] and "val_acc" in history.rows[1]
+    assert ((tmp_path / "history.csv").read_bytes(), (tmp_path / "history.json").read_bytes()) == full_rewrite(history.rows)
+
+
+def test_a_round_appends_its_row_and_history_json_waits_for_json_every_s(tmp_path, monkeypatch):
+    """50 rounds, validation (new columns) first at round 3: history.csv is complete after every
+    round, rewritten only when its columns grow; history.json is written after the first round
+    and at the end, and the final files are those of a full rewrite."""
+    writes = CountWrites(monkeypatch)
+    history = RoundHistory(dirpath=str(tmp_path), summary=False, json_every_s=3600)
+    check = CheckFilesEachRound(history, tmp_path)
+    module = FedAvg(tiny_client(), clients_per_round=2, local_steps=1, seed=1)
+    trainer(50, callbacks=[history, check], check_val_every_n_epoch=3).fit(module, synthetic(4))
+    assert ["val_acc" in r for r in history.rows[:4]] == [False, False, True, False]
+    assert writes.calls == {"write_csv": 2, "append_csv_row": 48, "write_json": 2}
+    assert check.json_rounds == [1] * 50
+    assert ((tmp_path / "history.csv").read_bytes(), (tmp_path / "history.json").read_bytes()) == full_rewrite(history.rows)
+
+
+def test_json_every_s_0_writes_history_json_after_every_round(tmp_path, monkeypatch):
+    writes = CountWrites(monkeypatch)
+    history = RoundHistory(dirpath=str(tmp_path), summary=False, json_every_s=0)
+    check = CheckFilesEachRound(history, tmp_path)
+    trainer(4, callbacks=[history, check]).fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    assert check.json_rounds == [1, 2, 3, 4] and writes.calls["write_json"] == 4
+    with pytest.raises(ValueError, match=r"json_every_s must be a finite number of seconds >= 0 .* got -1"):
+        RoundHistory(json_every_s=-1)
+
+
+def test_a_fit_that_raises_leaves_history_json_complete(tmp_path):
+    history = RoundHistory(dirpath=str(tmp_path), summary=False, json_every_s=3600)
+    check = CheckFilesEachRound(history, tmp_path, fail_after=3)
+    with pytest.raises(RuntimeError, match="stop here"):
+        trainer(5, callbacks=[history, check]).fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    assert check.json_rounds == [1, 1, 1] and [r["round"] for r in history.rows] == [1, 2, 3]
+    assert ((tmp_path / "history.csv").read_bytes(), (tmp_path / "history.json").read_bytes()) == full_rewrite(history.rows)
+
+
+def test_the_rounds_only_history_csv_holds_are_read_back(tmp_path):
+    """A run killed between two writes of history.json: read_history and the plots take the rounds
+    it lacks from history.csv, as they were logged."""
+    _, _, history = fit(tmp_path)
+    (tmp_path / "history.json").write_text(json.dumps(history.rows[:1]))
+    assert read_history(tmp_path) == history.rows == load_run(tmp_path).rows
+    assert [list(r) for r in read_history(tmp_path)] == [list(r) for r in history.rows]

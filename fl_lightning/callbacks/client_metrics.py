@@ -11,7 +11,7 @@ split is empty (``test_fraction=0``, say) it warns once instead of logging nothi
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -34,6 +34,16 @@ def accuracy_summary(accuracies: Tensor, prefix: str) -> dict[str, float]:
 def default_prefix(name: str, split: str, clients: str) -> str:
     """A metric prefix naming the evaluated split and, for unseen clients, that they are unseen."""
     return f"{name}_unseen_{split}" if clients == "unseen" else f"{name}_{split}"
+
+
+def population(datamodule: Any, clients: str) -> list[int]:
+    """The ids of the clients a metric callback draws from: ``train`` (those that take part in
+    training), ``unseen`` or ``all``."""
+    if clients == "train":
+        return sorted(datamodule.train_clients)
+    if clients == "unseen":
+        return sorted(datamodule.unseen_clients)
+    return list(range(datamodule.num_clients))
 
 
 class ClientMetrics(FederatedCallback):
@@ -61,14 +71,6 @@ class ClientMetrics(FederatedCallback):
         self.prefix = prefix or default_prefix("clients", split, clients)
         self._warned = False
 
-    def _client_ids(self, module: Federation) -> list[int]:
-        dm = module.datamodule
-        if self.clients == "train":
-            return list(dm.train_clients)
-        if self.clients == "unseen":
-            return list(dm.unseen_clients)
-        return list(range(dm.num_clients))
-
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         if trainer.sanity_checking:
             return
@@ -93,4 +95,4 @@ class ClientMetrics(FederatedCallback):
             data = dm.client_data(cid, self.split)
             return client_accuracy(module, cid, data) if len(data) > 0 else None
 
-        return map_clients(accuracy, self._client_ids(module))
+        return map_clients(accuracy, population(module.datamodule, self.clients))

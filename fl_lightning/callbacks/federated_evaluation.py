@@ -28,7 +28,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
-from fl_lightning.callbacks.client_metrics import default_prefix
+from fl_lightning.callbacks.client_metrics import default_prefix, population
 from fl_lightning.distributed import all_gather_object, rank_and_world
 from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.callbacks.metric_direction import direction_from_name
@@ -133,12 +133,7 @@ class FederatedEvaluation(FederatedCallback):
     # ------------------------------------------------------------ the cohort
     def candidates(self, module: Federation) -> list[int]:
         """The clients the cohort is drawn from, by id."""
-        dm = module.datamodule
-        if self.clients == "train":
-            return sorted(dm.train_clients)
-        if self.clients == "unseen":
-            return sorted(dm.unseen_clients)
-        return list(range(dm.num_clients))
+        return population(module.datamodule, self.clients)
 
     def cohort_size(self, available: int) -> int:
         """How many of ``available`` clients an evaluation takes."""

@@ -14,7 +14,7 @@ from typing import Literal, Optional
 import pytorch_lightning as pl
 
 from fl_lightning.callbacks.accuracy import accuracy_of
-from fl_lightning.callbacks.client_metrics import ClientMetrics, default_prefix
+from fl_lightning.callbacks.client_metrics import ClientMetrics, default_prefix, population
 from fl_lightning.distributed import map_clients
 from fl_lightning.hooks import Federation
 
@@ -60,4 +60,4 @@ class LocalFinetuning(ClientMetrics):
         def accuracy(cid: int) -> Optional[float]:
             return self.finetuned_accuracy(module, cid) if len(dm.client_data(cid, self.split)) > 0 else None
 
-        return map_clients(accuracy, self._client_ids(module))
+        return map_clients(accuracy, population(module.datamodule, self.clients))

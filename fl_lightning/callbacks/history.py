@@ -1,12 +1,16 @@
 """``RoundHistory``: the run's per-round history on disk, and a summary at the end.
 
-After every round the callback appends one row to ``history.csv`` and ``history.json`` in the
+After every round the callback adds one row to ``history.csv`` and ``history.json`` in the
 run's log folder: the round (1-based: the loggers' step), the sampled clients, the updates left out for NaN/Inf, the mean
 client loss, and every scalar metric logged for that round (training, validation, client
-metrics). The files are rewritten each round, so a crash keeps the rounds done. At the start it
-writes ``partition.json``: every client's label counts (train split) and which clients are held
-out. When the run ends it prints a table of each metric's first, last and best value.
-``fl-lightning plot RUN_DIR`` (:mod:`fl_lightning.plotting`) draws the files.
+metrics). A round costs the same whatever the run's length: its row is appended to
+``history.csv`` (the file is rewritten only when a metric appears for the first time, since the
+header names every column), so a crash keeps the rounds done; ``history.json`` is rewritten at
+most every ``json_every_s`` seconds, and when the fit ends or fails. At the start it writes
+``partition.json``: every client's label counts (train split) and which clients are held out.
+When the run ends it prints a table of each metric's first, last and best value.
+:func:`read_history` reads the rows back; ``fl-lightning plot RUN_DIR``
+(:mod:`fl_lightning.plotting`) draws them.
 ``fl-lightning fit`` adds this callback unless the configuration has one.
 """
 
@@ -16,6 +20,7 @@ import csv
 import json
 import math
 import os
+import time
 from typing import Any, Optional
 
 import pytorch_lightning as pl
@@ -35,17 +40,29 @@ class RoundHistory(FederatedCallback):
     Args:
         dirpath: the folder (default: the Trainer's ``log_dir``, else its ``default_root_dir``).
         summary: print the end-of-run table.
+        json_every_s: rewrite ``history.json`` at most this often (seconds; 0: after every round).
+            It is written after the fit's first round, when the fit ends and when it raises, so a
+            finished or failed run's files hold the same rows; a process killed outright (SIGKILL,
+            power loss) may leave ``history.json`` up to this many seconds behind
+            ``history.csv``, which always holds every round done (:func:`read_history` reads both).
     """
 
-    def __init__(self, dirpath: Optional[str] = None, summary: bool = True) -> None:
+    def __init__(self, dirpath: Optional[str] = None, summary: bool = True, json_every_s: float = 10.0) -> None:
+        if not json_every_s >= 0 or math.isinf(json_every_s):
+            raise ValueError(f"RoundHistory: json_every_s must be a finite number of seconds >= 0 "
+                             f"(0: after every round), got {json_every_s!r}")
         self.dirpath = dirpath
         self.summary = summary
+        self.json_every_s = json_every_s
         self.rows: list[dict[str, Any]] = []
         self._open: Optional[dict[str, Any]] = None
         self._before_validation: dict[str, float] = {}
         self._validation_names: set[str] = set()
         self._validated = False
         self._folder: Optional[str] = None
+        self._csv_columns: Optional[list[str]] = None  # the header of the history.csv written by this fit
+        self._json_written_at: Optional[float] = None  # time.monotonic() of this fit's last history.json
+        self._json_behind = False  # rows closed since history.json was last written
 
     def folder(self, trainer: pl.Trainer) -> str:
         """Where the files go. Every process must call it: ``trainer.log_dir`` is a collective
@@ -56,6 +73,8 @@ class RoundHistory(FederatedCallback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         dm = pl_module.datamodule
         self._folder = self.folder(trainer)  # on every process (a collective), before rank 0 writes
+        # the fit's first row rewrites both files (the folder may be new, or hold a crashed run's)
+        self._csv_columns, self._json_written_at, self._json_behind = None, None, False
         if trainer.is_global_zero:
             partition = {
                 "datamodule": type(dm).__name__,
@@ -92,9 +111,13 @@ class RoundHistory(FederatedCallback):
         self._close(trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._write_json_if_behind(trainer)
         # after on_train_end, where the progress bar closes its line
         if self.summary and trainer.is_global_zero and self.rows:
             print(summary_table(self.rows))
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._write_json_if_behind(trainer)
 
     def _close(self, trainer: pl.Trainer) -> None:
         if self._open is None:
@@ -113,14 +136,24 @@ class RoundHistory(FederatedCallback):
         folder = self._folder
         assert folder is not None, "set in on_fit_start"
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "history.json"), "w") as f:
-            json.dump(self.rows, f)
-        columns = ["round", "updates"] + sorted({k for row in self.rows for k in row} - {"round", "updates", "clients"})
-        with open(os.path.join(folder, "history.csv"), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns + ["clients"])
-            writer.writeheader()
-            for row in self.rows:
-                writer.writerow({**{k: row.get(k, "") for k in columns}, "clients": " ".join(map(str, row["clients"]))})
+        path, row = os.path.join(folder, "history.csv"), self.rows[-1]
+        if self._csv_columns is not None and row.keys() <= {*self._csv_columns, "clients"}:
+            append_csv_row(path, row, self._csv_columns)
+        else:  # the fit's first row, or a metric's first: the header changes
+            self._csv_columns = csv_columns(self.rows)
+            write_csv(path, self.rows, self._csv_columns)
+        self._json_behind = True
+        if self._json_written_at is None or time.monotonic() - self._json_written_at >= self.json_every_s:
+            self._write_json()
+
+    def _write_json_if_behind(self, trainer: pl.Trainer) -> None:
+        if self._json_behind and trainer.is_global_zero:
+            self._write_json()
+
+    def _write_json(self) -> None:
+        assert self._folder is not None, "set in on_fit_start"
+        write_json(os.path.join(self._folder, "history.json"), self.rows)
+        self._json_written_at, self._json_behind = time.monotonic(), False
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -128,6 +161,62 @@ class RoundHistory(FederatedCallback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rows = list(state_dict.get("rows", []))
+
+
+def csv_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The columns of ``history.csv`` before ``clients`` (the last): ``round``, ``updates``, then
+    every other name in ``rows``, sorted."""
+    return ["round", "updates"] + sorted({k for row in rows for k in row} - {"round", "updates", "clients"})
+
+
+def _csv_writer(f: Any, columns: list[str]) -> csv.DictWriter:
+    return csv.DictWriter(f, fieldnames=columns + ["clients"])
+
+
+def _csv_row(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:
+    return {**{k: row.get(k, "") for k in columns}, "clients": " ".join(map(str, row["clients"]))}
+
+
+def write_csv(path: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """Write ``history.csv`` anew: the header, then a line per row (a metric a row lacks is empty)."""
+    with open(path, "w", newline="") as f:
+        writer = _csv_writer(f, columns)
+        writer.writeheader()
+        writer.writerows(_csv_row(row, columns) for row in rows)
+
+
+def append_csv_row(path: str, row: dict[str, Any], columns: list[str]) -> None:
+    """Append ``row`` to a ``history.csv`` whose header is ``columns`` (and ``clients``)."""
+    with open(path, "a", newline="") as f:
+        _csv_writer(f, columns).writerow(_csv_row(row, columns))
+
+
+def write_json(path: str, rows: list[dict[str, Any]]) -> None:
+    """Write ``history.json`` anew: the list of rows."""
+    with open(path, "w") as f:
+        json.dump(rows, f)
+
+
+def read_history(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows ``RoundHistory`` wrote into ``folder``: those of ``history.json``, then the rounds
+    only ``history.csv`` holds yet (a run in progress, or one killed between two writes of
+    ``history.json``: see ``json_every_s``), read back as written (``round`` and ``updates`` ints,
+    ``clients`` a list of ints, every other non-empty cell a float)."""
+    with open(os.path.join(folder, "history.json")) as f:
+        rows: list[dict[str, Any]] = json.load(f)
+    csv_path = os.path.join(folder, "history.csv")
+    if not os.path.isfile(csv_path):
+        return rows
+    with open(csv_path, newline="") as f:
+        table = list(csv.DictReader(f))
+    done = rows[-1]["round"] if rows else 0
+    for line in table:
+        if int(line["round"]) > done:
+            clients = line.pop("clients")
+            row: dict[str, Any] = {"round": int(line.pop("round")), "clients": [int(c) for c in clients.split()],
+                                   "updates": int(line.pop("updates"))}
+            rows.append({**row, **{k: float(v) for k, v in line.items() if v != ""}})
+    return rows
 
 
 def _scalars(metrics: dict[str, Any]) -> dict[str, float]:

@@ -27,6 +27,8 @@ from fl_lightning.validation import check_int
 
 StopRule = Literal["objective_abs", "objective_rel", "movement"]
 STOP_RULES: tuple[str, ...] = ("objective_abs", "objective_rel", "movement")
+CHECK_EVERY = 8
+"""Weiszfeld iterations between two reads of the stopping decision by the host (:func:`geometric_median`)."""
 
 
 @dataclass
@@ -55,15 +57,25 @@ def _check_points(points: Tensor, weights: Optional[Tensor]) -> tuple[Tensor, Te
         a = torch.full((z.shape[0],), 1.0 / z.shape[0], dtype=torch.float64, device=z.device)
     else:
         a = torch.as_tensor(weights, dtype=torch.float64, device=z.device).reshape(-1)
-        if a.numel() != z.shape[0] or bool((a < 0).any()) or not float(a.sum()) > 0:
+        if a.numel() != z.shape[0] or bool((a < 0).any() | ~(a.sum() > 0)):
             raise ValueError(f"weights must be {z.shape[0]} non-negative numbers with a positive sum, got {a.tolist()}")
         a = a / a.sum()
     return z, a
 
 
+def _objective(points: Tensor, weights: Tensor, y: Tensor) -> Tensor:
+    """``sum_i a_i ||y - z_i||`` in float64, as a 0-dim tensor on ``points``' device (no host read)."""
+    return (weights.double() * torch.linalg.vector_norm(points.double() - y.double(), dim=1)).sum()
+
+
 def weiszfeld_objective(points: Tensor, weights: Tensor, y: Tensor) -> float:
     """``sum_i a_i ||y - z_i||`` (the geometric median's objective) in float64."""
-    return float((weights.double() * torch.linalg.vector_norm(points.double() - y.double(), dim=1)).sum())
+    return float(_objective(points, weights, y))
+
+
+def _read_state(state: Tensor) -> list[float]:
+    """The host's one read of the Weiszfeld loop's ``[stopped, iterations, objective]`` per chunk."""
+    return state.tolist()
 
 
 def geometric_median(
@@ -73,6 +85,7 @@ def geometric_median(
     max_iter: int = 100,
     nu: float = 1e-8,
     stop: StopRule = "objective_abs",
+    check_every: int = CHECK_EVERY,
 ) -> GeometricMedianResult:
     """The weighted geometric median of the rows of ``points`` by Weiszfeld's algorithm.
 
@@ -80,6 +93,10 @@ def geometric_median(
     ``b_i = a_i / max(nu, ||y - z_i||)``, in float64 on ``points``' device. With ``nu``
     tiny this is Weiszfeld's algorithm with a guard at the data points; ``nu = 1e-5`` and
     ``max_iter = 4`` is RFA's smoothed Weiszfeld.
+
+    The stopping rule is evaluated on the device after every iteration; once it holds, ``y``,
+    the objective and the iteration count stay frozen. The host reads the decision once every
+    ``check_every`` iterations, so the result is the same for every ``check_every``.
 
     Args:
         points: ``[n, p]`` uploads.
@@ -90,6 +107,7 @@ def geometric_median(
         stop: ``"objective_abs"`` (objective decrease <= eps, the RAGA spec's default),
             ``"objective_rel"`` (decrease <= eps * objective, RFA) or ``"movement"``
             (``||y_new - y|| <= eps``, Byrd-SAGA).
+        check_every: iterations between two host reads of the stopping decision (>= 1).
     """
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
@@ -99,27 +117,35 @@ def geometric_median(
         raise ValueError(f"nu must be > 0, got {nu}")
     if stop not in STOP_RULES:
         raise ValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
+    check_int("check_every", check_every, 1)
     z, a = _check_points(points, weights)
     y = a @ z
-    f = weiszfeld_objective(z, a, y)
-    for it in range(1, max_iter + 1):
-        dist = torch.linalg.vector_norm(z - y, dim=1).clamp_min(nu)
-        beta = a / dist
-        y_new = (beta @ z) / beta.sum()
-        f_new = weiszfeld_objective(z, a, y_new)
-        if stop == "objective_abs":
-            done = f - f_new <= eps
-        elif stop == "objective_rel":
-            done = abs(f - f_new) <= eps * f_new
-        else:
-            done = float(torch.linalg.vector_norm(y_new - y)) <= eps
-        if f_new <= f:  # never accept a step that increases the objective (floor effects)
-            y, f = y_new, f_new
-        else:
-            done = True
-        if done:
-            return GeometricMedianResult(y, f, it, True)
-    return GeometricMedianResult(y, f, max_iter, False)
+    f = _objective(z, a, y)
+    stopped = torch.zeros((), dtype=torch.bool, device=z.device)
+    iterations = torch.zeros((), dtype=torch.float64, device=z.device)
+    it = 0
+    while True:
+        chunk = min(check_every, max_iter - it)
+        for _ in range(chunk):
+            dist = torch.linalg.vector_norm(z - y, dim=1).clamp_min(nu)
+            beta = a / dist
+            y_new = (beta @ z) / beta.sum()
+            f_new = _objective(z, a, y_new)
+            if stop == "objective_abs":
+                done = f - f_new <= eps
+            elif stop == "objective_rel":
+                done = (f - f_new).abs() <= eps * f_new
+            else:
+                done = torch.linalg.vector_norm(y_new - y) <= eps
+            accept = f_new <= f  # never accept a step that increases the objective (floor effects)
+            take = accept & ~stopped
+            y, f = torch.where(take, y_new, y), torch.where(take, f_new, f)
+            iterations = iterations + ~stopped
+            stopped = stopped | done | ~accept
+        it += chunk
+        is_stopped, count, objective = _read_state(torch.stack([stopped.double(), iterations, f]))
+        if is_stopped or it == max_iter:
+            return GeometricMedianResult(y, objective, int(count), bool(is_stopped))
 
 
 def coordinate_median(points: Tensor) -> Tensor:
