@@ -48,6 +48,7 @@ class ClientBackend(ABC, Generic[Group]):
         self.clients_per_block = clients_per_block
         self._lockstep_plan: list[list[int]] = []
         self._groups: list[Group] = []
+        self._round_samples = 0.0  # the training samples of all the round's clients (lock-step shares' weights)
 
     @classmethod
     def check(cls, context: ClientContext) -> list[str]:
@@ -122,6 +123,8 @@ class ClientBackend(ABC, Generic[Group]):
         the weighted mean of the shares, ``client_step``; after the last step, ``client_final``."""
         if step == 0:
             self._groups = [self.start_group(context, clients) for clients in self._lockstep_plan]
+            algorithm = context.lockstep_algorithm()
+            self._round_samples = float(sum(algorithm.datamodule.num_samples(c) for c in algorithm.round_clients))
         batches = [self.next_batches(context, group) for group in self._groups]
         shares = [self.share(context, group, b, step) for group, b in zip(self._groups, batches)]
         parts = [s for s in shares if s is not None]
@@ -129,8 +132,7 @@ class ClientBackend(ABC, Generic[Group]):
             if len(parts) < len(shares):
                 raise RuntimeError("client_share must return a value for every client or for none, at a given step")
             algorithm = context.lockstep_algorithm()
-            total = float(sum(algorithm.datamodule.num_samples(c) for c in algorithm.round_clients))
-            algorithm.shared = algorithm.server_share(all_reduce_sum(weighted_mean(parts, total)))
+            algorithm.shared = algorithm.server_share(all_reduce_sum(weighted_mean(parts, self._round_samples)))
         for group, b in zip(self._groups, batches):
             self.step(context, group, b, step)
         if step == self.num_work_items(context, 0) - 1:

@@ -28,7 +28,7 @@ from fl_lightning.datamodules.client_data import ClientData, gather, to_device
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import routed_log
 from fl_lightning.local_logging import LocalLogBuffer
-from fl_lightning.run import ClientRun, StepOutput, plain_step
+from fl_lightning.run import ClientRun, StepOutput
 from fl_lightning.seeding import generator, keyed_rng
 from fl_lightning.update import ClientUpdate, UpdateSpec
 from fl_lightning.vectors import ModelVector
@@ -314,14 +314,6 @@ class ClientContext:
                 with torch.no_grad():
                     for buffer, value in counters:
                         buffer.copy_(value)
-
-    def train_locally(self, run: ClientRun, steps: Optional[int], stream: str) -> Tensor:
-        """Plain local training of ``run`` (a run with no state): the client module's loss and
-        optimizer on ``steps`` batches of ``stream``; returns the trained state vector."""
-        with self.local_work(run.client_id, stream, run.round), torch.no_grad():
-            for batch in self.batches(run.client_id, steps, stream, run.round):
-                run.record(plain_step(run, batch))
-        return run.end()
 
 
 def _overrides_default(obj: Any, name: str) -> bool:

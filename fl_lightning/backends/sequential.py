@@ -24,7 +24,7 @@ from fl_lightning.backends.base import ClientBackend
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.stateless import training_loss
 from fl_lightning.optim.param_groups import optimizer_lr
-from fl_lightning.run import ClientRun, Model
+from fl_lightning.run import ClientRun, Model, plain_step
 from fl_lightning.vectors import set_grads
 
 
@@ -295,4 +295,7 @@ def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: 
     run = context.new_run(ModuleRun, client_id, context, context.algorithm.local_optimizer(), start=start,
                           plain=True, round_idx=round_idx)
     run.restart(start)
-    return context.train_locally(run, steps, stream)
+    with context.local_work(client_id, stream, round_idx), torch.no_grad():
+        for batch in context.batches(client_id, steps, stream, round_idx):
+            run.record(plain_step(run, batch))
+    return run.end()

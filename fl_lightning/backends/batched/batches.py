@@ -10,7 +10,7 @@ instead (:class:`BatchGroup`): the one exception, kept apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -68,19 +68,33 @@ def plan_steps(context: ClientContext, runs: list[FunctionalRun]) -> Iterator[li
             yield _group_batches(items)
     streams = ("batches", *context.algorithm.extra_batch_streams)
     tables = [{stream: _index_steps(context, run, stream) for stream in streams} for run in runs]
+    if runs and all(isinstance(t, Tensor) for table in tables for t in table.values()) and all(
+            len({table[s].shape for table in tables}) == 1 for s in streams):
+        # every client takes the same steps of the same shapes (local_steps): one stack for the block
+        stacked = {s: torch.stack([table[s] for table in tables]) for s in streams}
+        everyone = list(range(len(runs)))
+        for k in range(len(tables[0]["batches"])):
+            yield [IndexGroup(everyone, {s: rows[:, k] for s, rows in stacked.items()})]
+        return
     for k in range(max((len(t["batches"]) for t in tables), default=0)):
-        groups: dict[tuple, list[int]] = {}
-        for i, table in enumerate(tables):
-            if k < len(table["batches"]):
-                groups.setdefault(tuple(len(table[s][k]) for s in streams), []).append(i)
-        yield [IndexGroup(members, {s: torch.stack([tables[i][s][k] for i in members]) for s in streams})
-               for members in groups.values()]
+        yield index_groups(tables, k)
 
 
-def _index_steps(context: ClientContext, run: FunctionalRun, stream: str) -> list[Tensor]:
-    """A run's step indices in ``stream``: rows of its table (``num_steps`` steps), or its epochs' batches."""
+def index_groups(steps: list[dict[str, Sequence[Tensor]]], k: int) -> list[IndexGroup]:
+    """Step ``k`` of clients' index sequences (``steps[i][stream]``: client ``i``'s per-step indices):
+    the clients that have one, grouped by the shapes of their indices, each group's stacked."""
+    groups: dict[tuple, list[int]] = {}
+    for i, client in enumerate(steps):
+        if k < len(client["batches"]):
+            groups.setdefault(tuple(len(rows[k]) for rows in client.values()), []).append(i)
+    return [IndexGroup(members, {s: torch.stack([steps[i][s][k] for i in members]) for s in steps[members[0]]})
+            for members in groups.values()]
+
+
+def _index_steps(context: ClientContext, run: FunctionalRun, stream: str) -> Sequence[Tensor]:
+    """A run's step indices in ``stream``: its table ``[num_steps, batch]``, or its epochs' batches."""
     if run.num_steps is not None:
-        return list(context.index_table(run.client_id, run.num_steps, stream))
+        return context.index_table(run.client_id, run.num_steps, stream)
     return list(context.epoch_indices(run.client_id, stream))
 
 

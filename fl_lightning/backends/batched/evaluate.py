@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.func import vmap
 from torchmetrics import Metric
 
+from fl_lightning.backends.batched.batches import index_groups
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import ClientLogs, StateOf, evaluated_splits, evaluation_setting, logged_scalar
@@ -64,19 +65,15 @@ def _evaluate_block(context: ClientContext, block: list[tuple[int, ClientData]],
     logs = [ClientLogs(hook) for _ in block]
     guard = PythonState(context.client)  # the client module's Python state, which a vectorized hook must not change
     for k in range(max(len(c) for c in chunks)):
-        groups: dict[int, list[int]] = {}
-        for i, c in enumerate(chunks):
-            if k < len(c):
-                groups.setdefault(len(c[k]), []).append(i)
-        for members in groups.values():
-            if len(members) == len(block):
+        for group in index_groups([{"batches": c} for c in chunks], k):
+            if len(group.members) == len(block):
                 tensors = stacked
             else:
-                index = torch.tensor(members, device=models.device)
+                index = torch.tensor(group.members, device=models.device)
                 tensors = [t.index_select(0, index) for t in stacked]
-            batch = context.gather(torch.stack([chunks[i][k] for i in members]))
+            batch = context.gather(group.indices["batches"])
             for name, (values, size, reduce) in _call(context, guard, tensors, batch, k, hook).items():
-                for j, i in enumerate(members):
+                for j, i in enumerate(group.members):
                     logs[i].add(name, values[j], size, reduce)
     return [client_logs.result(cid, len(data)) for client_logs, (cid, data) in zip(logs, block)]
 
@@ -113,27 +110,19 @@ def _call(context: ClientContext, guard: PythonState, tensors: list[Tensor], bat
     except NotVectorizable:
         raise
     except Exception as error:
-        if _changed(guard):
-            raise NotVectorizable(_changed_state(hook)) from error
+        if guard.changed():
+            raise NotVectorizable(_changed_state(hook, guard.changed())) from error
         if not isinstance(error, RuntimeError) or "vmap" not in str(error):
             raise
         first_line = str(error).strip().splitlines()[0]
         raise NotVectorizable(f"torch.func.vmap cannot run the client's {hook} ({first_line})") from error
-    if _changed(guard):
-        raise NotVectorizable(_changed_state(hook))
+    changed = guard.changed()
+    if changed:
+        raise NotVectorizable(_changed_state(hook, changed))
     return {name: (values[name], *side[name]) for name in values}
 
 
-def _changed(guard: PythonState) -> bool:
-    """Whether the client module's Python state changed since ``guard`` was taken."""
-    try:
-        guard.check()
-    except ValueError:
-        return True
-    return False
-
-
-def _changed_state(hook: str) -> str:
-    """The reason a hook that changes the client module's Python state is not vectorized."""
-    return (f"the client's {hook} changes Python state of the client module (a torchmetrics Metric's update, a "
-            "counter, a list it appends to, a tensor kept on self), which runs once per block under vmap")
+def _changed_state(hook: str, changed: list[str]) -> str:
+    """The reason a hook that changes the client module's Python state (``changed``) is not vectorized."""
+    return (f"the client's {hook} changes Python state of the client module ({', '.join(changed)}), which under "
+            "vmap changes once per block, not once per client")

@@ -40,10 +40,15 @@ class PythonState:
                     values[(prefix, key)] = ("id", id(value))
         return values
 
-    def check(self) -> None:
+    def changed(self) -> list[str]:
+        """The client module's attributes that changed since the snapshot, by dotted name."""
         after = self._snapshot()
-        changed = sorted(f"{p + '.' if p else ''}{k}" for (p, k), v in after.items()
-                         if (p, k) not in self.before or self.before[(p, k)] != v)
+        return sorted(f"{p + '.' if p else ''}{k}" for (p, k), v in after.items()
+                      if (p, k) not in self.before or self.before[(p, k)] != v)
+
+    def check(self) -> None:
+        """Refuse a ``training_step`` that changed the client module's Python state."""
+        changed = self.changed()
         if changed:
             raise ValueError(
                 f"the client's training_step changes Python state ({', '.join(changed)}): in the batched backend it runs "
