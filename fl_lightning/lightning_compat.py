@@ -167,6 +167,12 @@ def default_map_location(map_location: Any) -> Any:
     return _default_map_location if map_location is None else map_location
 
 
+def dump_checkpoint(trainer: pl.Trainer, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    """The checkpoint ``trainer.save_checkpoint`` would write, as a dict, without writing it
+    (every process calls it: the state's hooks may communicate)."""
+    return trainer._checkpoint_connector.dump_checkpoint(weights_only)
+
+
 def build_from_checkpoint(cls: type, checkpoint: dict[str, Any], strict: Optional[bool] = None, **kwargs: Any) -> Any:
     """What Lightning's ``load_from_checkpoint`` does once the file is read: ``cls`` (a
     ``LightningModule`` or ``LightningDataModule``) built from the checkpoint's hyperparameters

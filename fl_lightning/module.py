@@ -33,7 +33,7 @@ from pytorch_lightning.cli import OptimizerCallable
 from torch import Tensor
 
 from fl_lightning.aggregation import aggregate, find_aggregator
-from fl_lightning.backends import BACKENDS, ClientBackend, ClientContext
+from fl_lightning.backends import BACKENDS, BatchedBackend, ClientBackend, ClientContext
 from fl_lightning.checkpoints import is_plain
 from fl_lightning.client_store import ClientStateStore, StateDefault, StateSpec, check_folder, run_folder
 from fl_lightning.distributed import all_gather_object, rank_and_world
@@ -96,6 +96,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             advance one local step together, vectorized with ``torch.func``; see
             :mod:`fl_lightning.backends.batched` for what it supports).
         clients_per_block: clients per vectorized block of the batched backend (memory grows with it).
+        compile_step: the batched backend captures its vectorized local step with ``torch.compile``
+            (compiled once per step structure, then reused: several times faster for small models,
+            on the CPU and on a GPU; see :class:`~fl_lightning.backends.BatchedBackend`).
         client_state_memory: bytes of per-client state (control variates, personal models) kept
             in RAM; beyond it the least recently written clients' entries are spilled to disk.
         client_state_dir: where client state files go (spilled entries, and every entry a checkpoint
@@ -143,6 +146,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         min_clients: int = 1,
         client_backend: BackendName = "sequential",
         clients_per_block: int = 10,
+        compile_step: bool = False,
         client_state_memory: int = 2**30,
         client_state_dir: Optional[str] = None,
         client_state_checkpoints: Optional[int] = 2,
@@ -154,7 +158,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         clients_per_round, local_steps = check_federation_arguments(
             clients_per_round, clients_fraction, min_clients, local_steps, local_epochs, self.default_local_steps,
             server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS), clients_per_block,
-            client_state_memory, client_state_checkpoints, weighting)
+            compile_step, client_state_memory, client_state_checkpoints, weighting)
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
         # that checkpoints hold no pickled object and load with weights_only=True
         self.save_hyperparameters(ignore=["client"])
@@ -189,7 +193,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         self._weighting = weighting
         self.client_backend = client_backend
         #: who runs the clients' local work (:mod:`fl_lightning.backends`)
-        self.backend: ClientBackend = BACKENDS[client_backend](clients_per_block)
+        self.backend: ClientBackend = (BatchedBackend(clients_per_block, compile_step) if client_backend == "batched"
+                                       else BACKENDS[client_backend](clients_per_block))
         self.local_schedule = LocalSchedule()
         # the round, as the engine sees it (server side: nothing per client between hooks)
         self.round_start: Optional[Tensor] = None
@@ -260,6 +265,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         if stage != "fit" and not hasattr(getattr(self.trainer, "datamodule", None), "client_data"):
             return  # validate / test / predict with plain dataloaders: the global model, no federation
         dm = self.datamodule
+        dm.place_pool(self.device)  # tensor data that fits lives on the accelerator (invariant 10)
         if self.clients_fraction is not None and dm.train_clients:
             self.clients_per_round = max(self.min_clients, int(self.clients_fraction * len(dm.train_clients)))
         if stage == "fit" and self.clients_per_round > len(dm.train_clients):

@@ -95,6 +95,7 @@ class ClientRun:
         self.metrics: dict[str, float] = {}
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self._step_values: dict[str, list[Tensor]] = {}
+        self._means: dict[str, float] = {}
 
     # ------------------------------------------------------------ backend operations
     @property
@@ -172,13 +173,15 @@ class ClientRun:
         for name, value in values.items():
             self._step_values.setdefault(name, []).append(value.detach())
 
-    def record_series(self, name: str, values: Tensor) -> None:
-        """Keep the values of ``name`` at several steps at once (a backend that ran them together)."""
-        self._step_values.setdefault(name, []).append(values.detach().reshape(-1))
+    def record_mean(self, name: str, value: float) -> None:
+        """Keep the mean of ``name`` over the round's steps, computed by a backend that ran the steps
+        of many clients together (and read all their means with one device sync)."""
+        self._means[name] = value
 
     def summary(self) -> dict[str, float]:
         """The client's metrics: the mean of each recorded step value, the step count and ``metrics``."""
         out = {name: mean_value(values) for name, values in self._step_values.items()}
+        out.update(self._means)
         out["steps"] = float(self.steps_taken)
         out.update(self.metrics)
         return out

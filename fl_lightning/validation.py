@@ -36,7 +36,7 @@ def check_federation_arguments(
     clients_per_round: Optional[int], clients_fraction: Optional[float], min_clients: int, local_steps: Optional[int],
     local_epochs: Optional[int], default_local_steps: int, server_lr: float, server_momentum: float,
     nonfinite_updates: str, seed: int, client_backend: str, backends: Sequence[str], clients_per_block: int,
-    client_state_memory: int, client_state_checkpoints: Optional[int], weighting: Optional[str],
+    compile_step: bool, client_state_memory: int, client_state_checkpoints: Optional[int], weighting: Optional[str],
 ) -> tuple[Optional[int], Optional[int]]:
     """Check ``FederatedModule``'s arguments (see its docstring); returns ``clients_per_round`` (10
     unless ``clients_fraction`` is given) and ``local_steps`` (``default_local_steps`` unless
@@ -69,6 +69,11 @@ def check_federation_arguments(
     if client_backend not in backends:
         raise ValueError(f"client_backend must be {' or '.join(map(repr, backends))}, got {client_backend!r}")
     check_int("clients_per_block", clients_per_block, 1)
+    if not isinstance(compile_step, bool):
+        raise ValueError(f"compile_step must be True or False, got {compile_step!r}")
+    if compile_step and client_backend != "batched":
+        raise ValueError(f"compile_step=True compiles the batched backend's vectorized step; client_backend is "
+                         f"{client_backend!r}: use client_backend='batched' or compile_step=False")
     check_int("client_state_memory", client_state_memory, 0)
     if client_state_checkpoints is not None:
         check_int("client_state_checkpoints", client_state_checkpoints, 1)

@@ -31,12 +31,14 @@ class HangInRound(FederatedCallback):
 
 
 class HangInWrite(RoundCheckpoint):
-    def save_round(self, trainer):
-        if trainer.current_epoch == HANG_ROUND:
-            with open(self.path + ".tmp", "wb") as f:
+    """Hangs in the middle of writing round 3's file (on the background writer thread)."""
+
+    def write(self, strategy, checkpoint, path):
+        if checkpoint["epoch"] == HANG_ROUND:
+            with open(path + ".tmp", "wb") as f:
                 f.write(b"PK\x03\x04 a checkpoint cut short")
-            _hang(os.path.dirname(self.path))
-        super().save_round(trainer)
+            _hang(os.path.dirname(path))
+        super().write(strategy, checkpoint, path)
 
 
 def _hang(folder: str) -> None:

@@ -22,6 +22,7 @@ from fl_lightning.lightning_compat import (
     build_from_checkpoint,
     current_hook,
     default_map_location,
+    dump_checkpoint,
     lightning_log,
     lightning_module_attributes,
     raw_optimizer,
@@ -120,13 +121,18 @@ def test_the_overridden_private_methods_exist():
             assert callable(getattr(cls, method, None)), f"{path}.{method}"
 
 
-def test_build_from_checkpoint_and_default_map_location(tmp_path):
-    """What ``load_from_checkpoint`` does after the file is read: the module from its hyperparameters and state."""
+def test_build_from_checkpoint_dump_checkpoint_and_default_map_location(tmp_path):
+    """What ``load_from_checkpoint`` does after the file is read: the module from its hyperparameters and state;
+    the checkpoint ``save_checkpoint`` writes, as a dict."""
     t = trainer(1)
     module = FedAvg(tiny_client(), clients_per_round=2, local_steps=3)
     t.fit(module, synthetic(4))
     t.save_checkpoint(tmp_path / "x.ckpt")
     checkpoint = load_checkpoint(tmp_path / "x.ckpt")
+    dumped = dump_checkpoint(t)
+    assert dumped.keys() == checkpoint.keys() - {"checksum"}
+    assert dumped["state_dict"].keys() == checkpoint["state_dict"].keys()
+    assert all(torch.equal(value, checkpoint["state_dict"][key]) for key, value in dumped["state_dict"].items())
     built = build_from_checkpoint(FedAvg, checkpoint, client=tiny_client(seed=1))
     assert built.local_steps == 3 and all(torch.equal(a, b) for a, b in zip(built.parameters(), module.parameters()))
     assert default_map_location("cpu") == "cpu" and callable(default_map_location(None))

@@ -79,17 +79,19 @@ def test_a_killed_run_resumes_bitwise_from_last_ckpt(name, mode, tmp_path):
             assert torch.equal(straight.store.get(cid, entry), resumed.store.get(cid, entry))
 
 
-def test_round_checkpoint_writes_every_n_rounds_and_the_last(tmp_path):
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_round_checkpoint_writes_every_n_rounds_and_the_last(tmp_path, asynchronous):
     steps = []
+    checkpoint = RoundCheckpoint(dirpath=str(tmp_path), every_n_rounds=2, asynchronous=asynchronous)
 
-    class Spy(pl.Callback):  # what is on disk when each round starts, and at the end
+    class Spy(pl.Callback):  # what is on disk when each round starts (once a pending write is done), and at the end
         def on_train_epoch_start(self, trainer, module):
+            checkpoint.wait()
             path = tmp_path / "last.ckpt"
             steps.append(load_checkpoint(path)["global_step"] if path.exists() else None)
 
         on_train_end = on_train_epoch_start
 
-    checkpoint = RoundCheckpoint(dirpath=str(tmp_path), every_n_rounds=2)
     trainer(5, callbacks=[checkpoint, Spy()], enable_checkpointing=True).fit(
         FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
     assert steps == [None, None, 2, 2, 4, 5]  # written after rounds 2 and 4, and the last one

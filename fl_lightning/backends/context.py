@@ -16,6 +16,7 @@ seam for a ``LightningModule``: the client module runs in its own precision cont
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Protocol, TypeVar, cast
 
 import pytorch_lightning as pl
@@ -24,7 +25,7 @@ from torch import Tensor
 
 from fl_lightning.backends.stateless import StatelessClient
 from fl_lightning.client_store import ClientStateStore, StateSpec
-from fl_lightning.datamodules.client_data import ClientData, gather, to_device
+from fl_lightning.datamodules.client_data import ClientData, gather, prefetched, to_device
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import routed_log
 from fl_lightning.local_logging import LocalLogBuffer
@@ -236,13 +237,17 @@ class ClientContext:
     def batches(self, client_id: int, num_steps: Optional[int], stream: str = "batches",
                 round_idx: Optional[int] = None) -> Iterator[Any]:
         """The client's mini-batches, ready for a step, in an order from ``(seed, stream, round, client)``:
-        ``num_steps`` batches, or ``local_epochs`` passes when ``num_steps`` is None."""
+        ``num_steps`` batches, or ``local_epochs`` passes when ``num_steps`` is None. On a CUDA device,
+        batches gathered on the host (a pool kept there) are copied from pinned memory one step
+        ahead, while the previous step runs; batches of a pool on the device need no copy."""
         data, g = self.client_data(client_id), self.batch_order(client_id, stream, round_idx)
         if num_steps is not None:
             batches = data.step_batches(num_steps, g)
         else:
             assert self.algorithm.local_epochs is not None
             batches = data.epoch_batches(self.algorithm.local_epochs, g)
+        if self.device.type == "cuda":
+            batches = prefetched(batches, partial(to_device, device=self.device, pinned=True))
         for batch in batches:
             yield self.prepare_batch(client_id, batch)
 
@@ -266,7 +271,8 @@ class ClientContext:
             yield self.prepare_batch(client_id, batch)
 
     def gather(self, indices: Tensor) -> Any:
-        """The samples of the dataset pool at ``indices`` (any shape, e.g. ``[clients, batch]``), on the device."""
+        """The samples of the dataset pool at ``indices`` (any shape, e.g. ``[clients, batch]``), on the
+        device (one gather there when the pool and the indices are: ``FederatedDataModule.place_pool``)."""
         return to_device(gather(self.algorithm.datamodule.pool, indices), self.device)
 
     def step_batches(self, run: ClientRun) -> Iterator[tuple[Any, dict[str, Any]]]:

@@ -28,6 +28,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
+from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 from fl_lightning.checkpoints import AllowedClasses, check_weights_only, checksum, is_plain, load_from_checkpoint
@@ -87,6 +88,54 @@ def take(dataset: Dataset, indices: np.ndarray) -> Dataset:
     return Subset(dataset, np.asarray(indices).tolist())
 
 
+def pool_size(pool: Dataset) -> Optional[int]:
+    """The bytes of a tensor-backed pool (a ``TensorDataset``), or None for any other dataset."""
+    if not isinstance(pool, TensorDataset):
+        return None
+    return sum(t.numel() * t.element_size() for t in pool.tensors)
+
+
+def check_pool_on_device(value: Any) -> Optional[bool]:
+    """``value`` as the ``pool_on_device`` option; a ValueError unless it is None, True or False."""
+    if not (value is None or isinstance(value, bool)):
+        raise ValueError(f"pool_on_device must be None (automatic), True or False, got {value!r}")
+    return value
+
+
+def decide_pool_on_device(pool_bytes: Optional[int], free_bytes: Optional[int], pool_on_device: Optional[bool],
+                          device_type: str) -> bool:
+    """Whether the pool is moved to the engine's device (``FederatedDataModule``'s ``pool_on_device``).
+
+    Args:
+        pool_bytes: the pool's size (:func:`pool_size`); None: it is not tensor-backed (it cannot move).
+        free_bytes: the device's free memory; None: unknown (a device other than CUDA).
+        pool_on_device: None chooses: on a CUDA device, when the pool is tensor-backed and takes
+            less than a quarter of the free memory (the rest is left to the models, activations and
+            optimizer states of the clients in flight); True requires it (a ValueError where it
+            cannot be: not tensor-backed, or larger than the free memory); False keeps it on the host.
+        device_type: ``torch.device.type`` of the engine's device.
+
+    On a CPU device there is nothing to move (the host is the device): False, whatever the option.
+    """
+    check_pool_on_device(pool_on_device)
+    if device_type == "cpu" or pool_on_device is False:
+        return False
+    if pool_bytes is None:
+        if pool_on_device:
+            raise ValueError(f"pool_on_device=True, but the pool is not tensor-backed (a TensorDataset): it cannot be "
+                             f"put on the {device_type} device; use pool_on_device=None or False")
+        return False
+    if free_bytes is None:
+        return bool(pool_on_device)  # free memory unknown: only where asked
+    if pool_on_device:
+        if pool_bytes > free_bytes:
+            raise ValueError(f"pool_on_device=True, but the pool's {pool_bytes / 2**20:.1f} MiB do not fit in the "
+                             f"{free_bytes / 2**20:.1f} MiB free on the {device_type} device; use pool_on_device=None "
+                             "(automatic) or False")
+        return True
+    return pool_bytes < free_bytes / 4
+
+
 def work_item_loader(n: int) -> DataLoader:
     """A loader of the indices ``0 .. n-1`` of this process's work items in a round.
 
@@ -125,6 +174,15 @@ class FederatedDataModule(pl.LightningDataModule):
         eval_batch_size: batch size of evaluation loaders.
         seed: seed of the partition (unless the partitioner has its own) and the splits.
         print_summary: print the per-client summary at setup.
+        pool_on_device: where a tensor-backed pool (a ``TensorDataset``) lives while the engine
+            runs on an accelerator (:meth:`place_pool`). None (default) chooses: on the CUDA device
+            when it takes less than a quarter of the device's free memory, so that a mini-batch is
+            one gather on the device instead of a gather on the host and a copy every local step,
+            while the rest stays free for the clients in flight; else on the host. True requires it
+            (a ValueError naming the pool's size and the free memory where it cannot be); False
+            keeps it on the host. On a CPU device nothing moves, whatever the value (True is not
+            an error: the host is the device). Pools that are not tensors stay on the host; on
+            CUDA their batches are copied from pinned memory one step ahead.
 
     Attributes:
         work_items_per_round: how many work items this process runs in a round, the length of
@@ -153,6 +211,7 @@ class FederatedDataModule(pl.LightningDataModule):
         eval_batch_size: int = 512,
         seed: int = 0,
         print_summary: bool = False,
+        pool_on_device: Optional[bool] = None,
     ) -> None:
         super().__init__()
         self.partitioner = resolve_partitioner(
@@ -196,7 +255,10 @@ class FederatedDataModule(pl.LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.seed = seed
         self.print_summary = print_summary
+        self.pool_on_device = check_pool_on_device(pool_on_device)
         self.pool: Optional[Dataset] = None
+        #: every client's split indices on the accelerator, when the pool is there (:meth:`place_pool`)
+        self._device_splits: Optional[dict[str, tuple[Tensor, ...]]] = None
         self.test_set: Optional[Dataset] = None
         self.splits: dict[str, list[np.ndarray]] = {}
         self._partition_digest: Optional[str] = None  # partition_hash(), once the splits are made
@@ -288,14 +350,43 @@ class FederatedDataModule(pl.LightningDataModule):
                              "sample needs one")
         return values if kept is None else values[kept]
 
+    def place_pool(self, device: torch.device) -> None:
+        """Put a tensor-backed pool, and every client's split indices, on ``device`` or on the host,
+        as ``pool_on_device`` decides (:func:`decide_pool_on_device`). Called by the engine once it
+        knows its device (a ``FederatedModule``, in its setup); under DDP each process puts its own
+        copy on its own device. The pool stays where it was put until the next call."""
+        if self.pool is None:
+            raise RuntimeError(f"{type(self).__name__}.place_pool() was called before setup() built the pool")
+        pool, device = self.pool, torch.device(device)
+        size, free = pool_size(pool), None
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+            free, _ = torch.cuda.mem_get_info(device)
+            if isinstance(pool, TensorDataset) and pool.tensors[0].device == device:
+                free += size  # placed before: its memory counts as free
+        on_device = decide_pool_on_device(size, free, self.pool_on_device, device.type)
+        if not isinstance(pool, TensorDataset):
+            return
+        target = device if on_device else torch.device("cpu")
+        pool.tensors = tuple(t.to(target) for t in pool.tensors)
+        self._device_splits = None
+        if on_device:
+            self._device_splits = {
+                name: torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(target).split([len(p) for p in parts])
+                for name, parts in self.splits.items()}
+
     # --------------------------------------------------------------- access
     def client_data(self, client_id: int, split: Split = "train") -> ClientData:
-        """Client ``client_id``'s ``split`` of the pool."""
+        """Client ``client_id``'s ``split`` of the pool (its indices on the pool's device)."""
         if split not in self.splits:
             raise ValueError(f"split must be one of {sorted(self.splits)}, got {split!r}")
         if not 0 <= client_id < self.num_clients:
             raise ValueError(f"client_id must be in [0, {self.num_clients}), got {client_id}")
-        return ClientData(self.pool, torch.from_numpy(self.splits[split][client_id]), self.batch_size)
+        if self._device_splits is not None:
+            indices = self._device_splits[split][client_id]
+        else:
+            indices = torch.from_numpy(self.splits[split][client_id])
+        return ClientData(self.pool, indices, self.batch_size)
 
     def num_samples(self, client_id: int) -> int:
         """Size of the client's training split."""

@@ -6,16 +6,27 @@ client's batch order does not depend on anything else. Tensor-backed datasets
 other map-style datasets go through ``default_collate``. The batch streams are also available as
 the dataset indices of each batch (``step_indices``: all steps as one table; ``epoch_indices``), so
 that a backend can gather the batches of many clients at once (:func:`gather`).
+
+The indices live where the split's ``indices`` are: on the accelerator when the datamodule put
+its tensor pool there (``FederatedDataModule.place_pool``), so that a batch is one gather on the
+device. The permutations are always drawn on the CPU (the same numbers on every device) and the
+small permutation is moved to the indices, never the other way round. A batch that must still
+cross from the host (a pool kept in host memory) can be copied from pinned memory while the
+previous step runs (:func:`prefetched`, :func:`to_device` with ``pinned=True``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset, default_collate
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 def gather(dataset: Dataset, indices: Tensor) -> Any:
@@ -27,12 +38,32 @@ def gather(dataset: Dataset, indices: Tensor) -> Any:
     return tuple(t.reshape(*indices.shape, *t.shape[1:]) for t in flat) if isinstance(flat, (list, tuple)) else flat
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
+def to_device(batch: Any, device: torch.device, pinned: bool = False) -> Any:
     """``batch`` on ``device``: as it is when it is a tuple of tensors there already (the common
-    case, checked without walking the collection), else moved by Lightning's ``move_data_to_device``."""
+    case, checked without walking the collection), else moved by Lightning's ``move_data_to_device``
+    (which copies to a CUDA device with ``non_blocking=True``). ``pinned``: its host tensors are
+    first put in pinned memory, so that the copy really runs asynchronously (for a batch
+    prefetched while the previous step runs: :func:`prefetched`)."""
     if isinstance(batch, tuple) and all(isinstance(t, Tensor) and t.device == device for t in batch):
         return batch
+    if pinned:
+        batch = apply_to_collection(batch, Tensor, lambda t: t.pin_memory() if t.device.type == "cpu" else t)
     return move_data_to_device(batch, device)
+
+
+def prefetched(items: Iterable[T], move: Callable[[T], U]) -> Iterator[U]:
+    """``move(item)`` of each of ``items``, in order, one item ahead: the next item is drawn and its
+    ``move`` started before the current one is handed out (with an asynchronous ``move``, a
+    host-to-device copy, the copy of batch ``k + 1`` overlaps the step on batch ``k``)."""
+    iterator = iter(items)
+    try:
+        ahead = move(next(iterator))
+    except StopIteration:
+        return
+    for item in iterator:
+        current, ahead = ahead, move(item)
+        yield current
+    yield ahead
 
 
 class ClientData:
@@ -50,7 +81,7 @@ class ClientData:
 
     def fetch(self, positions: Tensor) -> Any:
         """The batch of the split's samples at ``positions`` (positions within the split)."""
-        return gather(self.dataset, self.indices[positions])
+        return gather(self.dataset, self.indices[torch.as_tensor(positions, device=self.indices.device)])
 
     def step_indices(self, steps: int, generator: torch.Generator) -> Tensor:
         """The dataset indices of ``steps`` batches of ``b = min(batch_size, len)`` samples, one row
@@ -63,7 +94,7 @@ class ClientData:
         per_pass = n // b
         passes = max(1, -(-steps // per_pass))
         orders = [torch.randperm(n, generator=generator)[: per_pass * b] for _ in range(passes)]
-        return self.indices[torch.cat(orders).view(-1, b)[:steps]]
+        return self.indices[torch.cat(orders).view(-1, b)[:steps].to(self.indices.device)]
 
     def step_batches(self, steps: int, generator: torch.Generator) -> Iterator[Any]:
         """``steps`` batches of ``min(batch_size, len)`` samples, reshuffling at each pass."""
@@ -78,6 +109,7 @@ class ClientData:
         n, b = len(self), batch_size or self.batch_size
         for _ in range(epochs):
             order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+            order = order.to(self.indices.device)
             for start in range(0, n, b):
                 yield self.indices[order[start : start + b]]
 

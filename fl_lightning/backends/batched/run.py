@@ -38,10 +38,11 @@ class FunctionalRun(ClientRun):
         self.function = function
         self.tensors = tensors
         self.opt_state: list[Tensor] = []
-        #: ``self.log`` calls of the client during a vectorized step: name -> (value * batch size, batch size)
-        self.logs: dict[str, tuple[Tensor, Tensor]] = {}
-        #: their options, by name
+        #: ``self.log`` calls of the client during a vectorized step: name -> value * batch size
+        self.logs: dict[str, Tensor] = {}
+        #: their options and batch sizes (the same for every client of a vectorized step), by name
         self.log_options: dict[str, dict[str, Any]] = {}
+        self.log_sizes: dict[str, int] = {}
         self._active: Model = None
 
     @property
@@ -62,13 +63,14 @@ class FunctionalRun(ClientRun):
         k = self.layout.num_param_tensors
         target = list(self.tensors if model is None else model)
         stateless = self.context.stateless
+        sizes: dict[str, int] = {}
 
         def loss_of(params: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> tuple[Tensor, Any]:
             tensors = [*params, *buffers]
-            logs: dict[str, tuple[Tensor, Tensor]] = {}
+            logs: dict[str, Tensor] = {}
             self._active = tensors
             try:
-                with routed_log(self.context.client, self._collector(logs, batch)):
+                with routed_log(self.context.client, self._collector(logs, sizes, batch)):
                     if loss_fn is not None:
                         out = loss_fn(batch)
                     else:
@@ -84,15 +86,15 @@ class FunctionalRun(ClientRun):
         with self.context.forward_context():
             grads, carried = func_grad(loss_of, has_aux=True)(tuple(target[:k]), tuple(target[k:]))
         loss, aux, logs = carried["loss"], carried.get("aux"), carried["logs"]
-        for name, (total, size) in logs.items():
-            if name in self.logs:  # a second model of the step logged the same name: both count
-                total, size = total + self.logs[name][0], size + self.logs[name][1]
-            self.logs[name] = (total, size)
+        for name, total in logs.items():  # a second model of the step that logs the same name: both count
+            self.logs[name] = total + self.logs[name] if name in self.logs else total
+            self.log_sizes[name] = self.log_sizes.get(name, 0) + sizes[name]
         return ((loss, aux), list(grads)) if has_aux else (loss, list(grads))
 
-    def _collector(self, logs: dict[str, tuple[Tensor, Tensor]], batch: Any) -> Callable[..., None]:
-        """The client's ``self.log`` inside a gradient: values are returned with the loss, with
-        the call's batch size, for the round's buffered mean."""
+    def _collector(self, logs: dict[str, Tensor], sizes: dict[str, int], batch: Any) -> Callable[..., None]:
+        """The client's ``self.log`` inside a gradient: values times the call's batch size are
+        returned with the loss, for the round's buffered mean (the batch sizes, Python numbers, are
+        kept in :attr:`log_sizes`: reading them needs no device sync)."""
 
         def log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
             options = call_options(args, kwargs)
@@ -102,7 +104,8 @@ class FunctionalRun(ClientRun):
                     "than the mean: the batched backend logs per-round means only; use client_backend='sequential'"
                 )
             size = options.pop("batch_size", None) or extract_batch_size(batch)
-            logs[name] = (torch.as_tensor(value).detach().float().reshape(()) * size, torch.tensor(float(size)))
+            logs[name] = torch.as_tensor(value).detach().float().reshape(()) * size
+            sizes[name] = int(size)
             self.log_options[name] = options
 
         return log

@@ -1,0 +1,128 @@
+"""The batched backend's compiled step (``compile_step=True``): equal to the eager step, compiled once
+per step structure and reused, refused where it does not apply, eager again where torch cannot compile."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch._dynamo.exc import InternalTorchDynamoError
+from torch._dynamo.utils import counters
+
+from fl_lightning.algorithms import FedAvg
+from fl_lightning.backends import BatchedBackend
+from fl_lightning.backends.batched.backend import vectorized_hook
+from fl_lightning.models import MLP
+from tests.helpers import synthetic, trainer
+from tests.test_batched import SUPPORTED, DropoutClient, assert_close
+from tests.test_contract import outcome
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Each test compiles from scratch (and counts its own compiles)."""
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+class GraphsPerRound(pl.Callback):
+    """The number of graphs compiled so far, at the end of each round."""
+
+    def __init__(self) -> None:
+        self.graphs: list[int] = []
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.graphs.append(counters["stats"]["unique_graphs"])
+
+
+def fitted(make, compiler: Optional[str], rounds: int = 3):
+    """``make``'s federation (its 4 to 6 clients a round in one block) after ``rounds``
+    rounds of the batched backend, its step eager (``compiler`` None) or compiled by torch.compile's
+    ``compiler`` backend (``"inductor"``: what ``compile_step=True`` runs)."""
+    module = make("batched", 8)
+    module.backend = BatchedBackend(8, compile_step=compiler is not None)
+    if compiler not in (None, "inductor"):
+        module.backend._vectorized = torch.compile(vectorized_hook, backend=compiler)
+    graphs = GraphsPerRound()
+    t = trainer(rounds, callbacks=[graphs])
+    t.fit(module, synthetic(6))
+    return module, t, graphs.graphs
+
+
+#: the algorithms whose step is compiled in the tests: an optimizer state, per-client scratch values, two
+#: models and named outputs, a lock-step share. ``aot_eager`` captures the step as ``compile_step`` does
+#: (Dynamo's graph and guards, AOT autograd) without generating code, which takes seconds per graph on
+#: two cores; one test runs the real compiler.
+CAPTURED = ["FedAvg-momentum-wd", "SCAFFOLD", "FedDeper", "FedDRO"]
+
+
+@pytest.mark.parametrize("name", CAPTURED)
+def test_captured_step_equals_eager(name):
+    """Three rounds: every tensor of the module and every client's state equal the eager step's to
+    1e-5, and so does the client's logged training loss; the step is captured in the first two rounds
+    (first step, later steps, the round becoming a variable) and every later round reuses it."""
+    eager, eager_trainer, eager_graphs = fitted(SUPPORTED[name], None)
+    assert eager_graphs == [0, 0, 0]
+    compiled, compiled_trainer, graphs = fitted(SUPPORTED[name], "aot_eager")
+    assert graphs[0] > 0 and graphs[2] == graphs[1], graphs
+    assert_close(outcome(eager), outcome(compiled), atol=1e-5)
+    logged = {k: v for k, v in eager_trainer.callback_metrics.items() if "loss" in k}
+    assert logged, "the client logs a training loss"
+    for key, value in logged.items():
+        assert torch.allclose(value, compiled_trainer.callback_metrics[key], atol=1e-5), key
+
+
+def test_compiled_step_with_dropout_equals_eager():
+    """``compile_step=True`` (Inductor) on a client with Dropout: the same model to 1e-5, the compiled
+    step drawing the eager step's random numbers (``fallback_random``)."""
+
+    def make(backend, block):
+        torch.manual_seed(0)
+        return FedAvg(DropoutClient(), clients_per_round=4,
+                      local_steps=3, client_backend=backend, clients_per_block=block, seed=1)
+
+    eager, _, _ = fitted(make, None, rounds=2)
+    compiled, _, graphs = fitted(make, "inductor", rounds=2)
+    assert graphs[-1] > 0
+    assert_close(outcome(eager), outcome(compiled), atol=1e-5)
+
+
+def test_the_module_argument_compiles_the_batched_step():
+    module = FedAvg(MLP(in_features=20, hidden=(8,), num_classes=10), client_backend="batched", compile_step=True)
+    assert isinstance(module.backend, BatchedBackend) and module.backend.compile_step
+    assert module.backend._vectorized is not vectorized_hook
+    assert FedAvg(MLP(in_features=20, hidden=(8,), num_classes=10), client_backend="batched").backend._vectorized \
+        is vectorized_hook
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"compile_step": True}, "compile_step=True compiles the batched backend's vectorized step; client_backend is "
+                             "'sequential'"),
+    ({"client_backend": "batched", "compile_step": "yes"}, "compile_step must be True or False, got 'yes'"),
+])
+def test_bad_compile_step_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FedAvg(MLP(in_features=20, hidden=(8,), num_classes=10), **kwargs)
+
+
+def test_a_step_torch_cannot_compile_runs_eagerly_with_a_warning():
+    """Where compiling fails, the step runs eagerly from then on (same results), with a one-time warning."""
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        raise InternalTorchDynamoError("no compiler for this step")
+
+    eager, _, _ = fitted(SUPPORTED["SCAFFOLD"], None)
+    module = SUPPORTED["SCAFFOLD"]("batched", 8)
+    module.backend = BatchedBackend(8, compile_step=True)
+    module.backend._vectorized = failing
+    with pytest.warns(UserWarning, match="compile_step: the batched step could not be compiled, it runs eagerly: no "
+                                         "compiler for this step"):
+        trainer(3).fit(module, synthetic(6))
+    assert len(calls) == 1 and module.backend._vectorized is vectorized_hook
+    assert_close(outcome(eager), outcome(module), atol=0.0)
