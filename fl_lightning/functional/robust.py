@@ -39,7 +39,11 @@ class GeometricMedianResult:
         median: the approximate geometric median, ``[p]``, float64.
         objective: ``sum_i a_i ||median - z_i||`` with normalized weights.
         iterations: Weiszfeld iterations run.
-        converged: whether the stopping rule fired before ``max_iter``.
+        converged: whether the stopping rule held before ``max_iter``: the objective (or the
+            iterate) settled within ``eps``. False when the iteration stopped because a step would
+            raise the objective by more than that (the distance floor ``nu`` near a data point
+            makes Weiszfeld's step non-monotone): the median is then the best iterate, not a
+            converged one.
     """
 
     median: Tensor
@@ -74,7 +78,7 @@ def weiszfeld_objective(points: Tensor, weights: Tensor, y: Tensor) -> float:
 
 
 def _read_state(state: Tensor) -> list[float]:
-    """The host's one read of the Weiszfeld loop's ``[stopped, iterations, objective]`` per chunk."""
+    """The host's one read of the Weiszfeld loop's ``[stopped, converged, iterations, objective]`` per chunk."""
     return state.tolist()
 
 
@@ -122,6 +126,7 @@ def geometric_median(
     y = a @ z
     f = _objective(z, a, y)
     stopped = torch.zeros((), dtype=torch.bool, device=z.device)
+    converged = torch.zeros((), dtype=torch.bool, device=z.device)
     iterations = torch.zeros((), dtype=torch.float64, device=z.device)
     it = 0
     while True:
@@ -132,7 +137,7 @@ def geometric_median(
             y_new = (beta @ z) / beta.sum()
             f_new = _objective(z, a, y_new)
             if stop == "objective_abs":
-                done = f - f_new <= eps
+                done = (f - f_new).abs() <= eps
             elif stop == "objective_rel":
                 done = (f - f_new).abs() <= eps * f_new
             else:
@@ -141,11 +146,13 @@ def geometric_median(
             take = accept & ~stopped
             y, f = torch.where(take, y_new, y), torch.where(take, f_new, f)
             iterations = iterations + ~stopped
+            converged = converged | (done & ~stopped)
             stopped = stopped | done | ~accept
         it += chunk
-        is_stopped, count, objective = _read_state(torch.stack([stopped.double(), iterations, f]))
+        is_stopped, is_converged, count, objective = _read_state(
+            torch.stack([stopped.double(), converged.double(), iterations, f]))
         if is_stopped or it == max_iter:
-            return GeometricMedianResult(y, objective, int(count), bool(is_stopped))
+            return GeometricMedianResult(y, objective, int(count), bool(is_converged))
 
 
 def coordinate_median(points: Tensor) -> Tensor:

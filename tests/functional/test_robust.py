@@ -197,3 +197,36 @@ def test_centered_clipping_by_hand():
         centered_clipping(z, torch.zeros(2), tau=0.0)
     with pytest.raises(ValueError, match="center"):
         centered_clipping(z, torch.zeros(3), tau=1.0)
+
+
+def _rising_step_case() -> tuple[torch.Tensor, torch.Tensor]:
+    """Points and weights where Weiszfeld's second step with the distance floor ``nu = 0.1`` would
+    raise the objective by about 1.2e-3 (found by a search over small random cases, seed 0)."""
+    torch.manual_seed(0)
+    for trial in range(19):
+        n, p = torch.randint(3, 8, ()).item(), torch.randint(1, 4, ()).item()
+        z = torch.randn(n, p, dtype=torch.float64)
+        if trial % 2:
+            z[1] = z[0]
+        a = torch.rand(n, dtype=torch.float64)
+        a[0] += torch.rand(()).item() * 3
+    return z, a / a.sum()
+
+
+def test_a_step_that_would_raise_the_objective_is_not_reported_as_convergence():
+    """With a distance floor (``nu``) Weiszfeld's step can raise the objective: the iteration stops
+    at the best iterate, and says it did not converge (it used to report True); the same points
+    without the floor converge."""
+    z, a = _rising_step_case()
+    y = a @ z
+    for _ in range(2):  # the two steps from the weighted mean: the second rises by more than eps
+        b = a / torch.linalg.vector_norm(z - y, dim=1).clamp_min(0.1)
+        y_next = (b @ z) / b.sum()
+        rise = weiszfeld_objective(z, a, y_next) - weiszfeld_objective(z, a, y)
+        y = y_next
+    assert rise > 1e-3
+    for stop in ("objective_abs", "objective_rel"):
+        stalled = geometric_median(z, a, eps=1e-5, nu=0.1, stop=stop)
+        assert stalled.iterations == 2 and not stalled.converged, stop
+        assert stalled.objective <= weiszfeld_objective(z, a, a @ z)
+    assert geometric_median(z, a, eps=1e-5, nu=1e-8, max_iter=1000).converged

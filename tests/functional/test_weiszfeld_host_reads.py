@@ -1,5 +1,6 @@
 """geometric_median reads its stopping decision once per chunk of iterations, with the result of the
-per-iteration loop it replaced (kept below as the oracle), bit for bit."""
+per-iteration loop it replaced (kept below as the oracle, with the truthful ``converged`` flag: a
+step that would raise the objective beyond the tolerance stops the loop unconverged), bit for bit."""
 
 from __future__ import annotations
 
@@ -27,15 +28,15 @@ def _per_iteration_reference(points, weights=None, eps=1e-5, max_iter=100, nu=1e
         y_new = (beta @ z) / beta.sum()
         f_new = objective(z, a, y_new)
         if stop == "objective_abs":
-            done = f - f_new <= eps
+            done = abs(f - f_new) <= eps
         elif stop == "objective_rel":
             done = abs(f - f_new) <= eps * f_new
         else:
             done = float(torch.linalg.vector_norm(y_new - y)) <= eps
         if f_new <= f:
             y, f = y_new, f_new
-        else:
-            done = True
+        elif not done:  # the step would raise the objective by more than the tolerance: stalled
+            return GeometricMedianResult(y, f, it, False)
         if done:
             return GeometricMedianResult(y, f, it, True)
     return GeometricMedianResult(y, f, max_iter, False)
@@ -86,9 +87,10 @@ def test_convergence_at_the_first_iteration(stop):
 
 @pytest.mark.parametrize("stop", STOP_RULES)
 def test_a_step_that_raises_the_objective_is_rejected_and_stops_the_loop(stop):
+    """The uphill step is not taken and the loop stops, reporting no convergence (RAGA issue, item 4)."""
     z = torch.randn(5, 2, generator=torch.Generator().manual_seed(2))  # with nu = 1 the first step goes uphill
     want = _per_iteration_reference(z, eps=1e-30, nu=1.0, stop=stop)
-    assert want.converged and want.iterations == 1 and torch.equal(want.median, torch.full((5,), 0.2, dtype=torch.float64) @ z.double())
+    assert not want.converged and want.iterations == 1 and torch.equal(want.median, torch.full((5,), 0.2, dtype=torch.float64) @ z.double())
     _assert_same(geometric_median(z, eps=1e-30, nu=1.0, stop=stop), want)
 
 
