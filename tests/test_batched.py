@@ -101,6 +101,24 @@ def test_ragged_clients_need_no_padding(momentum):
     assert_close(outcome(a[0]), outcome(b[0]), atol=1e-5)
 
 
+def test_clients_smaller_than_the_batch_step_as_blocks_of_their_own(monkeypatch):
+    """With local_steps, clients whose batches differ in shape (fewer samples than the batch size) form
+    blocks of their own: every vectorized call is over a whole block (no client's values gathered out
+    of the block and written back each step), and each client still gets its own batch shape."""
+    calls = []
+    advance = BatchedBackend._advance
+
+    def spy(self, context, block, groups, step, phase):
+        calls.append((id(block), len(block.runs), [len(g.members) for g in groups]))
+        return advance(self, context, block, groups, step, phase)
+
+    monkeypatch.setattr(BatchedBackend, "_advance", spy)
+    fitted(SUPPORTED["SCAFFOLD"], "batched", block=5, rounds=1, batch_size=64)  # batches of 64, 62, 43, 28...
+    assert all(members == [size] for _, size, members in calls)  # each call: one group, the whole block
+    blocks = {block: size for block, size, _ in calls}
+    assert len(blocks) > 1 and sum(blocks.values()) == 5 and len(calls) == 3 * len(blocks)
+
+
 def test_frozen_parameters_stay_frozen():
     """A parameter with requires_grad=False moves in neither backend, even with weight decay and
     momentum (torch.optim.SGD skips a parameter without a gradient); the rest equals sequential."""

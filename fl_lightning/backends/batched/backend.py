@@ -12,7 +12,7 @@ from torch._dynamo.exc import TorchDynamoException
 from torch.func import vmap
 
 from fl_lightning.backends.base import ClientBackend
-from fl_lightning.backends.batched.batches import StepGroup, plan_steps
+from fl_lightning.backends.batched.batches import IndexGroup, StepGroup, fixed_groups, plan_steps, steps_of
 from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
@@ -109,11 +109,21 @@ class BatchedBackend(ClientBackend[Block]):
 
     def run_clients(self, context: ClientContext, clients: list[int]) -> None:
         """A block's whole round: every client's ``client_init``, the block's vectorized steps, every
-        client's ``client_final``."""
-        block = self._init_block(context, clients)
-        for step, groups in enumerate(block.plan):
-            self._advance(context, block, groups, step, "step")
-        self._finish_block(context, block)
+        client's ``client_final`` (in the clients' order). Clients whose batches differ in shape at
+        every step (smaller clients than the batch) step as blocks of their own, each step one call
+        over a whole block: no client's values are gathered out of a block and written back."""
+        runs = self._start_runs(context, clients)
+        groups = fixed_groups(context, runs)
+        if groups is None or len(groups) == 1:
+            blocks = [Block(runs, plan_steps(context, runs) if groups is None else steps_of(groups))]
+        else:
+            blocks = [Block([runs[i] for i in g.members], steps_of([IndexGroup(list(range(len(g.members))), g.indices)]))
+                      for g in groups]
+        for block in blocks:
+            for step, step_groups in enumerate(block.plan):
+                self._advance(context, block, step_groups, step, "step")
+            block.unstack()
+        self._finish_runs(context, runs)
 
     def evaluate(self, context: ClientContext, client_ids: Sequence[int], state_of: StateOf, split: str,
                  hook: str) -> list[ClientResult]:
@@ -140,7 +150,9 @@ class BatchedBackend(ClientBackend[Block]):
         run.restart(run.start)
         return run
 
-    def _init_block(self, context: ClientContext, clients: list[int]) -> Block:
+    def _start_runs(self, context: ClientContext, clients: list[int]) -> list[FunctionalRun]:
+        """The runs of ``clients`` after their ``client_init`` (forged clients skipped; clients without
+        a step to take finished at once)."""
         algorithm = context.algorithm
         runs = []
         function = functional_optimizer(algorithm.local_optimizer(), context.global_model.params)
@@ -160,11 +172,7 @@ class BatchedBackend(ClientBackend[Block]):
                 self._finish_runs(context, [run])
                 continue
             runs.append(run)
-        return Block(runs, plan_steps(context, runs))
-
-    def _finish_block(self, context: ClientContext, block: Block) -> None:
-        block.unstack()
-        self._finish_runs(context, block.runs)
+        return runs
 
     @staticmethod
     def _finish_runs(context: ClientContext, runs: list[FunctionalRun]) -> None:
@@ -176,7 +184,8 @@ class BatchedBackend(ClientBackend[Block]):
 
     # ------------------------------------------------------------ lock-step group operations (a block each)
     def start_group(self, context: ClientContext, clients: list[int]) -> Block:
-        return self._init_block(context, clients)
+        runs = self._start_runs(context, clients)
+        return Block(runs, plan_steps(context, runs))
 
     def next_batches(self, context: ClientContext, group: Block) -> Any:
         return next(group.plan)
@@ -192,7 +201,8 @@ class BatchedBackend(ClientBackend[Block]):
         self._advance(context, group, batches, step, "step")
 
     def finish_group(self, context: ClientContext, group: Block) -> None:
-        self._finish_block(context, group)
+        group.unstack()
+        self._finish_runs(context, group.runs)
 
     # ------------------------------------------------------------ one vectorized step of a block
     def _advance(self, context: ClientContext, block: Block, groups: list[StepGroup], step: int,

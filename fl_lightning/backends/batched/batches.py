@@ -66,18 +66,42 @@ def plan_steps(context: ClientContext, runs: list[FunctionalRun]) -> Iterator[li
             if all(item is None for item in items):
                 return
             yield _group_batches(items)
-    streams = ("batches", *context.algorithm.extra_batch_streams)
-    tables = [{stream: _index_steps(context, run, stream) for stream in streams} for run in runs]
-    if runs and all(isinstance(t, Tensor) for table in tables for t in table.values()) and all(
-            len({table[s].shape for table in tables}) == 1 for s in streams):
-        # every client takes the same steps of the same shapes (local_steps): one stack for the block
-        stacked = {s: torch.stack([table[s] for table in tables]) for s in streams}
-        everyone = list(range(len(runs)))
-        for k in range(len(tables[0]["batches"])):
-            yield [IndexGroup(everyone, {s: rows[:, k] for s, rows in stacked.items()})]
+    groups = fixed_groups(context, runs)
+    if groups is not None:
+        yield from steps_of(groups)
         return
+    tables = [{stream: _index_steps(context, run, stream) for stream in _streams(context)} for run in runs]
     for k in range(max((len(t["batches"]) for t in tables), default=0)):
         yield index_groups(tables, k)
+
+
+def fixed_groups(context: ClientContext, runs: list[FunctionalRun]) -> Optional[list[IndexGroup]]:
+    """Where every run takes ``local_steps`` steps of dataset indices (no real batches), the runs
+    grouped by the shapes of their index tables, each group's tables stacked once
+    (``[len(members), steps, batch]`` per stream): the groups are the same at every step. None
+    otherwise (``local_epochs``, real batches)."""
+    if context.changes_local_batches or any(run.batches is not None or run.num_steps is None for run in runs):
+        return None
+    streams = _streams(context)
+    tables = [{stream: context.index_table(run.client_id, run.num_steps, stream) for stream in streams}
+              for run in runs]
+    members: dict[tuple, list[int]] = {}
+    for i, table in enumerate(tables):
+        members.setdefault(tuple(table[s].shape for s in streams), []).append(i)
+    return [IndexGroup(group, {s: torch.stack([tables[i][s] for i in group]) for s in streams})
+            for group in members.values()]
+
+
+def steps_of(groups: list[IndexGroup]) -> Iterator[list[IndexGroup]]:
+    """The steps of :func:`fixed_groups`' groups: at step ``k``, each group that has one, with its rows ``k``."""
+    for k in range(max((len(g.indices["batches"][0]) for g in groups), default=0)):
+        yield [IndexGroup(g.members, {s: rows[:, k] for s, rows in g.indices.items()})
+               for g in groups if k < len(g.indices["batches"][0])]
+
+
+def _streams(context: ClientContext) -> tuple[str, ...]:
+    """The batch streams of a step: the main one, then the algorithm's extra ones."""
+    return ("batches", *context.algorithm.extra_batch_streams)
 
 
 def index_groups(steps: list[dict[str, Sequence[Tensor]]], k: int) -> list[IndexGroup]:
