@@ -48,7 +48,7 @@ from fl_lightning.schedules import LocalSchedule
 from fl_lightning.seeding import sample_clients
 from fl_lightning.trainer_setup import prepare_trainer
 from fl_lightning.update import (
-    ClientUpdate, LinearReduction, Reduction, UpdateSpec, Weighting, all_finite, weighted_reduction,
+    ClientUpdate, LinearReduction, Reduction, UpdateSpec, Weighting, finite_flags, weighted_reduction,
 )
 from fl_lightning.validation import check_federation_arguments
 from fl_lightning.vectors import ModelVector
@@ -385,7 +385,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         updates = sorted(self._updates, key=lambda u: u.client_id)
         for cb in self._callbacks:
             updates = cb.on_round_updates(self.trainer, self, updates)
-        kept = [u for u in updates if self._is_kept(u)]
+        finite = finite_flags([[*u.tensors.values(), *(self._pending_state.get(u.client_id) or {}).values()]
+                               for u in updates])  # one device sync for the round's updates
+        kept = [u for u, ok in zip(updates, finite) if ok or self._exclude(u)]
         for u in kept:
             for name, value in (self._pending_state.get(u.client_id) or {}).items():
                 self.store.set(u.client_id, name, value, version=self.current_epoch)
@@ -417,11 +419,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             cb.on_round_end(self.trainer, self, self.current_epoch, result)
         self._updates, self._pending_state = [], {}
 
-    def _is_kept(self, update: ClientUpdate) -> bool:
-        """Whether ``update`` and the client's new state are finite; else exclude it (or raise)."""
-        state = self._pending_state.get(update.client_id) or {}
-        if update.is_finite() and all_finite(state.values()):
-            return True
+    def _exclude(self, update: ClientUpdate) -> bool:
+        """Exclude ``update``, whose tensors or client state hold NaN or Inf, with a warning (False),
+        or raise (``nonfinite_updates="raise"``)."""
         message = f"round {self.current_epoch}: the update of client {update.client_id} contains NaN or Inf"
         if self.nonfinite_updates == "raise":
             raise NonFiniteUpdateError(message)

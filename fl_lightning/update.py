@@ -19,7 +19,7 @@ spirit of torchmetrics' ``add_state(name, default, dist_reduce_fx)``:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping
+from typing import Iterable, Literal, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -102,18 +102,32 @@ class ClientResult:
 
 
 def all_finite(tensors: Iterable[Tensor]) -> bool:
-    """Whether every tensor is free of NaN and Inf.
+    """Whether every tensor is free of NaN and Inf (:func:`finite_flags` of one group)."""
+    return finite_flags([tensors])[0]
+
+
+def finite_flags(groups: Sequence[Iterable[Tensor]]) -> list[bool]:
+    """For each group of tensors, whether every tensor of it is free of NaN and Inf, read with one
+    device sync for all groups (a round's updates are checked together at its end).
 
     The minimum and the maximum propagate NaN and hold any -Inf / +Inf, so one reduction per
     tensor decides it (and, unlike a sum, it cannot overflow).
     """
-    for t in tensors:
-        if t.numel() == 0:
-            continue
-        low, high = torch.aminmax(t.detach())
-        if not bool(torch.isfinite(low) & torch.isfinite(high)):
-            return False
-    return True
+    flags: list[Optional[Tensor]] = []
+    for tensors in groups:
+        flag = None
+        for t in tensors:
+            if t.numel() == 0:
+                continue
+            low, high = torch.aminmax(t.detach())
+            finite = torch.isfinite(low) & torch.isfinite(high)
+            flag = finite if flag is None else flag & finite.to(flag.device)
+        flags.append(flag)
+    computed = [f for f in flags if f is not None]
+    if not computed:
+        return [True] * len(flags)
+    values = iter(torch.stack([f.to(computed[0].device) for f in computed]).tolist())
+    return [True if f is None else next(values) for f in flags]
 
 
 def linear_sums(

@@ -108,6 +108,9 @@ class ClientContext:
         #: whether the algorithm prepares its clients' rounds (overrides ``client_init``): a backend
         #: need not set up a client's local work to run the default, which does nothing
         self.prepares_rounds = _overrides_default(algorithm, "client_init")
+        #: whether the algorithm computes its own uploads (overrides ``client_final``): the default,
+        #: ``end - start``, needs no local-work setting (no draw, no log, no forward)
+        self.finalizes_rounds = _overrides_default(algorithm, "client_final")
         self._callbacks: list[FederatedCallback] = []
         self._batch_callbacks: list[FederatedCallback] = []
         self._integer_buffers: Optional[list[Tensor]] = None

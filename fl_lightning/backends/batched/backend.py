@@ -3,6 +3,7 @@ their vectorized steps."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
@@ -178,7 +179,7 @@ class BatchedBackend(ClientBackend[Block]):
     def _finish_runs(context: ClientContext, runs: list[FunctionalRun]) -> None:
         """``client_final`` of each run, and its uploads handed to the round."""
         for run in runs:
-            with context.local_work(run.client_id, "final", run.round):
+            with context.local_work(run.client_id, "final", run.round) if context.finalizes_rounds else nullcontext():
                 uploads = context.algorithm.client_final(run)
             context.finish(run, uploads)
 
