@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -44,7 +44,9 @@ from fl_lightning.module_checkpoint import FederatedCheckpointing, logged_hparam
 from fl_lightning.optim.param_groups import optimizer_lr
 from fl_lightning.progress import round_progress_bar
 from fl_lightning.run import ClientRun, StepOutput, plain_step
-from fl_lightning.schedules import LocalSchedule
+from fl_lightning.schedules import (
+    LocalSchedule, check_lr_drops, epochs_per_round, lr_drop_scheduler, split_optimizer_config,
+)
 from fl_lightning.seeding import sample_clients
 from fl_lightning.trainer_setup import prepare_trainer
 from fl_lightning.update import (
@@ -115,6 +117,12 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             (``(1/|S|) sum_i u_i``); None (default) takes the paper's, stated in each algorithm's
             docstring (see :attr:`weighting`). Algorithms whose default aggregator is robust pass it on
             (the geometric median's weights).
+        lr_drop_epochs: local epochs (passes over a client's training split) after which the local
+            learning rate is multiplied by ``lr_drop_gamma``, converted into rounds at setup from the
+            clients' training-split sizes, the batch size and ``local_steps``
+            (:func:`~fl_lightning.schedules.lr_drop_scheduler`): whatever the validation split, the
+            drop comes after that many passes. Not with a scheduler of the client's own.
+        lr_drop_gamma: the factor of each drop of ``lr_drop_epochs``.
     """
 
     #: names of keyed batch streams a local step draws from besides the main one; the step's
@@ -151,6 +159,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         client_state_dir: Optional[str] = None,
         client_state_checkpoints: Optional[int] = 2,
         weighting: Optional[Weighting] = None,
+        lr_drop_epochs: Sequence[float] = (),
+        lr_drop_gamma: float = 0.1,
     ) -> None:
         super().__init__()
         if not isinstance(client, pl.LightningModule):
@@ -177,6 +187,10 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         self.server_momentum = server_momentum
         self.nonfinite_updates = nonfinite_updates
         self.seed = seed
+        self.lr_drop_epochs, self.lr_drop_gamma = check_lr_drops(lr_drop_epochs, lr_drop_gamma), lr_drop_gamma
+        if self.lr_drop_epochs and type(self).local_lr_scheduler is not FederatedModule.local_lr_scheduler:
+            raise ValueError(f"lr_drop_epochs={self.lr_drop_epochs}: {type(self).__name__} schedules its local learning "
+                             "rate itself (its paper's schedule); leave lr_drop_epochs empty")
         self.automatic_optimization = False
         #: the folder below which the run's client-state folder is made (absolute; None: the run's log folder)
         self.client_state_dir = check_folder("client_state_dir", client_state_dir)
@@ -316,9 +330,17 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         return torch.optim.SGD(self.client.parameters(), lr=self.server_lr, momentum=self.server_momentum)
 
     def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[torch.optim.lr_scheduler.LRScheduler]:
-        """The schedule of the local learning rate over rounds, on the template ``optimizer``;
-        None (default) keeps the client's own (from its ``configure_optimizers``, if any)."""
-        return None
+        """The schedule of the local learning rate over rounds, on the template ``optimizer``:
+        the drops of ``lr_drop_epochs`` if any, else None (the client's own, if any)."""
+        if not self.lr_drop_epochs:
+            return None
+        if split_optimizer_config(self.client.configure_optimizers())[1] is not None:
+            raise ValueError(f"lr_drop_epochs={self.lr_drop_epochs} and the client's own lr scheduler both schedule "
+                             "the local learning rate: give one of the two")
+        dm = self.datamodule
+        per_round = epochs_per_round([dm.num_samples(c) for c in dm.train_clients], dm.batch_size, self.local_steps,
+                                     self.local_epochs)
+        return lr_drop_scheduler(optimizer, self.lr_drop_epochs, self.lr_drop_gamma, per_round)
 
     @property
     def server_optimizer(self) -> torch.optim.Optimizer:

@@ -14,11 +14,12 @@ rate (as ``lr-client``). Schedulers stepped per optimizer step (``interval: "ste
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
-from torch.optim.lr_scheduler import ConstantLR, LRScheduler, ReduceLROnPlateau
+from torch.optim.lr_scheduler import ConstantLR, LRScheduler, MultiStepLR, ReduceLROnPlateau
 
 
 def split_optimizer_config(config: Any) -> tuple[torch.optim.Optimizer, Optional[LRScheduler]]:
@@ -122,3 +123,59 @@ class LocalSchedule:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
+
+
+# ------------------------------------------------------------------ lr drops placed in epochs
+def check_lr_drops(epochs: Sequence[float], gamma: float) -> list[float]:
+    """``epochs`` as a list, refused unless increasing and > 0, and ``gamma`` unless in (0, 1]
+    (the arguments ``lr_drop_epochs`` and ``lr_drop_gamma`` of a ``FederatedModule``)."""
+    epochs = [float(e) for e in epochs]
+    if epochs != sorted(set(epochs)) or any(not math.isfinite(e) or e <= 0 for e in epochs):
+        raise ValueError(f"lr_drop_epochs must be increasing numbers > 0 (passes over a client's training split), "
+                         f"got {epochs}")
+    if not 0 < gamma <= 1:
+        raise ValueError(f"lr_drop_gamma must be in (0, 1], got {gamma}")
+    return epochs
+
+
+def epochs_per_round(train_sizes: Sequence[int], batch_size: int, local_steps: Optional[int],
+                     local_epochs: Optional[int]) -> float:
+    """How many passes over its training split a client makes in one round.
+
+    With ``local_epochs`` it is ``local_epochs``. With ``local_steps`` it is
+    ``local_steps / s``, ``s`` the steps of one pass: a client of ``n`` training samples draws
+    batches of ``b = min(batch_size, n)`` from a fresh permutation cut into ``n // b`` batches
+    (:meth:`~fl_lightning.datamodules.client_data.ClientData.step_indices`), so ``s = n // b``,
+    averaged over the training clients (equal-size splits differ by one sample at most).
+    """
+    if local_epochs is not None:
+        return float(local_epochs)
+    assert local_steps is not None
+    if not train_sizes or min(train_sizes) < 1:
+        raise ValueError(f"every training client needs samples to place lr drops in epochs, got sizes {list(train_sizes)}")
+    steps = sum(n // min(batch_size, n) for n in train_sizes) / len(train_sizes)
+    return local_steps / steps
+
+
+def lr_drop_rounds(epochs: Sequence[float], per_round: float) -> list[int]:
+    """The rounds after which the rate drops: the first round count whose passes reach each epoch,
+    ``ceil(e / per_round)`` (``per_round`` from :func:`epochs_per_round`); drops that fall in the
+    same round are refused (the epochs are closer than a round)."""
+    rounds = [max(1, math.ceil(e / per_round - 1e-9)) for e in epochs]
+    if len(set(rounds)) != len(rounds):
+        raise ValueError(f"lr_drop_epochs={list(epochs)} put two drops in one round (a round is {per_round:.4g} "
+                         "epochs): give epochs at least a round apart")
+    return rounds
+
+
+def lr_drop_scheduler(optimizer: torch.optim.Optimizer, epochs: Sequence[float], gamma: float,
+                      per_round: float) -> MultiStepLR:
+    """The per-round schedule that multiplies the rate by ``gamma`` once a client has made each of
+    ``epochs`` passes over its training split (rounds from :func:`lr_drop_rounds`).
+
+    Example: CIFAR10-ST on 8 clients keeps 25,500 images, 3,187 or 3,188 per client, of which the
+    default ``val_fraction=0.1`` holds out 318 or 319: 2,868 to 2,870 train, ``2870 // 16 = 179``
+    steps per pass at batch 16. With ``local_steps=1`` a drop at epoch 90 is after round
+    ``ceil(90 * 179) = 16,110`` (without a validation split it would be ``90 * 199 = 17,910``).
+    """
+    return MultiStepLR(optimizer, lr_drop_rounds(epochs, per_round), gamma=gamma)
