@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.backends import BatchedBackend
-from fl_lightning.backends.batched.backend import vectorized_hook
+from fl_lightning.backends.batched.backend import own_copy, vectorized_hook
 from fl_lightning.models import MLP
 from tests.helpers import synthetic, trainer
 from tests.test_batched import SUPPORTED, DropoutClient, assert_close
@@ -89,6 +89,25 @@ def test_compiled_step_with_dropout_equals_eager():
     compiled, _, graphs = fitted(make, "inductor", rounds=2)
     assert graphs[-1] > 0
     assert_close(outcome(eager), outcome(compiled), atol=1e-5)
+
+
+def test_each_backend_compiles_its_own_step():
+    """Every backend's compiled step has a code object, so a compile cache, of its own: federations
+    run one after another in a process (a sweep) never share torch.compile's limit of recompilations."""
+    first, second = (BatchedBackend(4, compile_step=True) for _ in range(2))
+    assert first._vectorized._torchdynamo_orig_callable.__code__ is not second._vectorized._torchdynamo_orig_callable.__code__
+    assert first._vectorized._torchdynamo_orig_callable.__code__ is not vectorized_hook.__code__
+    torch._dynamo.config.recompile_limit, limit = 1, torch._dynamo.config.recompile_limit
+    try:  # with a limit of one graph per code object, each of two federations still compiles its step
+        for _ in range(2):
+            before = counters["stats"]["unique_graphs"]
+            module = SUPPORTED["FedAvg"]("batched", 8)
+            module.backend = BatchedBackend(8, compile_step=True)
+            module.backend._vectorized = torch.compile(own_copy(vectorized_hook), backend="aot_eager")
+            trainer(1).fit(module, synthetic(6))
+            assert counters["stats"]["unique_graphs"] > before
+    finally:
+        torch._dynamo.config.recompile_limit = limit
 
 
 def test_the_module_argument_compiles_the_batched_step():

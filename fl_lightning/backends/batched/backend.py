@@ -3,6 +3,7 @@ their vectorized steps."""
 
 from __future__ import annotations
 
+import types
 from contextlib import nullcontext
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -91,7 +92,8 @@ class BatchedBackend(ClientBackend[Block]):
         self.compile_step = compile_step
         #: the vectorized step: :func:`vectorized_hook`, compiled with ``compile_step``
         self._vectorized: Callable[..., Any] = (
-            torch.compile(vectorized_hook, options={"fallback_random": True}) if compile_step else vectorized_hook)
+            torch.compile(own_copy(vectorized_hook), options={"fallback_random": True}) if compile_step
+            else vectorized_hook)
         #: why each evaluation hook found unvectorizable is evaluated one client after another, by hook
         self._sequential_evaluation: dict[str, str] = {}
 
@@ -300,6 +302,15 @@ class BatchedBackend(ClientBackend[Block]):
             rank_zero_warn(f"compile_step: the batched step could not be compiled, it runs eagerly: {reason}")
             self._vectorized = vectorized_hook
             return vectorized_hook(*args)
+
+
+def own_copy(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` with a code object of its own. ``torch.compile`` keeps its compiled graphs, and its
+    limit of 8 recompilations, per code object: each backend's compiled step gets a cache of its own,
+    so that a process running many federations (a sweep) keeps compiling theirs instead of falling
+    back to eager once earlier federations have used up the limit (the cache goes with the backend)."""
+    return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
 
 
 def vectorized_hook(hook: Callable[[FunctionalRun, Any], Any], template: FunctionalRun, spec: Any,
