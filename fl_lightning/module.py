@@ -312,7 +312,11 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         per-round schedule: every fresh local optimizer starts at its rate. ``LearningRateMonitor``
         reports them as ``lr-client`` and ``lr-server`` (a constant schedule, never stepped, names it)."""
         server = self.configure_server_optimizer()
-        template, scheduler = self.local_schedule.build(self.client.configure_optimizers(), self.local_lr_scheduler)
+        config = self.client.configure_optimizers()
+        if self.lr_drop_epochs and split_optimizer_config(config)[1] is not None:
+            raise ValueError(f"lr_drop_epochs={self.lr_drop_epochs} and the client's own lr scheduler both schedule "
+                             "the local learning rate: give one of the two")
+        template, scheduler = self.local_schedule.build(config, self.local_lr_scheduler)
         server_name = torch.optim.lr_scheduler.ConstantLR(server, factor=1.0, total_iters=0)
         return [server, template], [{"scheduler": scheduler, "interval": "epoch", "name": "lr-client"},
                                     {"scheduler": server_name, "interval": "epoch", "name": "lr-server"}]
@@ -334,9 +338,6 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         the drops of ``lr_drop_epochs`` if any, else None (the client's own, if any)."""
         if not self.lr_drop_epochs:
             return None
-        if split_optimizer_config(self.client.configure_optimizers())[1] is not None:
-            raise ValueError(f"lr_drop_epochs={self.lr_drop_epochs} and the client's own lr scheduler both schedule "
-                             "the local learning rate: give one of the two")
         dm = self.datamodule
         per_round = epochs_per_round([dm.num_samples(c) for c in dm.train_clients], dm.batch_size, self.local_steps,
                                      self.local_epochs)
