@@ -8,6 +8,7 @@ One file per paper holds every run its document reports::
     ]}
 
 * ``name``: unique in the file;
+* ``commit`` (runs made since it was recorded): the project commit the run ran on;
 * ``params``: the settings the tables group runs by (method, seed, attack...);
 * ``wall_s``: the run's training wall time in seconds, where it was measured;
 * ``history``: the evaluations in round order, each the round (1-based; 0 is before training) and
@@ -20,10 +21,18 @@ Files are written one run per line, so that a changed run is a one-line diff.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 
 Run = dict[str, Any]
+
+
+def commit() -> str:
+    """The project commit a run ran on (``git rev-parse HEAD``; ``+`` marks uncommitted changes)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
+    return head + ("+" if dirty.strip() else "")
 
 
 def load(path: str | Path) -> list[Run]:

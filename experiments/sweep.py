@@ -83,9 +83,10 @@ def evaluate(model: torch.nn.Module, dataset: Dataset, batch_size: int) -> tuple
 
 class Recorder(pl.Callback):
     """Records the global model's metrics at the rounds a :class:`Run` asks for: ``test_loss`` and
-    ``test_acc`` on the global test set, ``train_loss`` and ``train_acc`` on the pooled training
-    splits (``train``), and the logged metrics named by ``metrics`` when a validation ran in that
-    round. Test figures are measured here, whatever the Trainer validates on."""
+    ``test_acc`` on the global test set, ``val_loss`` and ``val_acc`` on the pooled validation
+    splits (where the clients hold any: what tuning chooses on), ``train_loss`` and ``train_acc``
+    on the pooled training splits (``train``), and the logged metrics named by ``metrics`` when a
+    validation ran in that round. Test figures are measured here, whatever the Trainer validates on."""
 
     def __init__(self, every: int, at_start: bool = False, train: bool = False, metrics: Sequence[str] = ()) -> None:
         self.every = every
@@ -100,6 +101,8 @@ class Recorder(pl.Callback):
         dm = trainer.datamodule
         point: dict[str, float] = {"round": round_number}
         point["test_loss"], point["test_acc"] = evaluate(module.client, dm.global_test_set(), dm.eval_batch_size)
+        if any(len(split) for split in dm.splits["val"]):
+            point["val_loss"], point["val_acc"] = evaluate(module.client, dm.validation_set(), dm.eval_batch_size)
         if self.train:
             pooled = Subset(dm.pool, np.concatenate(dm.splits["train"]).tolist())
             point["train_loss"], point["train_acc"] = evaluate(module.client, pooled, dm.eval_batch_size)
@@ -123,8 +126,8 @@ class Recorder(pl.Callback):
                            for k, v in self.history[-1].items()), flush=True)
 
 
-def fit(run: Run, paper: str, plan: Any) -> results.Run:
-    """Train ``run`` and return its record for the result file."""
+def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
+    """Train ``run`` and return its record for the result file (``commit``: the code it runs)."""
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
              "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
              "--trainer.default_root_dir", f"runs/{paper}/{run.name}"]
@@ -133,8 +136,8 @@ def fit(run: Run, paper: str, plan: Any) -> results.Run:
     cli.trainer.callbacks.append(recorder)
     start = time.perf_counter()
     cli.trainer.fit(cli.model, cli.datamodule)
-    record = {"name": run.name, "params": run.params, "wall_s": round(time.perf_counter() - start, 1),
-              "history": recorder.history}
+    record = {"name": run.name, "commit": commit, "params": run.params,
+              "wall_s": round(time.perf_counter() - start, 1), "history": recorder.history}
     if hasattr(plan, "summary"):
         record["summary"] = plan.summary(cli)
     return record
@@ -162,11 +165,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     out = opts.out or Path("runs") / f"{opts.paper}.json"
     done = {r["name"] for r in results.load(out)}
     torch.set_num_threads(opts.threads)
+    commit = results.commit()  # the code imported now, which every run of this process runs
     for run in runs:
         if run.name in done:
             continue
         print(f"== {run.name}: {run.command()}", flush=True)
-        results.add(out, fit(run, opts.paper, plan))
+        results.add(out, fit(run, opts.paper, plan, commit))
 
 
 if __name__ == "__main__":

@@ -17,16 +17,22 @@ from tests.helpers import global_vector, synthetic, trainer
 from tests.test_protocol import dropout_fedavg
 
 
-def main() -> None:
-    devices, out = int(sys.argv[1]), sys.argv[2]
-    torch.set_num_threads(1)
+def fit(devices: int) -> tuple[int, torch.Tensor]:
+    """The federation on ``devices`` processes: this process's rank and the global model."""
     module = dropout_fedavg()
     torch.manual_seed(1000 + int(os.environ.get("LOCAL_RANK", "0")))
     strategy = "fl_ddp" if devices > 1 else "auto"
     t = trainer(3, devices=devices, strategy=strategy)
     t.fit(module, synthetic(6))
-    if t.global_rank == 0:
-        torch.save(global_vector(module), out)
+    return t.global_rank, global_vector(module)
+
+
+def main() -> None:
+    devices, out = int(sys.argv[1]), sys.argv[2]
+    torch.set_num_threads(1)
+    rank, model = fit(devices)
+    if rank == 0:
+        torch.save(model, out)
 
 
 if __name__ == "__main__":

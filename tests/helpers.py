@@ -11,6 +11,13 @@ import torch
 from fl_lightning.datamodules import SyntheticFederated
 from fl_lightning.models import LogisticRegression, MLP
 
+#: the strategy of the tests' two-process runs: ``fl_ddp_notebook`` forks, so its two processes start
+#: with the test's modules already imported (about 4 s a test on 2 cores against 9 s when each
+#: process imports torch and Lightning again, as ``fl_ddp_spawn`` does). The spawn and subprocess
+#: launchers run in ``tests/test_ddp.py``; that every algorithm pickles, which spawn needs, is
+#: checked in ``tests/test_contract.py``.
+TWO_PROCESSES = "fl_ddp_notebook"
+
 
 def synthetic(num_clients: int = 8, **kwargs: Any) -> SyntheticFederated:
     """Synthetic(1, 1) with small clients (fast)."""

@@ -27,7 +27,7 @@ from fl_lightning.algorithms import (
 from fl_lightning.backends import BatchedBackend
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import MLP
-from tests.helpers import synthetic, trainer
+from tests.helpers import TWO_PROCESSES, synthetic, trainer
 from tests.test_contract import outcome
 
 
@@ -346,7 +346,7 @@ def test_two_processes_equal_one(name, tmp_path):
     results = []
     for devices in (1, 2):
         path = str(tmp_path / f"{devices}.pt")
-        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        strategy = TWO_PROCESSES if devices > 1 else "auto"
         module = SUPPORTED[name]("batched", 2)
         trainer(2, devices=devices, strategy=strategy, callbacks=[Snapshot(path)]).fit(module, synthetic(6))
         results.append(torch.load(path))

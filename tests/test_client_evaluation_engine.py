@@ -17,7 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from fl_lightning.algorithms import FedAvg, FedDeper
 from fl_lightning.lightning_compat import metric_snapshot, restore_metric, unsync_metric
 from fl_lightning.update import ClientResult
-from tests.helpers import synthetic, tiny_client, trainer
+from tests.helpers import synthetic, trainer
 
 
 class Regression(pl.LightningModule):

@@ -103,7 +103,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
 
 from fl_lightning.algorithms import SCAFFOLD  # noqa: E402
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
-from tests.helpers import global_vector, synthetic, tiny_client, trainer  # noqa: E402
+from tests.helpers import TWO_PROCESSES, global_vector, synthetic, tiny_client, trainer  # noqa: E402
 
 ENTRY = 210 * 4  # bytes of one SCAFFOLD control of the tiny client
 
@@ -168,7 +168,7 @@ def test_two_processes_spill_the_same_entries_as_one(tmp_path):
     for devices in (1, 2):
         path = str(tmp_path / f"{devices}.pt")
         module = scaffold(tmp_path / str(devices), 3 * ENTRY)
-        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        strategy = TWO_PROCESSES if devices > 1 else "auto"
         trainer(5, devices=devices, strategy=strategy, callbacks=[Snapshot(path)]).fit(module, synthetic(8))
         results.append(torch.load(path))
     assert_same(*results, atol=1e-5)

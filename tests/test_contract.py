@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import pickle
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -30,7 +32,7 @@ from fl_lightning.callbacks import ClientMetrics, CoordinateMedian, FederatedCal
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models.hypernetwork import MLPEmbedding
 from fl_lightning.module import FederatedModule
-from tests.helpers import synthetic, tiny_client, trainer
+from tests.helpers import TWO_PROCESSES, synthetic, tiny_client, trainer
 
 CLIENTS = 6
 
@@ -271,7 +273,16 @@ def test_two_processes_equal_one(name, tmp_path):
     results = []
     for devices in (1, 2):
         path = str(tmp_path / f"{devices}.pt")
-        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        strategy = TWO_PROCESSES if devices > 1 else "auto"
         trainer(2, devices=devices, strategy=strategy, callbacks=[Snapshot(path)]).fit(build(name), data())
         results.append(torch.load(path))
     assert_same(*results, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pickles_for_the_spawn_launcher(name):
+    """``fl_ddp_spawn`` sends the module to its processes pickled (the two-process tests above fork)."""
+    module = build(name)
+    clone = pickle.loads(pickle.dumps(module))
+    assert type(clone) is type(module)
+    assert_same(outcome(module), outcome(clone))

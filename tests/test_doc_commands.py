@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
+import runpy
 import shlex
-import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -89,10 +89,27 @@ def run_command(command: str) -> None:
     if args is None:
         raise AssertionError(f"no handler for the documented command {command!r}: add one to {__file__}")
     name = args[:2] if args[0] == "-m" else args[:1]
-    run = args if "--list" in args else [*name, "--help"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, *run], capture_output=True, text=True, env=env)
-    assert result.returncode == 0, f"{shlex.join(run)} failed:\n{result.stderr[-2000:]}"
+    run_script([*args] if "--list" in args else [*name, "--help"])
+
+
+def run_script(args: list[str]) -> None:
+    """``python ARGS`` in this process (its modules are imported already: a fresh interpreter per
+    command cost about 5 s), as ``__main__``, with ``sys.argv`` set; it must finish or exit 0."""
+    argv, path = sys.argv, sys.path
+    sys.argv = [args[1], *args[2:]] if args[0] == "-m" else [str(ROOT / args[0]), *args[1:]]
+    sys.path = [str(ROOT), str(ROOT / "benchmarks"), *path]  # as PYTHONPATH=. and the script's folder
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module was imported before
+            if args[0] == "-m":
+                runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(ROOT / args[0]), run_name="__main__")
+    except SystemExit as done:
+        assert done.code in (0, None), f"python {shlex.join(args)} exited with {done.code}:\n{output.getvalue()[-2000:]}"
+    finally:
+        sys.argv, sys.path = argv, path
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from fl_lightning.callbacks.personalized import PersonalizedAccuracy, add_extra_
 from fl_lightning.models.cnn import CNN
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.seeding import generator
-from tests.helpers import checkpoint_client_state, global_vector, synthetic, tiny_client, trainer
+from tests.helpers import TWO_PROCESSES, checkpoint_client_state, global_vector, synthetic, tiny_client, trainer
 
 
 def make(cls=FedDeper, hidden=(8,), **kwargs):
@@ -216,7 +216,7 @@ def test_two_processes_equal_one(tmp_path):
     stores = []
     for devices in (1, 2):
         ckpt = ModelCheckpoint(dirpath=tmp_path / str(devices), save_last=True, save_top_k=0)
-        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+        strategy = TWO_PROCESSES if devices > 1 else "auto"
         module = make(clients_per_round=5, local_steps=4)
         trainer(3, callbacks=[ckpt], enable_checkpointing=True, devices=devices, strategy=strategy).fit(module, synthetic(8))
         stores.append((global_vector(module), torch.load(tmp_path / str(devices) / "last.ckpt", weights_only=False)))

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.utils.data import TensorDataset
 
 from experiments.feddro.acceptance import Setting, run
@@ -230,18 +230,6 @@ def test_frozen_running_stats_leaves_batch_norm_buffers_alone():
         out = bn(torch.randn(8, 3) * 5 + 2)
     assert torch.equal(bn.running_mean, torch.zeros(3)) and int(bn.num_batches_tracked) == 0
     assert out.mean(0).abs().max() < 1e-5 and bn.track_running_stats
-
-
-@pytest.mark.slow
-def test_two_processes_equal_one():
-    def run(devices: int) -> Tensor:
-        torch.manual_seed(0)
-        module = FedDRO(tiny_client(hidden=(8,)), KLDRO(lam=2.0), beta=0.5, local_steps=3, clients_per_round=5, seed=2)
-        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
-        trainer(2, devices=devices, strategy=strategy, limit_val_batches=0).fit(module, synthetic(5))
-        return global_vector(module)
-
-    assert (run(1) - run(2)).abs().max() <= 1e-5
 
 
 def test_checkpoint_resume_is_exact(tmp_path):

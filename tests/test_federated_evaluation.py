@@ -23,7 +23,7 @@ from fl_lightning.callbacks import ClientMetrics, FederatedEvaluation
 from fl_lightning.callbacks.federated_evaluation import TABLE_FILE, short_name
 from fl_lightning.callbacks.metric_direction import direction_from_name
 from fl_lightning.functional.client_summaries import summarize
-from tests.helpers import synthetic, tiny_client, trainer
+from tests.helpers import TWO_PROCESSES, synthetic, tiny_client, trainer
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
 
@@ -268,7 +268,7 @@ def ddp_run(devices: int) -> dict[str, float]:
     torch.manual_seed(0)
     module = FedAvg(Regressor(), clients_per_round=4, local_steps=2, seed=3)
     evaluation = FederatedEvaluation(fraction=0.5, higher_is_better={"bias": True})
-    strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+    strategy = TWO_PROCESSES if devices > 1 else "auto"
     t = trainer(2, callbacks=[evaluation], devices=devices, strategy=strategy)
     t.fit(module, synthetic(8, val_fraction=0.3, eval_batch_size=5))
     return logged(t)

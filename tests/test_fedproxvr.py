@@ -305,24 +305,6 @@ def test_the_paper_cnn_has_1663370_parameters():
         FedProxVRCNN(image_size=2)
 
 
-# ------------------------------------------------------------------------- DDP
-
-
-def _ddp_run(devices: int) -> torch.Tensor:
-    pl.seed_everything(0)
-    module = FedProxVR(tiny_client(hidden=(8,)), estimator="sarah", mu=0.1, local_steps=3, clients_per_round=5,
-                       seed=3)
-    strategy = "fl_ddp_spawn" if devices > 1 else "auto"
-    trainer(2, devices=devices, strategy=strategy).fit(module, synthetic(8))
-    return global_vector(module)
-
-
-@pytest.mark.slow
-def test_two_processes_equal_one():
-    one, two = _ddp_run(1), _ddp_run(2)
-    assert (one - two).abs().max() <= 1e-5
-
-
 def test_the_step_size_follows_the_client_schedule_unless_fixed():
     """With neither lr nor beta, eta is the client's scheduled rate of the round (MultiStepLR at rounds 2
     and 3, factor 0.5); an explicit lr fixes it."""

@@ -349,23 +349,6 @@ def test_local_finetuning_restores_the_global_model():
         LocalFinetuning(steps=0)
 
 
-# ------------------------------------------------------------------ DDP
-@pytest.mark.slow
-def test_pefll_on_two_processes_equals_one():
-    def server_vector(module: PeFLL) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for n, p in module.named_parameters() if not n.startswith("client.")])
-
-    def run(devices: int) -> torch.Tensor:
-        module = pefll(clients_per_round=4, local_steps=2, seed=3)
-        strategy = "fl_ddp_spawn" if devices > 1 else "auto"
-        trainer(2, devices=devices, strategy=strategy).fit(module, data(8))
-        return server_vector(module)
-
-    one, two = run(1), run(2)
-    assert (one - two).abs().max() <= 1e-5
-    assert (one - server_vector(pefll())).abs().max() > 1e-4  # it trained
-
-
 def test_pfedhn_gives_each_sampled_client_its_own_embedding_update_under_any_aggregator():
     """The embedding table's upload is declared "sum": row i of the round's total is client i's own
     ``de_i``, whatever the aggregator (a coordinate median would zero the rows: each is nonzero in one

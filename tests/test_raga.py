@@ -15,7 +15,7 @@ from fl_lightning.callbacks.aggregation import WeightedMean
 from fl_lightning.callbacks.attacks import ALIEAttack, GaussianAttack, LabelFlipAttack
 from fl_lightning.callbacks.robust_aggregation import CoordinateMedian, GeometricMedian
 from fl_lightning.models import LogisticRegression
-from tests.helpers import global_vector, synthetic, tiny_client, trainer
+from tests.helpers import TWO_PROCESSES, global_vector, synthetic, tiny_client, trainer
 
 
 class Record(FederatedCallback):
@@ -179,7 +179,7 @@ def _ddp_run(devices, build, callbacks):
 
     pl.seed_everything(0)
     module = build()
-    strategy = "fl_ddp_spawn" if devices > 1 else "auto"
+    strategy = TWO_PROCESSES if devices > 1 else "auto"
     trainer(2, callbacks=callbacks(), devices=devices, strategy=strategy).fit(module, synthetic(8))
     return global_vector(module)
 

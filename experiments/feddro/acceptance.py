@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -162,11 +161,6 @@ def settings(seeds: list[int], iterations: int) -> list[Setting]:
     return [Setting(a, split, i, iterations, s) for s in seeds for i in (1, 8) for a, split in pairs]
 
 
-def commit() -> str:
-    """The project commit the runs ran on (``git rev-parse HEAD``)."""
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-
-
 def mean_std(values: list[float]) -> str:
     """``mean ± sample std`` (ddof = 1); the mean alone for one value."""
     if len(values) < 2:
@@ -224,7 +218,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--iterations", type=int, default=3000, help="T, local iterations of every run")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    head = commit()
+    head = results.commit()
     done = {r["name"] for r in results.load(args.out)}
     for setting in settings(args.seeds, args.iterations):
         if setting.name in done:

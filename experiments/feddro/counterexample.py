@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from experiments import results
-from experiments.feddro.acceptance import commit, quiet_trainer
+from experiments.feddro.acceptance import quiet_trainer
 from fl_lightning.algorithms.feddro import CompositionalFedAvg, FedDRO
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.functional.dro import CompositionalObjective
@@ -117,7 +117,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--iterations", type=int, default=4000, help="local steps of every run")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    head = commit()
+    head = results.commit()
     done = {r["name"] for r in results.load(args.out)}
     print("| algorithm | eta | I | beta | rounds | x_bar at the end | spec |\n|---|---|---|---|---|---|---|")
     for name, cls, kw in runs(args.iterations):
