@@ -81,9 +81,16 @@ class LocalSchedule:
         self, config: Any, override: Callable[[torch.optim.Optimizer], Optional[LRScheduler]]
     ) -> tuple[torch.optim.Optimizer, LRScheduler]:
         """The template and its scheduler from the client's ``configure_optimizers`` result;
-        ``override(template)`` may give the algorithm's own schedule. Without any, a constant one."""
+        ``override(template)`` may give the algorithm's own schedule (refused beside the client's
+        own: one of the two would be silently ignored). Without any, a constant one."""
         template, scheduler = split_optimizer_config(config)
         custom = override(template)
+        if custom is not None and scheduler is not None:
+            raise ValueError(
+                f"the algorithm schedules the local learning rate itself ({type(custom).__name__}) and the client's "
+                f"configure_optimizers returns an lr scheduler too ({type(scheduler).__name__}): one of the two would "
+                "be ignored; drop the client's scheduler (e.g. its lr_milestones) or the algorithm's schedule"
+            )
         if custom is not None:
             scheduler = custom
         if scheduler is None:

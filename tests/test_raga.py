@@ -70,6 +70,17 @@ def test_raga_steps_with_the_paper_schedule():
     assert module.local_steps == 3
 
 
+def test_the_paper_schedule_beside_a_client_schedule_is_refused():
+    """RAGA's schedule replaces the client's: a client with lr_milestones would silently lose them."""
+    client = LogisticRegression(in_features=20, num_classes=10, lr=0.1, lr_milestones=[2])
+    with pytest.raises(ValueError, match="PaperLR.*MultiStepLR.*lr_milestones"):
+        fit(RAGA(client, clients_per_round=2, total_rounds=4, seed=0), 1)
+    constant = RAGA(LogisticRegression(in_features=20, num_classes=10, lr=0.1, lr_milestones=[1]), schedule="constant",
+                    clients_per_round=2, seed=0)
+    fit(constant, 2)  # the client's own schedule, which "constant" leaves in place
+    assert constant.local_lr == pytest.approx(0.01)
+
+
 def test_constant_schedule_steps_the_server_with_the_local_rate():
     """eq. 14 with the paper's eta_m^{t,k} = eta^t: w <- w - eta z, eta the client optimizer's rate."""
     lr, rec = 0.05, Record()

@@ -2,11 +2,16 @@
 
     python -m experiments.fedproxvr.report [docs/results/fedproxvr.json] [--figures docs/results]
 
-Per study (``params.study``): the federation, a summary per row (final and best test accuracy,
-training loss; mean ± sample std (min–max) over seeds), for the mu studies the stability of the
-training loss, and the training loss and test accuracy at 8 evaluations: the tables the document
-shows (``SHOWN``). ``--figures DIR`` draws the document's figures, ``fedproxvr_<study>.png`` (mean
-over seeds, band: min–max).
+* the learning-rate search (``table1_tune``): each method's validation accuracy after the last
+  round at every rate of the grid, and the rate chosen (``experiments.fedproxvr.plan.tuned_lrs``);
+* per study (``table1``, and each setting of ``fig2``): a summary per method over seeds (final
+  test accuracy; test accuracy at the evaluation with the best validation accuracy; training
+  loss), the training loss and the test accuracy at 8 evaluations, and for ``table1`` the
+  differences between methods, paired by seed, with their 95 % confidence intervals (Student's t
+  over the seeds).
+
+Spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds. ``--figures DIR`` draws
+``fedproxvr_<study>.png`` (mean over seeds, band: min–max).
 """
 
 from __future__ import annotations
@@ -19,25 +24,20 @@ from typing import Any
 import numpy as np
 
 from experiments import results
+from experiments.fedproxvr.plan import LR_GRID, RESULTS, TABLE1, tuned_lrs
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "fedproxvr.json"
-FULL = ("data", "summary", "train_loss", "test_acc")
-#: study -> the tables the document shows, in its order
-SHOWN = {"mu": ("data", "summary", "stability", "train_loss", "test_acc"),
-         "mu_n100_r100": ("data", "summary", "stability", "train_loss", "test_acc"),
-         "mu_n100_r400": ("data", "summary", "stability", "train_loss", "test_acc"),
-         "table1": FULL, "table1_r100": FULL, "table2": FULL, "table2_r50": ("summary", "test_acc", "train_loss"),
-         "table2_sarah_beta20": ("summary",)}
-#: the studies the document plots
-PLOTTED = ("mu", "mu_n100_r100", "mu_n100_r400", "table1", "table1_r100", "table2", "table2_r50")
 Groups = dict[str, list[results.Run]]
+#: the paired differences the document reports: (row, against)
+PAIRS = (("FedProxVR (SVRG)", "FedAvg"), ("FedProxVR (SARAH)", "FedAvg"), ("FedProxVR (SARAH)", "FedProxVR (SVRG)"))
 
 
 def studies(runs: list[results.Run]) -> dict[str, Groups]:
-    """study -> row label -> runs (seeds), in file order."""
+    """study (``fig2/<setting>`` for the settings of Fig. 2) -> row label -> runs (seeds, in seed order)."""
     out: dict[str, Groups] = defaultdict(lambda: defaultdict(list))
-    for run in runs:
-        out[run["params"]["study"]][run["params"]["label"]].append(run)
+    for run in sorted(runs, key=lambda r: r["params"]["seed"]):
+        p = run["params"]
+        if p["study"] != "table1_tune":
+            out[p["study"] + (f"/{p['setting']}" if "setting" in p else "")][p["label"]].append(run)
     return out
 
 
@@ -49,53 +49,79 @@ def series(runs: list[results.Run], key: str) -> tuple[np.ndarray, np.ndarray]:
 
 def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2) -> str:
     """``mean ± std (min–max)`` over seeds."""
-    v = values * scale
+    v = np.asarray(values) * scale
     return f"{v.mean():.{digits}f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.{digits}f} ({v.min():.{digits}f}–{v.max():.{digits}f})"
 
 
-def fluctuation(losses: np.ndarray, start: int) -> np.ndarray:
-    """Per seed: std of the changes of the training loss between evaluations, from point ``start`` on."""
-    return np.diff(losses[:, start:], axis=1).std(axis=1)
+def best_validation(runs: list[results.Run]) -> tuple[np.ndarray, np.ndarray]:
+    """Per seed: the test accuracy at the evaluation with the highest validation accuracy (the first
+    such), and that round."""
+    rounds, val = series(runs, "val_acc")
+    _, test = series(runs, "test_acc")
+    pick = val.argmax(axis=1)
+    return test[np.arange(len(runs)), pick], rounds[pick]
 
 
-def data_line(groups: Groups) -> str:
-    first = next(iter(groups.values()))[0]
-    return (f"rounds={first['params']['rounds']} overrides={first['params']['overrides']} "
-            f"data={first['summary']['train_sizes']} test_samples={first['summary']['test_samples']}")
+def paired_interval(diff: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` confidence interval of the mean of paired differences (Student's t, n - 1 dof)."""
+    from scipy import stats
+
+    half = stats.t.ppf(0.5 + level / 2, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
+    return diff.mean() - half, diff.mean() + half
+
+
+def tune_table(runs: list[results.Run]) -> str:
+    """Validation accuracy (%) after the last round, per rate and method; the chosen rate in bold."""
+    tune = {(r["params"]["method"], r["params"]["lr"]): r for r in results.select(runs, study="table1_tune")}
+    chosen = tuned_lrs(runs) or {}
+    rounds = next(iter(tune.values()))["params"]["rounds"]
+    lines = ["| step size | " + " | ".join(f"{label}: val acc (%) after round {rounds}" for label, _ in TABLE1.values()) + " |",
+             "|---" * (len(TABLE1) + 1) + "|"]
+    for lr in LR_GRID:
+        cells = []
+        for method in TABLE1:
+            acc = f"{100 * results.last(tune[method, lr], 'val_acc'):.2f}" if (method, lr) in tune else "-"
+            cells.append(f"**{acc}**" if chosen.get(method) == lr else acc)
+        lines.append(f"| {lr} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def summary_table(groups: Groups) -> str:
+    first = next(iter(groups.values()))[0]
     lines = [
-        "| algorithm | seeds | final test acc (%) | best test acc (%) | round of best | final train loss | wall s / run |",
-        "|---|---|---|---|---|---|---|",
+        f"rounds={first['params']['rounds']} clients={first['summary']['train_sizes']['clients']} "
+        f"train samples={first['summary']['train_sizes']['total']} test samples={first['summary']['test_samples']}",
+        "",
+        "| algorithm | step size | seeds | final test acc (%) | test acc at best val (%) | round of best val | "
+        "final train loss | wall s / run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, runs in groups.items():
-        rounds, acc = series(runs, "test_acc")
+        _, acc = series(runs, "test_acc")
         _, loss = series(runs, "train_loss")
-        best_round = rounds[acc.argmax(axis=1)]
+        at_best, best_round = best_validation(runs)
         lines.append(
-            f"| {label} | {len(runs)} | {fmt(acc[:, -1], 100)} | {fmt(acc.max(axis=1), 100)} | "
-            f"{best_round.mean():.1f} | {fmt(loss[:, -1], digits=3)} | {np.mean([r['wall_s'] for r in runs]):.0f} |"
+            f"| {label} | {runs[0]['params']['lr']} | {len(runs)} | {fmt(acc[:, -1], 100)} | {fmt(at_best, 100)} | "
+            f"{best_round.mean():.0f} | {fmt(loss[:, -1], digits=4)} | {np.mean([r['wall_s'] for r in runs]):.0f} |"
         )
     return "\n".join(lines)
 
 
-def stability_table(groups: Groups, start: int = 5, early: int = 5) -> str:
-    """Loss at round 0, at the first evaluation from round ``early`` on, at the end; its maximum; and the
-    fluctuation from the first evaluation at or after round ``start`` (the header names the rounds used)."""
-    rounds, _ = series(next(iter(groups.values())), "train_loss")
-    e, s = int(np.searchsorted(rounds, early)), int(np.searchsorted(rounds, start))
-    lines = [
-        f"| algorithm | train loss round 0 | train loss round {rounds[e]} | final train loss | max train loss after round 0 | "
-        f"fluctuation (std of the change between evaluations, rounds {rounds[s]}+) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for label, runs in groups.items():
-        _, loss = series(runs, "train_loss")
-        lines.append(
-            f"| {label} | {loss[:, 0].mean():.3f} | {fmt(loss[:, e], digits=3)} | {fmt(loss[:, -1], digits=3)} | "
-            f"{fmt(loss[:, 1:].max(axis=1), digits=3)} | {fmt(fluctuation(loss, s), digits=4)} |"
-        )
+def differences_table(groups: Groups) -> str:
+    """Paired (same seed) differences of test accuracy, in points, with 95 % confidence intervals."""
+    lines = ["| difference (points) | seeds | final test acc: mean ± std | 95 % CI | at best val: mean ± std | 95 % CI |",
+             "|---|---|---|---|---|---|"]
+    for row, against in PAIRS:
+        if row not in groups or against not in groups:
+            continue
+        a, b = groups[row], groups[against]
+        assert [r["params"]["seed"] for r in a] == [r["params"]["seed"] for r in b], "differences pair runs by seed"
+        cells = []
+        for measure in (lambda runs: series(runs, "test_acc")[1][:, -1], lambda runs: best_validation(runs)[0]):
+            diff = 100 * (measure(a) - measure(b))
+            low, high = paired_interval(diff)
+            cells += [f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f}", f"[{low:+.2f}, {high:+.2f}]"]
+        lines.append(f"| {row} − {against} | {len(a)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -104,7 +130,7 @@ def curve_table(groups: Groups, key: str, scale: float, points: int = 8) -> str:
     labels = list(groups)
     rounds, _ = series(groups[labels[0]], key)
     picks = np.unique(np.linspace(0, len(rounds) - 1, points).round().astype(int))
-    lines = ["| round | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    lines = ["| round | " + " | ".join(f"{label}: {key}" for label in labels) + " |", "|---" * (len(labels) + 1) + "|"]
     for i in picks:
         cells = []
         for label in labels:
@@ -115,10 +141,14 @@ def curve_table(groups: Groups, key: str, scale: float, points: int = 8) -> str:
 
 
 def tables(runs: list[results.Run]) -> list[str]:
-    """Every table of the document, study by study (a study the document does not show: all of them)."""
-    make = {"data": data_line, "summary": summary_table, "stability": stability_table,
-            "train_loss": lambda g: curve_table(g, "train_loss", 1.0), "test_acc": lambda g: curve_table(g, "test_acc", 100.0)}
-    return [make[part](groups) for study, groups in studies(runs).items() for part in SHOWN.get(study, FULL)]
+    """Every table of the document, in its order."""
+    out = [tune_table(runs)] if results.select(runs, study="table1_tune") else []
+    for study, groups in studies(runs).items():
+        out += [summary_table(groups)]
+        if study == "table1":
+            out += [differences_table(groups)]
+        out += [curve_table(groups, "train_loss", 1.0), curve_table(groups, "test_acc", 100.0)]
+    return out
 
 
 def plot(groups: Groups, title: str, path: Path) -> None:
@@ -130,7 +160,7 @@ def plot(groups: Groups, title: str, path: Path) -> None:
         for ax, key, scale in ((axes[0], "train_loss", 1.0), (axes[1], "test_acc", 100.0)):
             rounds, v = series(runs, key)
             v = v * scale
-            line, = ax.plot(rounds, v.mean(0), label=label)
+            line, = ax.plot(rounds, v.mean(0), label=f"{label} (lr {runs[0]['params']['lr']})")
             ax.fill_between(rounds, v.min(0), v.max(0), color=line.get_color(), alpha=0.2)
     axes[0].set(xlabel="round", ylabel="training loss (global model, log scale)", title=title, yscale="log")
     axes[1].set(xlabel="round", ylabel="test accuracy (%)", title="mean over seeds, band = min–max")
@@ -148,8 +178,7 @@ def main(argv: Any = None) -> None:
     print("\n\n".join(tables(runs)))
     if opts.figures:
         for study, groups in studies(runs).items():
-            if study in PLOTTED:
-                plot(groups, study, opts.figures / f"fedproxvr_{study}.png")
+            plot(groups, study, opts.figures / f"fedproxvr_{study.replace('/', '_')}.png")
 
 
 if __name__ == "__main__":
