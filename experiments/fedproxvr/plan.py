@@ -19,7 +19,9 @@ paper's Fashion-MNIST, every client every round.
 * ``fig2``: the beta and tau study (the paper's Fig. 2) at the authors' step sizes (spec section
   3: 0.005 at (beta, tau) = (5, 10), 0.003 at (7, 20)) and at tau = 40, above SARAH's Lemma-1
   bound of 27.1 at beta = 7; B = 32 and the same step size and tau for FedAvg; seeds 0-2;
-* ``mu_n100_r400``: the mu study (Fig. 4) at the paper's size, 100 clients, 400 rounds;
+* ``mu``: the mu study (Fig. 4; ``configs/fedproxvr/mu_synthetic_logreg.yaml``: Synthetic(0, 0),
+  B = 1, the authors' step size 0.3) scaled down to 20 clients and 25 rounds, seeds 0-2;
+* ``mu_n100_r400``: the same at the paper's size, 100 clients, 400 rounds;
 * ``table2``: Table 2 (the paper's CNN, 10 clients) at the paper's data fraction (30 %) and rows,
   1000 rounds: for a GPU.
 
@@ -52,6 +54,7 @@ FIG2_ROUNDS = 50
 MU = {"FedAvg": ["mu_synthetic_logreg.yaml", "mu/fedavg.yaml"]} | {
     f"FedProxVR ({e.upper()}) mu={m}": ["mu_synthetic_logreg.yaml", *o]
     for e, o in (("svrg", []), ("sarah", ["mu/sarah.yaml"])) for m in (0, 1, 4)}
+MU_20 = ["--data.init_args.num_clients", "20", "--model.init_args.clients_per_round", "20"]
 TABLE2 = {"FedAvg": ["table2_mnist_cnn.yaml", "table2/fedavg.yaml"], "FedProxVR (SVRG)": ["table2_mnist_cnn.yaml"],
           "FedProxVR (SARAH)": ["table2_mnist_cnn.yaml", "table2/sarah.yaml"]}
 TABLE2_DATA = ["--data.init_args.partitioner.init_args.used_fraction", "0.3"]  # the paper's client sizes
@@ -105,12 +108,13 @@ def runs() -> list[Run]:
                               seed=seed, rounds=FIG2_ROUNDS)
                 plan.append(Run(f"fig2/{setting}/{method}_s{seed}", fit_args(configs, seed, FIG2_ROUNDS, overrides),
                                 params, every=5, at_start=True, train=True))
-    for label, configs in MU.items():
-        mu = ["--model.init_args.mu", label.rsplit("=", 1)[1]] if " mu=" in label else []
-        for seed in (0, 1, 2):
-            params = dict(study="mu_n100_r400", label=label, seed=seed, rounds=400)
-            plan.append(Run(f"mu_n100_r400/{slug(label)}_s{seed}", fit_args(configs, seed, 400, mu), params, every=10,
-                            at_start=True, train=True))
+    for study, rounds, every, overrides in (("mu", 25, 1, MU_20), ("mu_n100_r400", 400, 10, [])):
+        for label, configs in MU.items():
+            mu = ["--model.init_args.mu", label.rsplit("=", 1)[1]] if " mu=" in label else []
+            for seed in (0, 1, 2):
+                params = dict(study=study, label=label, seed=seed, rounds=rounds, lr=0.3)
+                plan.append(Run(f"{study}/{slug(label)}_s{seed}", fit_args(configs, seed, rounds, [*mu, *overrides]),
+                                params, every=every, at_start=True, train=True))
     for label, configs in TABLE2.items():
         for seed in (0, 1, 2):
             params = dict(study="table2", label=label, seed=seed, rounds=1000)
