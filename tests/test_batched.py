@@ -17,6 +17,7 @@ from fl_lightning.algorithms import (
     SCAFFOLD,
     ByrdSAGA,
     CompositionalFedAvg,
+    FastDRO,
     FedAvg,
     FedDeper,
     FedDRO,
@@ -55,6 +56,9 @@ SUPPORTED = {
     "CompositionalFedAvg": lambda b, k: CompositionalFedAvg(mlp(), KLDRO(lam=2.0), case="II", clients_per_round=6,
                                                             **common(b, k)),
     "LocalOnly": lambda b, k: LocalOnly(mlp(), clients_per_round=6, **common(b, k)),
+    "FastDRO-cvar": lambda b, k: FastDRO(mlp(), alpha=0.3, clients_per_round=5, **common(b, k)),
+    "FastDRO-chi-square": lambda b, k: FastDRO(mlp(), robust_loss="chi_square", lam=0.5, clients_per_round=5,
+                                               **common(b, k)),
 }
 
 

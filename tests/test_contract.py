@@ -19,6 +19,7 @@ from fl_lightning.algorithms import (
     SCAFFOLD,
     ByrdSAGA,
     CompositionalFedAvg,
+    FastDRO,
     FedAvg,
     FedDeper,
     FedDRO,
@@ -65,6 +66,7 @@ ALGORITHMS: dict[str, Callable[[], FederatedModule]] = {
     "PFedHN": lambda: PFedHN(tiny_client(), embedding_dim=4, hypernetwork_width=8, new_client_rounds=1,
                              clients_per_round=3, local_steps=2),
     "LocalOnly": lambda: LocalOnly(_client(), clients_per_round=CLIENTS, local_steps=2),
+    "FastDRO": lambda: FastDRO(_client(), alpha=0.3, clients_per_round=3, local_steps=2),
 }
 
 
@@ -117,6 +119,7 @@ PAPER_WEIGHTING = {
     "PeFLL": "uniform",  # Algorithm 2: mean over |P|
     "PFedHN": "uniform",
     "LocalOnly": "num_samples",  # nothing is aggregated
+    "FastDRO": "num_samples",  # FedAvg's mean (the paper's baseline is a one-client federation)
 }
 
 

@@ -1,6 +1,7 @@
 """Federated algorithms: each a small subclass of ``FederatedModule``."""
 
 from fl_lightning.algorithms.byrd_saga import ByrdSAGA
+from fl_lightning.algorithms.dro_baselines import FastDRO, PDSGD
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.feddeper import FedDeper
 from fl_lightning.algorithms.feddro import CompositionalFedAvg, FedDRO, LockStepCompositional
@@ -16,6 +17,7 @@ from fl_lightning.algorithms.scaffold import SCAFFOLD
 __all__ = [
     "ByrdSAGA",
     "CompositionalFedAvg",
+    "FastDRO",
     "FedAvg",
     "FedDRO",
     "FedDeper",
@@ -24,6 +26,7 @@ __all__ = [
     "HypernetworkFederation",
     "LocalOnly",
     "LockStepCompositional",
+    "PDSGD",
     "PFedHN",
     "PeFLL",
     "RAGA",

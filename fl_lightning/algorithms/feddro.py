@@ -60,7 +60,16 @@ def frozen_running_stats(module: nn.Module) -> Iterator[None]:
             m.track_running_stats = True
 
 
-class LockStepCompositional(LockstepModule):
+class SampleLosses:
+    """The per-sample losses a DRO algorithm reweights (FedDRO, its baselines)."""
+
+    def sample_losses(self, output: Tensor, batch: Any) -> Tensor:
+        """Per-sample losses ``[b]`` from the client module's ``output`` on ``batch`` (default:
+        cross-entropy of logits against ``batch[1]``). Override for other losses."""
+        return F.cross_entropy(output, batch[1], reduction="none")
+
+
+class LockStepCompositional(SampleLosses, LockstepModule):
     """Common machinery of :class:`FedDRO` and :class:`CompositionalFedAvg` (see the module docstring).
 
     Subclasses define :meth:`inner_estimate` (the ``y`` a client plugs into ``grad f``) and say
@@ -118,11 +127,6 @@ class LockStepCompositional(LockstepModule):
         require_plain_sgd(self.local_optimizer(), type(self).__name__)
 
     # -------------------------------------------------- inner-function estimate
-    def sample_losses(self, output: Tensor, batch: Any) -> Tensor:
-        """Per-sample losses ``[b]`` from the client module's ``output`` on ``batch`` (default:
-        cross-entropy of logits against ``batch[1]``). Override for other losses."""
-        return F.cross_entropy(output, batch[1], reduction="none")
-
     def inner_mean(self, run: ClientRun, batch: Any, model: Model = None) -> Tensor:
         """``g_k(model; batch)``: the mean g-term (float64, no grad) of ``batch`` at ``model``
         (None: the client's current model). A non-finite value shows in the server's average

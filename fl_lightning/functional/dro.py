@@ -166,3 +166,69 @@ def objective_value(objective: CompositionalObjective, losses: Tensor) -> Tensor
     """``mean(h) + f(mean(g))`` over ``losses`` (e.g. all training losses): the DRO objective."""
     h, g = objective.terms(losses)
     return h.mean() + objective.outer(g.mean(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# The worst-case sample weights of the centralized DRO baselines (FastDRO, PDSGD)
+
+
+def cvar_weights(losses: Tensor, alpha: float) -> Tensor:
+    """The worst-case weights of CVaR at level ``alpha`` over a batch of per-sample losses ``[b]``.
+
+    ``q = argmax { sum_i q_i l_i : sum_i q_i = 1, 0 <= q_i <= 1 / (alpha b) }``: the largest
+    ``alpha b`` losses weigh ``1 / (alpha b)`` each (the one at the boundary its fraction), the
+    others 0, so that ``sum_i q_i l_i`` is the mean of the batch's upper ``alpha``-tail (Levy et
+    al. 2020's minibatch CVaR). ``alpha = 1`` gives the mean. Branch-free, so it vectorizes.
+    """
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    b = losses.shape[-1]
+    cap = 1.0 / (alpha * b)
+    order = losses.argsort(dim=-1, descending=True)
+    ranks = torch.arange(b, device=losses.device, dtype=losses.dtype)
+    sorted_weights = (1.0 - ranks * cap).clamp(0.0, cap)  # the mass left at each rank, capped
+    return torch.zeros_like(losses).scatter(-1, order, sorted_weights.expand_as(losses))
+
+
+def simplex_projection(v: Tensor) -> Tensor:
+    """The Euclidean projection of ``v`` ``[b]`` onto the probability simplex (by sorting; branch-free)."""
+    u = v.sort(dim=-1, descending=True).values
+    css = u.cumsum(-1)
+    j = torch.arange(1, v.shape[-1] + 1, device=v.device, dtype=v.dtype)
+    support = (u - (css - 1.0) / j > 0).sum(-1, keepdim=True)  # rho: the size of the support
+    theta = (css.gather(-1, support - 1) - 1.0) / support.to(v.dtype)
+    return (v - theta).clamp(min=0.0)
+
+
+def chi_square_weights(losses: Tensor, lam: float) -> Tensor:
+    """The worst-case weights of the chi-square-penalized robust loss over a batch ``[b]``:
+
+    ``q = argmax_{q in simplex} sum_i q_i l_i - (lam / (2 b)) sum_i (b q_i - 1)^2``
+
+    (Levy et al. 2020's penalized chi-square divergence ``(1/b) sum_i (b q_i - 1)^2 / 2``). Its
+    optimality conditions give ``q_i = max(0, (1 + (l_i - eta) / lam) / b)``: the projection of
+    ``(1 + l / lam) / b`` onto the simplex. ``lam -> infinity`` gives the mean.
+    """
+    if not lam > 0:
+        raise ValueError(f"lam must be > 0, got {lam}")
+    b = losses.shape[-1]
+    return simplex_projection((1.0 + losses / lam) / b)
+
+
+def chi_square_penalty(weights: Tensor, lam: float) -> Tensor:
+    """``(lam / (2 b)) sum_i (b q_i - 1)^2``: the penalty of :func:`chi_square_weights`' objective."""
+    b = weights.shape[-1]
+    return lam / (2 * b) * ((b * weights - 1.0) ** 2).sum(-1)
+
+
+def kl_dual_step(log_q: Tensor, gradient: Tensor, lam: float, lr: float) -> Tensor:
+    """One proximal mirror-ascent step on the dual of KL-penalized DRO, in log space.
+
+    ``q+ = argmax_{q in simplex} <gradient, q> - lam KL(q || 1/n) - (1/lr) KL(q || q)``, which is
+    ``log q+ = (log q + lr gradient - lr lam log n) / (1 + lr lam)``, normalized: stable for any
+    ``lr`` (the penalty is taken exactly, not linearized). ``gradient`` estimates the losses
+    ``l_i`` (zero off the batch, ``n / b`` times the loss on it).
+    """
+    n = log_q.shape[-1]
+    raw = (log_q + lr * gradient - lr * lam * math.log(n)) / (1.0 + lr * lam)
+    return raw - torch.logsumexp(raw, dim=-1, keepdim=True)
