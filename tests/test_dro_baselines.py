@@ -18,7 +18,7 @@ from fl_lightning.functional.dro import (
     simplex_projection,
 )
 from fl_lightning.seeding import generator
-from tests.helpers import global_vector, synthetic, tiny_client, trainer
+from tests.helpers import TWO_PROCESSES, global_vector, synthetic, tiny_client, trainer
 
 
 # ------------------------------------------------------------------ the weights
@@ -176,3 +176,14 @@ def test_pdsgd_needs_the_one_client_that_holds_every_sample():
 def test_pdsgd_refuses_bad_arguments(bad, match):
     with pytest.raises(ValueError, match=match):
         PDSGD(tiny_client(), **bad)
+
+
+@pytest.mark.slow
+def test_pdsgd_on_two_processes_equals_one():
+    """The one client runs on one of the two processes; the other has no client and waits."""
+    models = []
+    for devices in (1, 2):
+        module = PDSGD(tiny_client(), lam=1.0, dual_lr=0.3, local_steps=3, seed=1)
+        trainer(2, devices=devices, strategy=TWO_PROCESSES if devices > 1 else "auto").fit(module, synthetic(1))
+        models.append(global_vector(module))
+    assert (models[0] - models[1]).abs().max() <= 1e-6

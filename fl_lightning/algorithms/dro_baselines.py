@@ -14,6 +14,7 @@ overridden, as :class:`~fl_lightning.algorithms.feddro.FedDRO`), with the client
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import pytorch_lightning as pl
@@ -151,8 +152,7 @@ class PDSGD(SampleLosses, FederatedModule):
         """The duals (uniform at the first round) and this round's minibatch indices, keyed by (seed, round)."""
         n, b = run.num_samples, self.datamodule.batch_size
         if DUAL not in run.state:
-            run.state[DUAL] = torch.full((n,), -torch.log(torch.tensor(float(n))).item(), device=run.start.device,
-                                         dtype=torch.float64)
+            run.state[DUAL] = torch.full((n,), -math.log(n), device=run.start.device, dtype=torch.float64)
         assert run.num_steps is not None
         positions = torch.randint(n, (run.num_steps, b), generator=generator(self.seed, "pdsgd", run.round, run.client_id))
         run.scratch["positions"] = positions
