@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import pytest
@@ -131,7 +132,7 @@ def test_pdsgd_takes_the_primal_and_dual_steps_of_its_docstring():
     n = len(train)
     positions = torch.randint(n, (2, b), generator=generator(3, "pdsgd", 0, 0))
     reference = tiny_client(lr=lr)
-    log_q = torch.full((n,), -torch.log(torch.tensor(float(n))).item(), dtype=torch.float64)
+    log_q = torch.full((n,), -math.log(n), dtype=torch.float64)
     for pos in positions:
         losses = F.cross_entropy(reference(xs[pos]), ys[pos], reduction="none")
         weights = (n / b) * log_q[pos].exp().float()
