@@ -6,9 +6,9 @@
   round at every rate of the grid, and the rate chosen (``experiments.fedproxvr.plan.tuned_lrs``);
 * per study (``table1``, and each setting of ``fig2``): a summary per method over seeds (final
   test accuracy; test accuracy at the evaluation with the best validation accuracy; training
-  loss), the training loss and the test accuracy at 8 evaluations, and for ``table1`` the
+  loss), the training loss and the test accuracy at 8 evaluations, for ``table1`` the
   differences between methods, paired by seed, with their 95 % confidence intervals (Student's t
-  over the seeds).
+  over the seeds), and for the mu studies the stability of the training loss.
 
 Spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds. ``--figures DIR`` draws
 ``fedproxvr_<study>.png`` (mean over seeds, band: min–max).
@@ -125,6 +125,31 @@ def differences_table(groups: Groups) -> str:
     return "\n".join(lines)
 
 
+def fluctuation(losses: np.ndarray, start: int) -> np.ndarray:
+    """Per seed: std of the changes of the training loss between evaluations, from point ``start`` on."""
+    return np.diff(losses[:, start:], axis=1).std(axis=1)
+
+
+def stability_table(groups: Groups, start: int = 5, early: int = 5) -> str:
+    """The mu study's question, whether the training loss diverges or settles: the loss at round 0,
+    at the first evaluation from round ``early`` on, at the end, its maximum, and its fluctuation
+    from the first evaluation at or after round ``start`` (the header names the rounds used)."""
+    rounds, _ = series(next(iter(groups.values())), "train_loss")
+    e, s = int(np.searchsorted(rounds, early)), int(np.searchsorted(rounds, start))
+    lines = [
+        f"| algorithm | train loss round 0 | train loss round {rounds[e]} | final train loss | max train loss after round 0 | "
+        f"fluctuation (std of the change between evaluations, rounds {rounds[s]}+) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, runs in groups.items():
+        _, loss = series(runs, "train_loss")
+        lines.append(
+            f"| {label} | {loss[:, 0].mean():.3f} | {fmt(loss[:, e], digits=3)} | {fmt(loss[:, -1], digits=3)} | "
+            f"{fmt(loss[:, 1:].max(axis=1), digits=3)} | {fmt(fluctuation(loss, s), digits=4)} |"
+        )
+    return "\n".join(lines)
+
+
 def curve_table(groups: Groups, key: str, scale: float, points: int = 8) -> str:
     """``key`` (mean ± sample std over seeds) at ``points`` evaluations spread over the run."""
     labels = list(groups)
@@ -147,6 +172,8 @@ def tables(runs: list[results.Run]) -> list[str]:
         out += [summary_table(groups)]
         if study == "table1":
             out += [differences_table(groups)]
+        if study.startswith("mu"):
+            out += [stability_table(groups)]
         out += [curve_table(groups, "train_loss", 1.0), curve_table(groups, "test_acc", 100.0)]
     return out
 
