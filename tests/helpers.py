@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import tempfile
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 from fl_lightning.datamodules import SyntheticFederated
 from fl_lightning.models import LogisticRegression, MLP
@@ -50,6 +52,21 @@ def trainer(max_epochs: int = 3, callbacks: Optional[list] = None, **kwargs: Any
         num_sanity_val_steps=0,
         **kwargs,
     )
+
+
+def straight_and_resumed(build: Callable[[], Any], data: Callable[[], Any], rounds: int, stop: int, folder: Path,
+                         before_resume: Callable[[], None] = lambda: None) -> tuple[Any, Any]:
+    """The same federation fitted ``rounds`` rounds straight, and fitted ``stop`` rounds (writing
+    ``last.ckpt`` in ``folder``) then resumed from that checkpoint to ``rounds``: (straight, resumed).
+    ``before_resume`` runs just before the resumed fit (to disturb the global RNG, say)."""
+    straight = build()
+    trainer(rounds).fit(straight, data())
+    checkpoint = ModelCheckpoint(dirpath=folder, save_last=True, save_top_k=0)
+    trainer(stop, callbacks=[checkpoint], enable_checkpointing=True).fit(build(), data())
+    resumed = build()
+    before_resume()
+    trainer(rounds).fit(resumed, data(), ckpt_path=str(Path(folder) / "last.ckpt"))
+    return straight, resumed
 
 
 def global_vector(module: Any) -> torch.Tensor:

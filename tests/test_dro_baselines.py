@@ -8,7 +8,6 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.callbacks import ModelCheckpoint
 
 from fl_lightning.algorithms import PDSGD, FastDRO, FedAvg
 from fl_lightning.functional.dro import (
@@ -19,7 +18,7 @@ from fl_lightning.functional.dro import (
     simplex_projection,
 )
 from fl_lightning.seeding import generator
-from tests.helpers import TWO_PROCESSES, global_vector, synthetic, tiny_client, trainer
+from tests.helpers import TWO_PROCESSES, global_vector, straight_and_resumed, synthetic, tiny_client, trainer
 
 
 # ------------------------------------------------------------------ the weights
@@ -152,13 +151,7 @@ def test_pdsgd_resumes_exactly_with_its_duals(tmp_path):
     def build() -> PDSGD:
         return PDSGD(tiny_client(), lam=1.0, dual_lr=0.3, local_steps=3, seed=1)
 
-    straight = build()
-    trainer(3).fit(straight, synthetic(1))
-    first = build()
-    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
-    trainer(2, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(1))
-    resumed = build()
-    trainer(3).fit(resumed, synthetic(1), ckpt_path=str(tmp_path / "last.ckpt"))
+    straight, resumed = straight_and_resumed(build, lambda: synthetic(1), 3, 2, tmp_path)
     assert torch.equal(global_vector(straight), global_vector(resumed))
     assert torch.equal(straight.store.get(0, "log_dual"), resumed.store.get(0, "log_dual"))
     assert isinstance(pickle.loads(pickle.dumps(build())), PDSGD)

@@ -16,7 +16,15 @@ from fl_lightning.callbacks.personalized import PersonalizedAccuracy, add_extra_
 from fl_lightning.models.cnn import CNN
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.seeding import generator
-from tests.helpers import TWO_PROCESSES, checkpoint_client_state, global_vector, synthetic, tiny_client, trainer
+from tests.helpers import (
+    TWO_PROCESSES,
+    checkpoint_client_state,
+    global_vector,
+    straight_and_resumed,
+    synthetic,
+    tiny_client,
+    trainer,
+)
 
 
 def make(cls=FedDeper, hidden=(8,), **kwargs):
@@ -198,12 +206,7 @@ def test_personal_models_live_in_the_store_on_cpu():
 
 # ------------------------------------------------------------------ resume and DDP
 def test_resume_is_exact_with_personal_models(tmp_path):
-    straight = make()
-    trainer(4).fit(straight, synthetic(6))
-    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
-    trainer(2, callbacks=[ckpt], enable_checkpointing=True).fit(make(), synthetic(6))
-    resumed = make()
-    trainer(4).fit(resumed, synthetic(6), ckpt_path=str(tmp_path / "last.ckpt"))
+    straight, resumed = straight_and_resumed(make, lambda: synthetic(6), 4, 2, tmp_path)
     assert torch.equal(global_vector(straight), global_vector(resumed))
     assert torch.equal(straight.initial_state, resumed.initial_state)
     assert sorted(straight.store.clients()) == sorted(resumed.store.clients())

@@ -12,14 +12,14 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.callbacks import LearningRateMonitor
 from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedProx
 from fl_lightning.backends import SequentialBackend
 from fl_lightning.seeding import generator, sample_clients
-from tests.helpers import global_vector, synthetic, tiny_client, trainer
+from tests.helpers import global_vector, straight_and_resumed, synthetic, tiny_client, trainer
 
 
 def linear_grad(w: torch.Tensor, batch) -> torch.Tensor:
@@ -198,13 +198,8 @@ def test_the_client_scheduler_is_stepped_once_per_round(tmp_path):
 
 
 def test_a_resumed_schedule_continues_exactly(tmp_path):
-    straight = RecordLR(scheduled_client(), clients_per_round=3, local_steps=2, seed=3)
-    trainer(4).fit(straight, synthetic(4))
-    first = RecordLR(scheduled_client(), clients_per_round=3, local_steps=2, seed=3)
-    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
-    trainer(2, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(4))
-    resumed = RecordLR(scheduled_client(), clients_per_round=3, local_steps=2, seed=3)
-    trainer(4).fit(resumed, synthetic(4), ckpt_path=str(tmp_path / "last.ckpt"))
+    straight, resumed = straight_and_resumed(lambda: RecordLR(scheduled_client(), clients_per_round=3, local_steps=2, seed=3),
+                                             lambda: synthetic(4), 4, 2, tmp_path)
     assert {r: resumed.lrs[r] for r in (2, 3)} == {r: straight.lrs[r] for r in (2, 3)} == {2: {0.05}, 3: {0.025}}
     assert torch.equal(global_vector(straight), global_vector(resumed))
 
@@ -292,14 +287,9 @@ def test_local_work_restores_the_global_rng():
 
 
 def test_a_dropout_client_resumes_bitwise(tmp_path):
-    straight = dropout_fedavg()
-    trainer(4).fit(straight, synthetic(6))
-    first = dropout_fedavg()
-    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
-    trainer(2, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(6))
-    resumed = dropout_fedavg()
-    torch.manual_seed(123)  # whatever the global stream is at the resume
-    trainer(4).fit(resumed, synthetic(6), ckpt_path=str(tmp_path / "last.ckpt"))
+    # whatever the global stream is at the resume
+    straight, resumed = straight_and_resumed(dropout_fedavg, lambda: synthetic(6), 4, 2, tmp_path,
+                                             before_resume=lambda: torch.manual_seed(123))
     assert torch.equal(global_vector(straight), global_vector(resumed))
 
 

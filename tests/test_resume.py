@@ -10,7 +10,7 @@ from torch.utils.data import TensorDataset
 from fl_lightning.algorithms import SCAFFOLD, FedAvg
 from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.datamodules.base import feature_checksums
-from tests.helpers import checkpoint_client_state, global_vector, synthetic, tiny_client, trainer
+from tests.helpers import checkpoint_client_state, global_vector, straight_and_resumed, synthetic, tiny_client, trainer
 
 CASES = [(FedAvg, {"server_momentum": 0.9, "server_lr": 0.5}), (SCAFFOLD, {})]
 
@@ -21,16 +21,11 @@ def make(algorithm, kwargs):
 
 @pytest.mark.parametrize("algorithm,kwargs", CASES)
 def test_resume_is_exact(tmp_path, algorithm, kwargs):
-    straight = make(algorithm, kwargs)
-    trainer(4).fit(straight, synthetic(6))
-
-    first = make(algorithm, kwargs)
-    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0)
-    trainer(2, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(6))
-    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    saved = {}
+    straight, resumed = straight_and_resumed(
+        lambda: make(algorithm, kwargs), lambda: synthetic(6), 4, 2, tmp_path,
+        before_resume=lambda: saved.update(torch.load(tmp_path / "last.ckpt", weights_only=False)))
     assert saved["global_step"] == 2  # written after round 2: one server step per round
-    resumed = make(algorithm, kwargs)
-    trainer(4).fit(resumed, synthetic(6), ckpt_path=str(tmp_path / "last.ckpt"))
 
     assert torch.equal(global_vector(straight), global_vector(resumed))
     if algorithm is SCAFFOLD:
