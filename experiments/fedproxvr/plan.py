@@ -16,6 +16,8 @@ paper's Fashion-MNIST, every client every round.
   seed 0, ``TUNE_ROUNDS`` rounds; a method's rate is the one with the highest validation accuracy
   after the last round (:func:`tuned_lrs`, read from the document's result file);
 * ``table1``: each method at its tuned rate, seeds 0-4, ``TABLE1_ROUNDS`` rounds;
+* ``table1_same_work``: FedAvg at SVRG's local work (tau = 20, B = 32) and FedAvg's tuned rate, seeds
+  0-4, ``TUNE_ROUNDS`` rounds: whether FedAvg's lead in ``table1`` comes from its smaller local work;
 * ``fig2``: the beta and tau study (the paper's Fig. 2) at the authors' step sizes (spec section
   3: 0.005 at (beta, tau) = (5, 10), 0.003 at (7, 20)) and at tau = 40, above SARAH's Lemma-1
   bound of 27.1 at beta = 7; B = 32 and the same step size and tau for FedAvg; seeds 0-2;
@@ -100,6 +102,16 @@ def runs() -> list[Run]:
                       f"{RESULTS} lacks (python -m experiments.sweep fedproxvr --only 'table1_tune/*' --out {RESULTS})")
     else:
         plan += [table1_run("table1", m, chosen[m], s, TABLE1_ROUNDS) for s in TABLE1_SEEDS for m in TABLE1]
+    if chosen is not None:
+        same_work = ["--model.init_args.local_steps", "20", "--data.init_args.batch_size", "32"]
+        for seed in TABLE1_SEEDS:
+            label, configs = TABLE1["fedavg"]
+            lr = chosen["fedavg"]
+            params = dict(study="table1_same_work", label=f"{label} (tau 20, B 32)", method="fedavg", lr=lr, seed=seed,
+                          rounds=TUNE_ROUNDS)
+            plan.append(Run(f"table1_same_work/fedavg_lr{lr}_s{seed}",
+                            fit_args(configs, seed, TUNE_ROUNDS, [*lr_overrides("fedavg", lr), *same_work]), params,
+                            every=10, at_start=True, train=True))
     for setting, (beta, tau, lr) in FIG2.items():
         for method, (label, configs) in TABLE1.items():
             for seed in (0, 1, 2):
