@@ -8,7 +8,9 @@
   test accuracy; test accuracy at the evaluation with the best validation accuracy; training
   loss), the training loss and the test accuracy at 8 evaluations, for ``table1`` the
   differences between methods, paired by seed, with their 95 % confidence intervals (Student's t
-  over the seeds), and for the mu studies the stability of the training loss.
+  over the seeds), and for the mu studies the stability of the training loss;
+* ``table1_same_work``: Table 1's methods and FedAvg at SVRG's local work after the rounds it ran,
+  with the differences to it paired by seed.
 
 Spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds. ``--figures DIR`` draws
 ``fedproxvr_<study>.png`` (mean over seeds, band: min–max).
@@ -150,6 +152,31 @@ def stability_table(groups: Groups, start: int = 5, early: int = 5) -> str:
     return "\n".join(lines)
 
 
+def same_work_table(runs: list[results.Run]) -> str:
+    """Table 1's methods and FedAvg at SVRG's local work (``table1_same_work``), all at the round the
+    latter ran to: test accuracy and training loss, and the test-accuracy differences paired by seed."""
+    extra = results.select(runs, study="table1_same_work")
+    rounds = extra[0]["params"]["rounds"]
+    rows = dict(studies([r for r in runs if r["params"]["study"] in ("table1", "table1_same_work")]).items())
+    groups = {label: group for study in ("table1", "table1_same_work") for label, group in rows.get(study, {}).items()}
+    seeds = [r["params"]["seed"] for r in extra]
+    lines = [f"| after round {rounds} | seeds | test acc (%) | train loss | test acc − FedAvg at tau 20, B 32 (points): "
+             "mean ± std [95 % CI] |", "|---|---|---|---|---|"]
+    reference = np.array([results.at_round(r, "test_acc", rounds) for r in sorted(extra, key=lambda r: r["params"]["seed"])])
+    for label, group in groups.items():
+        group = [r for r in group if r["params"]["seed"] in seeds]
+        acc = np.array([results.at_round(r, "test_acc", rounds) for r in group])
+        loss = np.array([results.at_round(r, "train_loss", rounds) for r in group])
+        cell = "-"
+        if label != extra[0]["params"]["label"] and len(acc) == len(reference):
+            diff = 100 * (acc - reference)
+            low, high = paired_interval(diff)
+            cell = f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
+        lines.append(f"| {label} (step size {group[0]['params']['lr']}) | {len(group)} | {fmt(acc, 100)} | "
+                     f"{fmt(loss, digits=4)} | {cell} |")
+    return "\n".join(lines)
+
+
 def curve_table(groups: Groups, key: str, scale: float, points: int = 8) -> str:
     """``key`` (mean ± sample std over seeds) at ``points`` evaluations spread over the run."""
     labels = list(groups)
@@ -169,6 +196,9 @@ def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
     out = [tune_table(runs)] if results.select(runs, study="table1_tune") else []
     for study, groups in studies(runs).items():
+        if study == "table1_same_work":
+            out += [same_work_table(runs)]
+            continue
         out += [summary_table(groups)]
         if study == "table1":
             out += [differences_table(groups)]
@@ -205,6 +235,8 @@ def main(argv: Any = None) -> None:
     print("\n\n".join(tables(runs)))
     if opts.figures:
         for study, groups in studies(runs).items():
+            if study == "table1_same_work":
+                continue
             plot(groups, study, opts.figures / f"fedproxvr_{study.replace('/', '_')}.png")
 
 
