@@ -284,7 +284,7 @@ def test_two_processes_equal_one(name, tmp_path):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_pickles_for_the_spawn_launcher(name):
-    """``fl_ddp_spawn`` sends the module to its processes pickled (the two-process tests above fork)."""
+    """``fl_ddp_spawn`` sends the module to its processes pickled: every algorithm must pickle."""
     module = build(name)
     clone = pickle.loads(pickle.dumps(module))
     assert type(clone) is type(module)

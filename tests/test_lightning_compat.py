@@ -94,8 +94,7 @@ def _sync_worker(rank: int, store_path: str, out_path: str) -> None:
 
 
 def test_sync_module_states_gives_every_process_rank_0s_model(tmp_path):
-    torch.multiprocessing.start_processes(_sync_worker, args=(str(tmp_path / "store"), str(tmp_path / "params")), nprocs=2,
-                                          start_method="fork")
+    torch.multiprocessing.spawn(_sync_worker, args=(str(tmp_path / "store"), str(tmp_path / "params")), nprocs=2)
     zero, one = (torch.load(tmp_path / f"params.{rank}") for rank in (0, 1))
     torch.manual_seed(0)
     expected = list(nn.Linear(3, 2).parameters())
