@@ -157,8 +157,8 @@ def same_work_table(runs: list[results.Run]) -> str:
     latter ran to: test accuracy and training loss, and the test-accuracy differences paired by seed."""
     extra = results.select(runs, study="table1_same_work")
     rounds = extra[0]["params"]["rounds"]
-    rows = dict(studies([r for r in runs if r["params"]["study"] in ("table1", "table1_same_work")]).items())
-    groups = {label: group for study in ("table1", "table1_same_work") for label, group in rows.get(study, {}).items()}
+    rows = studies([r for r in runs if r["params"]["study"] in ("table1", "table1_same_work")])
+    groups = {label: group for study in ("table1", "table1_same_work") for label, group in rows[study].items()}
     seeds = [r["params"]["seed"] for r in extra]
     lines = [f"| after round {rounds} | seeds | test acc (%) | train loss | test acc − FedAvg at tau 20, B 32 (points): "
              "mean ± std [95 % CI] |", "|---|---|---|---|---|"]

@@ -71,21 +71,18 @@ class FastDRO(SampleLosses, FederatedModule):
         if stage == "fit":
             require_plain_sgd(self.local_optimizer(), type(self).__name__)
 
-    def robust_value(self, losses: Tensor) -> tuple[Tensor, Tensor]:
-        """The batch's worst-case weights (no gradient) and its robust loss."""
+    def robust_value(self, losses: Tensor) -> Tensor:
+        """The batch's robust loss, its worst-case weights held fixed (their gradient is not needed)."""
         with torch.no_grad():
             q = cvar_weights(losses, self.alpha) if self.robust_loss == "cvar" else chi_square_weights(losses, self.lam)
         value = (q * losses).sum()
-        if self.robust_loss == "chi_square":
-            value = value - chi_square_penalty(q, self.lam)
-        return q, value
+        return value - chi_square_penalty(q, self.lam) if self.robust_loss == "chi_square" else value
 
     def client_step(self, run: ClientRun, batch: Any) -> Tensor:
         """One SGD step on the batch's robust loss; returns it."""
 
         def loss_fn(b: Any) -> tuple[Tensor, Tensor]:
-            losses = self.sample_losses(run.forward(b[0]), b).float()
-            _, value = self.robust_value(losses)
+            value = self.robust_value(self.sample_losses(run.forward(b[0]), b).float())
             return value, value.detach()
 
         (_, value), grads = run.loss_and_grad(batch, loss_fn=loss_fn, has_aux=True)
@@ -155,12 +152,12 @@ class PDSGD(SampleLosses, FederatedModule):
             run.state[DUAL] = torch.full((n,), -math.log(n), device=run.start.device, dtype=torch.float64)
         assert run.num_steps is not None
         positions = torch.randint(n, (run.num_steps, b), generator=generator(self.seed, "pdsgd", run.round, run.client_id))
-        run.scratch["positions"] = positions
+        run.scratch["positions"] = positions.to(run.state[DUAL].device)  # moved once, read at every step
         run.batches = (run.fetch(p) for p in positions)
 
     def client_step(self, run: ClientRun, batch: Any) -> Tensor:
         """The primal step with the batch's dual weights, then the dual step with the batch's losses."""
-        positions = run.scratch["positions"][run.step_index].to(run.state[DUAL].device)
+        positions = run.scratch["positions"][run.step_index]
         n, b = run.num_samples, len(positions)
         weights = (n / b) * run.state[DUAL][positions].exp()
 
