@@ -1,64 +1,134 @@
 """The MNIST-MLP runs of ``docs/results/feddeper.md`` (Table I (a), n = 10): ``python -m experiments.sweep feddeper``.
 
-``configs/feddeper/mnist_mlp.yaml`` (FedDeper, m = 5) and the method overrides; the global model
-and the clients' local test sets evaluated every 10 rounds. Names: the cell (``m5``, ``m10``)
-and the run, e.g. ``m5/feddeper_500``.
+Every run is ``configs/feddeper/mnist_mlp.yaml`` (the sorted split, the MLP 784-512-256-10, plain
+SGD, tau = 10) with a method's override (``configs/feddeper/methods/``), the cell's clients per
+round ``m``, the run's settings and seed (the initialization, the sampling and the batch order;
+the data split keeps seed 0, so every run sees the same federation and validation splits). The
+global model is evaluated every 10 rounds on the MNIST test set and on the pooled validation
+splits (what the tuning chooses on).
 
-* m = 5 and m = 10, the five methods, 500 rounds (FedDeper and FedAvg at m = 5 also on the local
-  test sets with 1 and 3 classes added); at m = 5 also the first session's 250-round runs;
-* the sweep around FedDeper's setting, one change per run (``sweep_*``), 500 rounds, and the two
-  150-round probes of the first session; ``m5/sweep_twin_500`` is the base run again (it compared
-  two versions of the engine).
+* ``screen``: the tuning, 200 rounds, seed 0, m = 5 and m = 10, the same budget of 48 settings
+  for every method: FedDeper over rho x lambda x batch (``RHOS`` x ``LAMS`` x ``BATCHES``, at the
+  paper's lr 0.01); FedAvg and SCAFFOLD over lr x batch (``LRS`` x ``BATCHES``); FedProx over
+  lr x mu x batch (``PROX_LRS`` x ``MUS`` x ``BATCHES``). A method's setting is the one with the
+  highest validation accuracy averaged over the last five evaluations (rounds 160-200), which
+  the m = 5 curves' swings of several points make steadier than the last one alone
+  (:func:`tuned`, read from the document's result file);
+* ``table``: each method at its tuned setting, seeds 0-2, 500 rounds; FedDeper* is FedDeper's
+  tuned setting with tau = 5; the base config's ``PersonalizedAccuracy`` measures the personal
+  models (FedDeper) and the global model on the clients' local test sets every 10 rounds;
+* ``paper``: each method at the paper's setting (lr 0.01, batch 64, rho 0.03, lambda 0.5, FedProx
+  mu 1) where it differs from the tuned one, seeds 0-2, 500 rounds.
 """
 
 from __future__ import annotations
 
+import itertools
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+from experiments import results
 from experiments.sweep import Run
 
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "feddeper.json"
 BASE = "configs/feddeper/mnist_mlp.yaml"
-METHODS = ("feddeper", "feddeper_star", "scaffold", "fedavg", "fedprox")
-PERSONAL = "--trainer.callbacks+=fl_lightning.callbacks.personalized.PersonalizedAccuracy"
-EXTRA_CLASSES = [PERSONAL, "--trainer.callbacks.extra_classes=1", PERSONAL, "--trainer.callbacks.extra_classes=3"]
-#: sweep run -> (method, its overrides)
-SWEEP_M5 = {
-    "rho0.01_500": ("feddeper", ["--model.init_args.rho", "0.01"]),
-    "rho0.05_500": ("feddeper", ["--model.init_args.rho", "0.05"]),
-    "lam1.0_500": ("feddeper", ["--model.init_args.lam", "1.0"]),
-    "lam0.3_500": ("feddeper", ["--model.init_args.lam", "0.3"]),
-    "batch32_500": ("feddeper", ["--data.init_args.batch_size", "32"]),
-    "fedavg_batch32_500": ("fedavg", ["--data.init_args.batch_size", "32"]),
-    "raw_pixels_500": ("feddeper", ["--data.init_args.normalize", "false"]),
-    "fedavg_raw_pixels_500": ("fedavg", ["--data.init_args.normalize", "false"]),
-    "indep_500": ("feddeper", ["--model.init_args.independent_batches", "true"]),
-    "gauss_seidel_500": ("feddeper", ["--model.init_args.update_order", "gauss_seidel"]),
-    "seed1_500": ("feddeper", ["--seed_everything", "1", "--model.init_args.seed", "1", "--data.init_args.seed", "1"]),
-    "twin_500": ("feddeper", []),
-    "rho0.1": ("feddeper", ["--model.init_args.rho", "0.1", "--trainer.max_epochs", "150"]),
-    "batch32": ("feddeper", ["--data.init_args.batch_size", "32", "--trainer.max_epochs", "150"]),
-}
-SWEEP_M10 = {
-    "rho0.05": ("feddeper", ["--model.init_args.rho", "0.05"]),
-    "rho0.1": ("feddeper", ["--model.init_args.rho", "0.1"]),
-    "rho0.1_lam1.0": ("feddeper", ["--model.init_args.rho", "0.1", "--model.init_args.lam", "1.0"]),
-}
+CELLS = (5, 10)
+SCREEN_ROUNDS = 200
+#: the screening evaluations a setting is chosen on (every 10 rounds): rounds 160-200
+CHOSEN_ON = 5
+TABLE_ROUNDS = 500
+SEEDS = (0, 1, 2)
+BATCHES = (10, 32, 64)
+RHOS = (0.02, 0.03, 0.04, 0.05)
+LAMS = (0.3, 0.5, 0.7, 0.9)
+#: 16 rates, a sixth of a decade apart, from 0.001 to 0.316 (0.01, the paper's, among them)
+LRS = tuple(float(f"{10 ** (k / 6 - 3):.3g}") for k in range(16))
+PROX_LRS = (0.00316, 0.01, 0.0316, 0.1)
+MUS = (0.01, 0.1, 0.3, 1.0)
+#: method -> the settings it is tuned over: name -> values (the same count, 48, for each)
+GRIDS = {"feddeper": {"rho": RHOS, "lam": LAMS, "batch": BATCHES},
+         "fedavg": {"lr": LRS, "batch": BATCHES},
+         "scaffold": {"lr": LRS, "batch": BATCHES},
+         "fedprox": {"lr": PROX_LRS, "mu": MUS, "batch": BATCHES}}
+#: the paper's setting of each method (spec A9, A12, A8: lr 0.01, B 64 assumed)
+PAPER = {"feddeper": dict(rho=0.03, lam=0.5, batch=64), "fedavg": dict(lr=0.01, batch=64),
+         "scaffold": dict(lr=0.01, batch=64), "fedprox": dict(lr=0.01, mu=1.0, batch=64)}
+#: the command-line argument of each setting
+ARGUMENT = {"rho": "--model.init_args.rho", "lam": "--model.init_args.lam", "batch": "--data.init_args.batch_size",
+            "lr": "--model.init_args.client.init_args.lr", "mu": "--model.init_args.mu"}
 
 
-def run(m: int, name: str, method: str, overrides: list[str]) -> Run:
-    """A run of the cell with ``m`` clients per round: ``method`` with ``overrides``."""
+def settings_name(settings: dict[str, Any]) -> str:
+    """``rho0.03_lam0.5_b64``."""
+    return "_".join(f"{'b' if k == 'batch' else k}{v}" for k, v in settings.items())
+
+
+def grid(method: str) -> list[dict[str, Any]]:
+    """Every setting ``method`` is tuned over, in grid order."""
+    names = list(GRIDS[method])
+    return [dict(zip(names, values)) for values in itertools.product(*GRIDS[method].values())]
+
+
+def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, rounds: int,
+        local_steps: Optional[int] = None) -> Run:
+    """``method`` (``feddeper_star``: FedDeper with ``local_steps``) with ``settings`` in the cell
+    with ``m`` clients per round."""
     args = ["--config", BASE]
-    if method != "feddeper":
+    if method not in ("feddeper", "feddeper_star"):
         args += ["--config", f"configs/feddeper/methods/{method}.yaml"]
-    if m != 5:
-        args += ["--model.init_args.clients_per_round", str(m)]
-    rounds = int(overrides[overrides.index("--trainer.max_epochs") + 1]) if "--trainer.max_epochs" in overrides else 500
-    return Run(f"m{m}/{name}", [*args, *overrides], dict(m=m, method=method, rounds=rounds), every=10,
-               metrics=("local",))
+    args += ["--model.init_args.clients_per_round", str(m)]
+    for key, value in settings.items():
+        args += [ARGUMENT[key], str(value)]
+    if local_steps is not None:
+        args += ["--model.init_args.local_steps", str(local_steps)]
+    args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds)]
+    if study == "screen":
+        args += ["--trainer.limit_val_batches", "0"]  # the Recorder measures; no personal evaluation
+    params = dict(study=study, m=m, method=method, **settings, seed=seed, rounds=rounds)
+    return Run(f"{study}/m{m}/{method}_{settings_name(settings)}_s{seed}", args, params, every=10, metrics=("local",))
+
+
+def screen_score(run: results.Run) -> float:
+    """Mean validation accuracy over the last ``CHOSEN_ON`` evaluations."""
+    values = results.series(run, "val_acc")[1]
+    return sum(values[-CHOSEN_ON:]) / CHOSEN_ON
+
+
+def tuned(runs: Optional[list[results.Run]] = None) -> dict[tuple[int, str], dict[str, Any]]:
+    """``(m, method)`` -> its chosen setting (:func:`screen_score`; ties: the first in grid
+    order), for every cell and method whose screening is complete in ``runs`` (default: the
+    document's result file)."""
+    runs = results.load(RESULTS) if runs is None else runs
+    chosen = {}
+    for m in CELLS:
+        for method in GRIDS:
+            screened = {settings_name({k: r["params"][k] for k in GRIDS[method]}): r
+                        for r in results.select(runs, study="screen", m=m, method=method)}
+            if len(screened) == len(grid(method)):
+                chosen[m, method] = max(grid(method), key=lambda s: screen_score(screened[settings_name(s)]))
+    return chosen
 
 
 def runs() -> list[Run]:
-    table = [run(5, f"{m}_500", m, EXTRA_CLASSES if m in ("feddeper", "fedavg") else []) for m in METHODS]
-    table += [run(5, m, m, ["--trainer.max_epochs", "250"]) for m in METHODS]
-    table += [run(10, f"{m}_500", m, []) for m in METHODS]
-    sweep = [run(5, f"sweep_{name}", m, o) for name, (m, o) in SWEEP_M5.items()]
-    sweep += [run(10, f"sweep_{name}", m, o) for name, (m, o) in SWEEP_M10.items()]
-    return table + sweep
+    plan = [run("screen", m, method, s, 0, SCREEN_ROUNDS) for m in CELLS for method in GRIDS for s in grid(method)]
+    chosen = tuned()
+    missing = [f"m{m}/{method}" for m in CELLS for method in GRIDS if (m, method) not in chosen]
+    if missing:
+        warnings.warn(f"the table and paper runs of {missing} are not planned: their settings come from the screen "
+                      f"runs, which {RESULTS} lacks (python -m experiments.sweep feddeper --only 'screen/*')")
+    for (m, method), settings in chosen.items():
+        for seed in SEEDS:
+            plan.append(run("table", m, method, settings, seed, TABLE_ROUNDS))
+            if method == "feddeper":
+                plan.append(run("table", m, "feddeper_star", settings, seed, TABLE_ROUNDS, local_steps=5))
+            if settings != PAPER[method]:
+                plan.append(run("paper", m, method, PAPER[method], seed, TABLE_ROUNDS))
+    return plan
+
+
+def summary(cli: Any) -> dict[str, Any]:
+    """The federation: training and validation split sizes."""
+    dm = cli.datamodule
+    return {"train_samples": sum(len(s) for s in dm.splits["train"]),
+            "val_samples": sum(len(s) for s in dm.splits["val"])}
