@@ -16,7 +16,8 @@ splits (what the tuning chooses on).
   (:func:`tuned`, read from the document's result file);
 * ``table``: each method at its tuned setting, seeds 0-2, 500 rounds; FedDeper* is FedDeper's
   tuned setting with tau = 5; the base config's ``PersonalizedAccuracy`` measures the personal
-  models (FedDeper) and the global model on the clients' local test sets every 10 rounds;
+  models (FedDeper) and the global model on the clients' local test sets every 10 rounds, for
+  FedDeper also with 1 and 3 classes the client does not hold added (``EXTRA_CLASSES``, Fig. 5b);
 * ``paper``: each method at the paper's setting (lr 0.01, batch 64, rho 0.03, lambda 0.5, FedProx
   mu 1) where it differs from the tuned one, seeds 0-2, 500 rounds.
 """
@@ -54,6 +55,10 @@ GRIDS = {"feddeper": {"rho": RHOS, "lam": LAMS, "batch": BATCHES},
 #: the paper's setting of each method (spec A9, A12, A8: lr 0.01, B 64 assumed)
 PAPER = {"feddeper": dict(rho=0.03, lam=0.5, batch=64), "fedavg": dict(lr=0.01, batch=64),
          "scaffold": dict(lr=0.01, batch=64), "fedprox": dict(lr=0.01, mu=1.0, batch=64)}
+PERSONAL = "--trainer.callbacks+=fl_lightning.callbacks.personalized.PersonalizedAccuracy"
+#: FedDeper's table runs also measure the personal models on the local test sets with 1 and 3
+#: classes the client does not hold added (the paper's Fig. 5b)
+EXTRA_CLASSES = [PERSONAL, "--trainer.callbacks.extra_classes=1", PERSONAL, "--trainer.callbacks.extra_classes=3"]
 #: the command-line argument of each setting
 ARGUMENT = {"rho": "--model.init_args.rho", "lam": "--model.init_args.lam", "batch": "--data.init_args.batch_size",
             "lr": "--model.init_args.client.init_args.lr", "mu": "--model.init_args.mu"}
@@ -85,6 +90,8 @@ def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, ro
     args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds)]
     if study == "screen":
         args += ["--trainer.limit_val_batches", "0"]  # the Recorder measures; no personal evaluation
+    elif method == "feddeper":
+        args += EXTRA_CLASSES
     params = dict(study=study, m=m, method=method, **settings, seed=seed, rounds=rounds)
     return Run(f"{study}/m{m}/{method}_{settings_name(settings)}_s{seed}", args, params, every=10, metrics=("local",))
 
