@@ -2,203 +2,170 @@
 
     python -m experiments.feddeper.report [docs/results/feddeper.json] [--figures docs/results]
 
-Accuracies in %. The paper's numbers (Table I (a)) and the specification's digits calibration
-(``../shared/specs/feddeper.md`` section 6) are constants here, beside ours. ``--figures DIR``
-draws ``feddeper_m5.png`` and ``feddeper_m10.png``: the global model's test accuracy per
-evaluated round of each method.
+Accuracies in %; the paper's numbers (Table I (a)) are constants here, beside ours.
+
+* per method, the screening (``screen``): the validation accuracy of every setting of its grid
+  (mean of the evaluations at rounds 160-200) for each cell, the chosen one in bold
+  (:func:`experiments.feddeper.plan.tuned`);
+* per cell (m = 5, m = 10), over seeds: the final test accuracy, the test accuracy at the best
+  validation, the best and the mean of the last five evaluations, of each method at its tuned
+  setting (``table``) and at the paper's (``paper``); the differences between FedDeper and each
+  baseline, paired by seed, with 95 % confidence intervals; the test accuracy every 50 rounds;
+  the personal and global models on the clients' local test sets after the last round.
+
+Spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds. ``--figures DIR`` draws
+``feddeper_m<m>.png`` (test accuracy per round, mean over seeds, band: min–max).
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+import numpy as np
 
 from experiments import results
-from experiments.feddeper.plan import SWEEP_M5
+from experiments.feddeper.plan import CELLS, GRIDS, PAPER, RESULTS, grid, screen_score, settings_name, tuned
+from experiments.seed_stats import Groups, best_validation, fmt, paired_interval, series
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "feddeper.json"
-TEST_IMAGES = 10_000
-METHODS = {"feddeper": "FedDeper (ρ 0.03, λ 0.5, τ 10)", "feddeper_star": "FedDeper\\* (τ 5)", "scaffold": "SCAFFOLD",
-           "fedavg": "FedAvg", "fedprox": "FedProx (μ = 1)"}
-SHORT = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "SCAFFOLD", "fedavg": "FedAvg", "fedprox": "FedProx"}
+LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "SCAFFOLD", "fedavg": "FedAvg",
+          "fedprox": "FedProx"}
 #: Table I (a), MNIST MLP, n = 10: m -> method -> accuracy (%)
-PAPER = {5: {"feddeper": 94.92, "feddeper_star": 94.67, "scaffold": 94.52, "fedavg": 89.19, "fedprox": 86.19},
-         10: {"feddeper": 95.28, "feddeper_star": 95.23, "scaffold": 95.32, "fedavg": 89.86, "fedprox": 88.77}}
-#: the rows whose final accuracy the document sets in bold
-BOLD = ("feddeper", "scaffold", "fedavg")
+PAPER_TABLE = {5: {"feddeper": 94.92, "feddeper_star": 94.67, "scaffold": 94.52, "fedavg": 89.19, "fedprox": 86.19},
+               10: {"feddeper": 95.28, "feddeper_star": 95.23, "scaffold": 95.32, "fedavg": 89.86, "fedprox": 88.77}}
+SYMBOLS = {"rho": "ρ", "lam": "λ", "batch": "B", "lr": "lr", "mu": "μ"}
 EVERY_50 = tuple(range(50, 501, 50))
-#: m = 5 sweep: (row, run); the override column is the run's arguments in the plan
-SWEEP_ROWS = [("ρ 0.01", "rho0.01_500"), ("ρ 0.05 (stopped at round 195)", "rho0.05_500"),
-              ("ρ 0.1 (150-round probe)", "rho0.1"), ("λ 1.0", "lam1.0_500"), ("λ 0.3", "lam0.3_500"),
-              ("batch 32 (the first 150 rounds were a probe of the first session)", "batch32_500"),
-              ("FedAvg, batch 32 (its base: FedAvg in the m = 5 table)", "fedavg_batch32_500"),
-              ("pixels in [0, 1], not standardized", "raw_pixels_500"), ("FedAvg, pixels in [0, 1]", "fedavg_raw_pixels_500"),
-              ("independent batches for y and v", "indep_500"), ("Gauss-Seidel order (y uses v_{j+1})", "gauss_seidel_500"),
-              ("seed 1", "seed1_500")]
-SWEEP_M10_ROWS = [("FedDeper base (ρ 0.03, λ 0.5)", "m10/feddeper_500"), ("ρ 0.05", "m10/sweep_rho0.05"),
-                  ("ρ 0.1 (stopped at round 478)", "m10/sweep_rho0.1"), ("ρ 0.1, λ 1.0", "m10/sweep_rho0.1_lam1.0"),
-                  ("FedAvg", "m10/fedavg_500"), ("SCAFFOLD", "m10/scaffold_500")]
-DIGITS_ROUNDS = (100, 150, 300, 500)
-#: the specification's independent implementation on the digits: (method, seed) -> accuracy (%) at DIGITS_ROUNDS
-SPEC_DIGITS_M5 = {("feddeper", 0): (83.6, 93.3, 93.6, 96.2), ("feddeper", 1): (73.1, 86.9, 94.7, 95.8),
-                  ("feddeper_star", 0): (73.8, 89.6, 90.4, 94.4), ("feddeper_star", 1): (76.4, 82.2, 90.7, 94.9),
-                  ("scaffold", 0): (91.1, 93.3, 95.6, 97.1), ("scaffold", 1): (90.7, 93.3, 95.8, 96.4),
-                  ("fedavg", 0): (50.4, 69.1, 67.1, 84.7), ("fedavg", 1): (43.1, 61.6, 63.3, 86.2),
-                  ("fedprox", 0): (50.4, 68.0, 67.1, 83.8)}
-#: m = 10, seed 0, rounds 150 and 500
-SPEC_DIGITS_M10 = {"feddeper": (79.1, 93.1), "scaffold": (92.9, 97.1), "fedavg": (82.7, 88.7), "fedprox": (82.4, 88.0)}
+#: the models and local test sets of the personalization table: (row, metric prefix, model)
+PERSONAL_ROWS = (("personal models v_i", "local", "personal"), ("personal models v_i, + 1 class", "local+1", "personal"),
+                 ("personal models v_i, + 3 classes", "local+3", "personal"), ("global model x", "local", "global"))
 
 
-def pct(value: float) -> str:
-    return f"{100 * value:.2f}"
+def setting(params: dict[str, Any], method: str) -> str:
+    """``ρ 0.03, λ 0.5, B 64``: ``method``'s tuned settings in ``params``."""
+    base = "fedprox" if method == "fedprox" else "feddeper" if method.startswith("feddeper") else "fedavg"
+    text = ", ".join(f"{SYMBOLS[k]} {params[k]}" for k in GRIDS[base])
+    return text + (", τ 5" if method == "feddeper_star" else "")
 
 
-def signed(value: float) -> str:
-    """``+0.98`` / ``−2.47`` (a minus sign, as the document writes it)."""
-    return f"{value:+.2f}".replace("-", "−")
-
-
-def accuracy_at(run: results.Run, rounds: Sequence[int]) -> list[str]:
-    """Test accuracy at ``rounds`` (``–`` where the run had stopped)."""
-    measured = dict(zip(*results.series(run, "test_acc")))
-    return [pct(measured[r]) if r in measured else "–" for r in rounds]
-
-
-def mean_worst(run: results.Run, prefix: str, model: str) -> str:
-    """``mean / worst`` over the clients of ``model``'s accuracy on the ``prefix`` local test sets, at the end."""
-    return f"{pct(results.last(run, f'{prefix}/{model}_acc_mean'))} / {pct(results.last(run, f'{prefix}/{model}_acc_worst'))}"
-
-
-def main_table(runs: dict[str, results.Run], m: int) -> str:
-    """Final, best and last-5 mean test accuracy of the five methods beside the paper's."""
-    head = "| method | paper | ours: final | best | last 5 | ours − paper (final) |"
-    rule = "|---|---|---|---|---|---|"
-    if m == 10:
-        head, rule = head + " local test, personal models (mean / worst) | wall time |", rule + "---|---|"
-    lines = [head, rule]
-    for method, label in METHODS.items():
-        run = runs[f"m{m}/{method}_500"]
-        accs = results.series(run, "test_acc")[1]
-        final = pct(accs[-1])
-        cells = [label, f"{PAPER[m][method]:.2f}", f"**{final}**" if method in BOLD else final, pct(max(accs)),
-                 pct(sum(accs[-5:]) / 5), signed(100 * accs[-1] - PAPER[m][method])]
-        if m == 10:
-            personal = mean_worst(run, "local", "personal") if method.startswith("feddeper") else ""
-            cells += [personal, f"{run['wall_s']:.0f} s"]
-        lines.append("| " + " | ".join(cells).replace("|  |", "| |") + " |")
+def screen_table(runs: list[results.Run], method: str) -> str:
+    """Validation accuracy (%) of every setting of ``method``'s grid, per cell and batch size (the
+    mean of the evaluations the choice is made on), the chosen setting in bold."""
+    names = [k for k in GRIDS[method] if k != "batch"]
+    batches = GRIDS[method]["batch"]
+    scores = {(r["params"]["m"], settings_name({k: r["params"][k] for k in GRIDS[method]})): screen_score(r)
+              for r in results.select(runs, study="screen", method=method)}
+    chosen = tuned(runs)
+    columns = [(m, b) for m in CELLS for b in batches]
+    paper = tuple((k, PAPER[method][k]) for k in names)
+    lines = [f"| {LABELS[method]}: " + ", ".join(SYMBOLS[k] for k in names) + " | " +
+             " | ".join(f"m = {m}, B {b}" for m, b in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for point in dict.fromkeys(tuple((k, s[k]) for k in names) for s in grid(method)):
+        cells = []
+        for m, b in columns:
+            settings = {**dict(point), "batch": b}
+            key = (m, settings_name({k: settings[k] for k in GRIDS[method]}))
+            cell = f"{100 * scores[key]:.2f}" if key in scores else "–"
+            cells.append(f"**{cell}**" if chosen.get((m, method)) == {k: settings[k] for k in GRIDS[method]} else cell)
+        label = ", ".join(str(v) for _, v in point) + (f" (the paper's, with B {PAPER[method]['batch']})" if point == paper else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def along_the_way(runs: dict[str, results.Run]) -> str:
+def cell_groups(runs: list[results.Run], m: int, study: str) -> Groups:
+    """Method -> its runs of ``study`` in the cell (seed order), in the paper's row order."""
+    groups: Groups = {}
+    for method in LABELS:
+        group = sorted(results.select(runs, study=study, m=m, method=method), key=lambda r: r["params"]["seed"])
+        if group:
+            groups[method] = group
+    return groups
+
+
+def accuracy_table(runs: list[results.Run], m: int) -> str:
+    """Final, best-validation, best and last-5 test accuracy of each method, tuned and at the paper's setting."""
+    lines = ["| method | setting | paper | seeds | final | at best val | best | last 5 | final − paper |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for study, suffix in (("table", ""), ("paper", " (paper's setting)")):
+        for method, group in cell_groups(runs, m, study).items():
+            _, acc = series(group, "test_acc")
+            at_best, _ = best_validation(group)
+            gap = 100 * acc[:, -1].mean() - PAPER_TABLE[m][method]
+            lines.append(f"| {LABELS[method]}{suffix} | {setting(group[0]['params'], method)} | {PAPER_TABLE[m][method]:.2f} | "
+                         f"{len(group)} | {fmt(acc[:, -1], 100)} | {fmt(at_best, 100)} | {fmt(acc.max(axis=1), 100)} | "
+                         f"{fmt(acc[:, -5:].mean(axis=1), 100)} | {gap:+.2f} |")
+    return "\n".join(lines)
+
+
+def differences_table(runs: list[results.Run], m: int) -> str:
+    """FedDeper minus each baseline (tuned), paired by seed, in points, with 95 % confidence intervals."""
+    groups = cell_groups(runs, m, "table")
+    lines = ["| difference (points) | seeds | final: mean ± std | 95 % CI | at best val: mean ± std | 95 % CI |",
+             "|---|---|---|---|---|---|"]
+    for against in ("scaffold", "fedavg", "fedprox"):
+        if "feddeper" not in groups or against not in groups:
+            continue
+        a, b = groups["feddeper"], groups[against]
+        assert [r["params"]["seed"] for r in a] == [r["params"]["seed"] for r in b], "differences pair runs by seed"
+        cells = []
+        for measure in (lambda g: series(g, "test_acc")[1][:, -1], lambda g: best_validation(g)[0]):
+            diff = 100 * (measure(a) - measure(b))
+            low, high = paired_interval(diff) if len(diff) > 1 else (np.nan, np.nan)
+            cells += [f"{diff.mean():+.2f} ± {diff.std(ddof=1) if len(diff) > 1 else 0:.2f}", f"[{low:+.2f}, {high:+.2f}]"]
+        lines.append(f"| FedDeper − {LABELS[against]} | {len(a)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def curve_table(runs: list[results.Run], m: int) -> str:
+    """Test accuracy (mean ± sample std over seeds) every 50 rounds, tuned methods."""
+    groups = cell_groups(runs, m, "table")
     lines = ["| method | " + " | ".join(map(str, EVERY_50)) + " |", "|---" * (len(EVERY_50) + 1) + "|"]
-    for method in METHODS:
-        lines.append(f"| {SHORT[method]} | " + " | ".join(accuracy_at(runs[f"m5/{method}_500"], EVERY_50)) + " |")
+    for method, group in groups.items():
+        rounds, acc = series(group, "test_acc")
+        cells = []
+        for r in EVERY_50:
+            v = 100 * acc[:, list(rounds).index(r)]
+            cells.append(f"{v.mean():.2f} ± {v.std(ddof=1) if len(v) > 1 else 0:.2f}")
+        lines.append(f"| {LABELS[method]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def personal_table(runs: dict[str, results.Run]) -> str:
-    """Mean / worst local-test accuracy of personal and global models at round 500 (m = 5)."""
-    feddeper, star, fedavg = runs["m5/feddeper_500"], runs["m5/feddeper_star_500"], runs["m5/fedavg_500"]
-    return "\n".join([
-        "| model | local test set | + 1 class | + 3 classes |", "|---|---|---|---|",
-        f"| FedDeper personal models v_i | {mean_worst(feddeper, 'local', 'personal')} | "
-        f"{mean_worst(feddeper, 'local+1', 'personal')} | {mean_worst(feddeper, 'local+3', 'personal')} |",
-        f"| FedDeper global model x | {mean_worst(feddeper, 'local', 'global')} | | |",
-        f"| FedDeper\\* personal models | {mean_worst(star, 'local', 'personal')} | | |",
-        f"| FedAvg global model | {mean_worst(fedavg, 'local', 'global')} | | |",
-    ])
-
-
-def first_excluded(run: results.Run) -> int:
-    """The first round with client updates left out for NaN/Inf."""
-    return results.series(run, "round/excluded")[0][0]
-
-
-def sweep_table(runs: dict[str, results.Run]) -> str:
-    """The m = 5 sweep: one change per run, test accuracy every 50 rounds."""
-    lines = ["| run | override | " + " | ".join(map(str, EVERY_50)) + " |", "|---|---|" + "---|" * len(EVERY_50),
-             "| base (ρ 0.03, λ 0.5, batch 64, same batch, Jacobi order) | – | "
-             + " | ".join(accuracy_at(runs["m5/feddeper_500"], EVERY_50)) + " |"]
-    for label, name in SWEEP_ROWS:
-        method, overrides = SWEEP_M5[name]
-        run = runs[f"m5/sweep_{name}"]
-        if name == "lam0.3_500":
-            label += f" (NaN updates from round {first_excluded(run)})"
-        args = (["--config", f"configs/feddeper/methods/{method}.yaml"] if method != "feddeper" else [])
-        if "--trainer.max_epochs" in overrides:  # a probe: the row's header says its length
-            i = overrides.index("--trainer.max_epochs")
-            overrides = overrides[:i] + overrides[i + 2:]
-        args += overrides
-        lines.append(f"| {label} | `{shlex.join(args)}` | " + " | ".join(accuracy_at(run, EVERY_50)) + " |")
+def personal_table(runs: list[results.Run], m: int) -> str:
+    """Mean and worst client accuracy on the local test sets after the last round, mean over seeds."""
+    lines = ["| method | model, local test set | mean over clients | worst client |", "|---|---|---|---|"]
+    for method, group in cell_groups(runs, m, "table").items():
+        for row, prefix, model in PERSONAL_ROWS:
+            key = f"{prefix}/{model}_acc_mean"
+            if key not in group[0]["history"][-1]:
+                continue
+            mean = np.array([results.last(r, key) for r in group])
+            worst = np.array([results.last(r, f"{prefix}/{model}_acc_worst") for r in group])
+            lines.append(f"| {LABELS[method]} | {row} | {fmt(mean, 100)} | {fmt(worst, 100)} |")
     return "\n".join(lines)
 
 
-def sweep_m10_table(runs: dict[str, results.Run]) -> str:
-    lines = ["| run (m = 10) | " + " | ".join(map(str, EVERY_50)) + " |", "|---" * (len(EVERY_50) + 1) + "|"]
-    for label, name in SWEEP_M10_ROWS:
-        lines.append(f"| {label} | " + " | ".join(accuracy_at(runs[name], EVERY_50)) + " |")
-    return "\n".join(lines)
+def tables(runs: list[results.Run]) -> list[str]:
+    """Every table of the document, in its order."""
+    out = [screen_table(runs, method) for method in GRIDS]
+    for m in CELLS:
+        if cell_groups(runs, m, "table"):
+            out += [accuracy_table(runs, m), differences_table(runs, m), curve_table(runs, m), personal_table(runs, m)]
+    return out
 
 
-def digits_tables(runs: dict[str, results.Run]) -> list[str]:
-    """Ours beside the specification's implementation on the digits stand-in, m = 5 and m = 10."""
-    def ours(name: str, rounds: Sequence[int]) -> list[float]:
-        return [100 * results.at_round(runs[name], "test_acc", r) for r in rounds] if name in runs else []
-
-    def cell(values: Sequence[float]) -> str:
-        return " / ".join(f"{v:.1f}" for v in values[:-1]) + f" / **{values[-1]:.1f}**" if values else "–"
-
-    rounds = " / ".join(map(str, DIGITS_ROUNDS))
-    m5 = ["| method | round | spec, seed 0 | ours, seed 0 | spec, seed 1 | ours, seed 1 |", "|---|---|---|---|---|---|"]
-    for method in METHODS:
-        cells = [cell(v) for s in (0, 1)
-                 for v in (SPEC_DIGITS_M5.get((method, s), ()), ours(f"digits_m5/{method}_s{s}", DIGITS_ROUNDS))]
-        m5.append(f"| {SHORT[method]} | {rounds} | " + " | ".join(cells) + " |")
-    m10 = ["| method | spec, round 150 / 500 | ours, round 150 / 500 |", "|---|---|---|"]
-    for method, spec in SPEC_DIGITS_M10.items():
-        label = "FedDeper (ρ 0.03, λ 0.5)" if method == "feddeper" else SHORT[method]
-        m10.append(f"| {label} | {cell(spec)} | {cell(ours(f'digits_m10/{method}_s0', (150, 500)))} |")
-    return ["\n".join(m5), "\n".join(m10)]
-
-
-def twin_table(runs: dict[str, results.Run]) -> str:
-    """The base run before and after the engine change: accuracy at a few rounds, largest difference."""
-    before, after = runs["m5/feddeper_500"], runs["m5/sweep_twin_500"]
-    rounds = (50, 100, 250, 500)
-    a, b = (dict(zip(*results.series(r, "test_acc"))) for r in (before, after))
-    diff = max(abs(a[r] - b[r]) for r in a)
-    evaluations = len(a)
-    last = accuracy_at(after, rounds)
-    return "\n".join([
-        "| round | " + " | ".join(map(str, rounds)) + f" | largest difference over the {evaluations} evaluations |",
-        "|---" * (len(rounds) + 2) + "|",
-        "| before (`feddeper_500`) | " + " | ".join(accuracy_at(before, rounds)) + " | |",
-        "| after (`sweep_twin_500`) | " + " | ".join(last[:-1]) + f" | **{last[-1]}** | "
-        f"{100 * diff:.2f} points ({round(diff * TEST_IMAGES)} test images) |",
-    ])
-
-
-def tables(records: list[results.Run]) -> list[str]:
-    """Every table of the document, in order."""
-    runs = {r["name"]: r for r in records}
-    return [main_table(runs, 5), along_the_way(runs), personal_table(runs), main_table(runs, 10), sweep_table(runs),
-            sweep_m10_table(runs), *digits_tables(runs), twin_table(runs)]
-
-
-def plot(runs: dict[str, results.Run], m: int, path: Path) -> None:
-    """Global test accuracy per evaluated round of the five methods (500 rounds)."""
+def plot(runs: list[results.Run], m: int, path: Path) -> None:
+    """Test accuracy per evaluated round of each tuned method, mean over seeds, band min–max."""
     from experiments.plots import plt, save
 
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    for method in METHODS:
-        rounds, accs = results.series(runs[f"m{m}/{method}_500"], "test_acc")
-        ax.plot(rounds, [100 * a for a in accs], label=SHORT[method].replace("\\", ""))
-    ax.set(xlabel="round", ylabel="global test accuracy (%)", title=f"MNIST MLP, n = 10, m = {m}")
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for method, group in cell_groups(runs, m, "table").items():
+        rounds, acc = series(group, "test_acc")
+        line, = ax.plot(rounds, 100 * acc.mean(0), label=f"{LABELS[method]} ({setting(group[0]['params'], method)})".replace("\\", ""))
+        ax.fill_between(rounds, 100 * acc.min(0), 100 * acc.max(0), color=line.get_color(), alpha=0.2)
+    ax.set(xlabel="round", ylabel="global test accuracy (%)", title=f"MNIST MLP, n = 10, m = {m}, tuned, mean of 3 seeds")
     ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    ax.set_ylim(60, 100)
     fig.tight_layout()
     save(fig, path)
 
@@ -206,14 +173,14 @@ def plot(runs: dict[str, results.Run], m: int, path: Path) -> None:
 def main(argv: Any = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="?", type=Path, default=RESULTS)
-    parser.add_argument("--figures", type=Path, help="folder for feddeper_m5.png and feddeper_m10.png")
+    parser.add_argument("--figures", type=Path, help="folder for feddeper_m<m>.png")
     opts = parser.parse_args(argv)
-    records = results.load(opts.results)
-    print("\n\n".join(tables(records)))
+    runs = results.load(opts.results)
+    print("\n\n".join(tables(runs)))
     if opts.figures:
-        runs = {r["name"]: r for r in records}
-        for m in (5, 10):
-            plot(runs, m, opts.figures / f"feddeper_m{m}.png")
+        for m in CELLS:
+            if cell_groups(runs, m, "table"):
+                plot(runs, m, opts.figures / f"feddeper_m{m}.png")
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ import numpy as np
 
 from experiments import results
 from experiments.fedproxvr.plan import LR_GRID, RESULTS, TABLE1, tuned_lrs
+from experiments.seed_stats import Groups, best_validation, curve_table, fmt, paired_interval, series
 
-Groups = dict[str, list[results.Run]]
 #: the paired differences the document reports: (row, against)
 PAIRS = (("FedProxVR (SVRG)", "FedAvg"), ("FedProxVR (SARAH)", "FedAvg"), ("FedProxVR (SARAH)", "FedProxVR (SVRG)"))
 
@@ -41,35 +41,6 @@ def studies(runs: list[results.Run]) -> dict[str, Groups]:
         if p["study"] != "table1_tune":
             out[p["study"] + (f"/{p['setting']}" if "setting" in p else "")][p["label"]].append(run)
     return out
-
-
-def series(runs: list[results.Run], key: str) -> tuple[np.ndarray, np.ndarray]:
-    """Rounds and a [seeds, points] array of ``key``."""
-    rounds = np.array([h["round"] for h in runs[0]["history"]])
-    return rounds, np.array([[h[key] for h in r["history"]] for r in runs])
-
-
-def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2) -> str:
-    """``mean ± std (min–max)`` over seeds."""
-    v = np.asarray(values) * scale
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.{digits}f} ({v.min():.{digits}f}–{v.max():.{digits}f})"
-
-
-def best_validation(runs: list[results.Run]) -> tuple[np.ndarray, np.ndarray]:
-    """Per seed: the test accuracy at the evaluation with the highest validation accuracy (the first
-    such), and that round."""
-    rounds, val = series(runs, "val_acc")
-    _, test = series(runs, "test_acc")
-    pick = val.argmax(axis=1)
-    return test[np.arange(len(runs)), pick], rounds[pick]
-
-
-def paired_interval(diff: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """The ``level`` confidence interval of the mean of paired differences (Student's t, n - 1 dof)."""
-    from scipy import stats
-
-    half = stats.t.ppf(0.5 + level / 2, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
-    return diff.mean() - half, diff.mean() + half
 
 
 def tune_table(runs: list[results.Run]) -> str:
@@ -174,21 +145,6 @@ def same_work_table(runs: list[results.Run]) -> str:
             cell = f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
         lines.append(f"| {label} (step size {group[0]['params']['lr']}) | {len(group)} | {fmt(acc, 100)} | "
                      f"{fmt(loss, digits=4)} | {cell} |")
-    return "\n".join(lines)
-
-
-def curve_table(groups: Groups, key: str, scale: float, points: int = 8) -> str:
-    """``key`` (mean ± sample std over seeds) at ``points`` evaluations spread over the run."""
-    labels = list(groups)
-    rounds, _ = series(groups[labels[0]], key)
-    picks = np.unique(np.linspace(0, len(rounds) - 1, points).round().astype(int))
-    lines = ["| round | " + " | ".join(f"{label}: {key}" for label in labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    for i in picks:
-        cells = []
-        for label in labels:
-            _, v = series(groups[label], key)
-            cells.append(f"{v[:, i].mean() * scale:.3f} ± {v[:, i].std(ddof=1) * scale if len(v) > 1 else 0:.3f}")
-        lines.append(f"| {rounds[i]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -1,0 +1,50 @@
+"""The reproduction plans choose their tuned settings as their documents say. No training: the
+screening runs are made up."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.feddeper import plan
+
+
+def screened(m: int, method: str, scores: dict[str, list[float]]) -> list[dict]:
+    """A screening run per setting of ``method``'s grid: validation accuracy ``scores[name]`` at the
+    evaluations (0.5 throughout for settings not named)."""
+    runs = []
+    for settings in plan.grid(method):
+        name = plan.settings_name(settings)
+        values = scores.get(name, [0.5] * 20)
+        runs.append({"name": f"screen/m{m}/{method}_{name}_s0",
+                     "params": dict(study="screen", m=m, method=method, **settings, seed=0, rounds=200),
+                     "history": [{"round": 10 * (i + 1), "val_acc": v} for i, v in enumerate(values)]})
+    return runs
+
+
+def test_feddeper_grids_give_every_method_the_same_budget():
+    assert {method: len(plan.grid(method)) for method in plan.GRIDS} == dict.fromkeys(plan.GRIDS, 48)
+    assert plan.LRS[6] == 0.01 and set(plan.PROX_LRS) <= set(plan.LRS)
+    for method, settings in plan.PAPER.items():
+        assert settings in plan.grid(method), method
+
+
+def test_feddeper_tuning_chooses_on_the_mean_of_the_last_five_evaluations():
+    # the best last value (0.99) has a worse last-five mean than the steadier setting
+    spiky = [0.5] * 15 + [0.6, 0.6, 0.6, 0.6, 0.99]
+    steady = [0.5] * 15 + [0.8] * 5
+    runs = screened(5, "fedavg", {"lr0.0316_b32": spiky, "lr0.01_b10": steady})
+    assert plan.tuned(runs) == {(5, "fedavg"): {"lr": 0.01, "batch": 10}}
+    assert plan.screen_score(runs[0]) == pytest.approx(0.5)
+
+
+def test_feddeper_table_is_planned_only_for_complete_screenings(monkeypatch):
+    runs = screened(5, "fedavg", {"lr0.0316_b32": [0.9] * 20}) + screened(5, "feddeper", {})[:-1]
+    assert plan.tuned(runs) == {(5, "fedavg"): {"lr": 0.0316, "batch": 32}}
+    monkeypatch.setattr(plan, "tuned", lambda: {(5, "fedavg"): {"lr": 0.0316, "batch": 32},
+                                                (10, "feddeper"): dict(plan.PAPER["feddeper"])})
+    with pytest.warns(UserWarning, match="m5/feddeper"):
+        names = [r.name for r in plan.runs() if not r.name.startswith("screen/")]
+    assert sorted(names) == sorted(
+        [f"table/m5/fedavg_lr0.0316_b32_s{s}" for s in plan.SEEDS] + [f"paper/m5/fedavg_lr0.01_b64_s{s}" for s in plan.SEEDS]
+        + [f"table/m10/feddeper_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS]
+        + [f"table/m10/feddeper_star_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS])
