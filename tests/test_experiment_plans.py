@@ -41,10 +41,11 @@ def test_feddeper_table_is_planned_only_for_complete_screenings(monkeypatch):
     runs = screened(5, "fedavg", {"lr0.0316_b32": [0.9] * 20}) + screened(5, "feddeper", {})[:-1]
     assert plan.tuned(runs) == {(5, "fedavg"): {"lr": 0.0316, "batch": 32}}
     monkeypatch.setattr(plan, "tuned", lambda: {(5, "fedavg"): {"lr": 0.0316, "batch": 32},
-                                                (10, "feddeper"): dict(plan.PAPER["feddeper"])})
-    with pytest.warns(UserWarning, match="m5/feddeper"):
+                                                (5, "feddeper"): dict(plan.PAPER["feddeper"])})
+    with pytest.warns(UserWarning, match="m10/feddeper"):
         names = [r.name for r in plan.runs() if not r.name.startswith("screen/")]
     assert sorted(names) == sorted(
         [f"table/m5/fedavg_lr0.0316_b32_s{s}" for s in plan.SEEDS] + [f"paper/m5/fedavg_lr0.01_b64_s{s}" for s in plan.SEEDS]
-        + [f"table/m10/feddeper_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS]
-        + [f"table/m10/feddeper_star_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS])
+        + [f"{study}/m5/{run}_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS
+           for study, run in (("table", "feddeper"), ("table", "feddeper_star"), ("isolation", "gauss_seidel"),
+                              ("isolation", "reset_personal"))])

@@ -179,6 +179,35 @@ def test_independent_batches_step_v_on_its_own_stream():
     assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
 
 
+def test_reset_personal_starts_v_from_the_global_model():
+    """``reset_personal``: the second round's personal model starts from x^1, not from the stored
+    v_i (which the same client's first round left elsewhere), and the stored v_i is still mixed."""
+    lr, rho, lam, seed = 0.1, 0.2, 0.7, 5
+
+    def grad(w, batch):
+        w = w.clone().requires_grad_(True)
+        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
+        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
+
+    ends = {}
+    for reset in (True, False):
+        recorder = Recorder()
+        module = FedDeper(tiny_client(lr=lr), rho=rho, lam=lam, clients_per_round=1, local_steps=2, seed=seed,
+                          reset_personal=reset)
+        dm = synthetic(1)
+        trainer(2, callbacks=[recorder]).fit(module, dm)
+        x1, (cid,) = recorder.rounds[1]["start"], module.round_clients
+        stored_before = recorder.rounds[1]["before"][cid]
+        assert not torch.equal(stored_before, x1)  # the first round left a personal model of its own
+        y, v = x1.clone(), (x1 if reset else stored_before).clone()
+        for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 1, cid)):
+            y, v = y - lr * grad(y, batch) - rho * (v + y - 2 * x1), v - lr * grad(v, batch)
+        assert torch.allclose(global_vector(module), y, atol=1e-6)
+        assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+        ends[reset] = global_vector(module)
+    assert not torch.allclose(ends[True], ends[False], atol=1e-4)
+
+
 def test_lam_one_restarts_personal_from_upload_and_others_keep_theirs():
     recorder = Recorder()
     module = make(lam=1.0)

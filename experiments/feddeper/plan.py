@@ -18,6 +18,10 @@ splits (what the tuning chooses on).
   tuned setting with tau = 5; the base config's ``PersonalizedAccuracy`` measures the personal
   models (FedDeper) and the global model on the clients' local test sets every 10 rounds, for
   FedDeper also with 1 and 3 classes the client does not hold added (``EXTRA_CLASSES``, Fig. 5b);
+* ``isolation``: FedDeper at its tuned setting with one reading of Algorithm 1 changed
+  (``ISOLATION``): the y-step pulling toward ``2x - v_{j+1}`` (Gauss-Seidel order) instead of
+  ``v_j``, and the personal model restarted from ``x`` every round instead of kept; m = 5,
+  seeds 0-2, 500 rounds: whether either closes the gap to the paper;
 * ``paper``: each method at the paper's setting (lr 0.01, batch 64, rho 0.03, lambda 0.5, FedProx
   mu 1) where it differs from the tuned one, seeds 0-2, 500 rounds.
 """
@@ -59,6 +63,9 @@ PERSONAL = "--trainer.callbacks+=fl_lightning.callbacks.personalized.Personalize
 #: FedDeper's table runs also measure the personal models on the local test sets with 1 and 3
 #: classes the client does not hold added (the paper's Fig. 5b)
 EXTRA_CLASSES = [PERSONAL, "--trainer.callbacks.extra_classes=1", PERSONAL, "--trainer.callbacks.extra_classes=3"]
+#: isolation variant -> the arguments that make it (FedDeper at its tuned setting, m = 5)
+ISOLATION = {"gauss_seidel": ["--model.init_args.update_order", "gauss_seidel"],
+             "reset_personal": ["--model.init_args.reset_personal", "true"]}
 #: the command-line argument of each setting
 ARGUMENT = {"rho": "--model.init_args.rho", "lam": "--model.init_args.lam", "batch": "--data.init_args.batch_size",
             "lr": "--model.init_args.client.init_args.lr", "mu": "--model.init_args.mu"}
@@ -76,9 +83,9 @@ def grid(method: str) -> list[dict[str, Any]]:
 
 
 def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, rounds: int,
-        local_steps: Optional[int] = None) -> Run:
+        local_steps: Optional[int] = None, variant: Optional[str] = None) -> Run:
     """``method`` (``feddeper_star``: FedDeper with ``local_steps``) with ``settings`` in the cell
-    with ``m`` clients per round."""
+    with ``m`` clients per round (``variant``: FedDeper's :data:`ISOLATION` variant)."""
     args = ["--config", BASE]
     if method not in ("feddeper", "feddeper_star"):
         args += ["--config", f"configs/feddeper/methods/{method}.yaml"]
@@ -87,13 +94,19 @@ def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, ro
         args += [ARGUMENT[key], str(value)]
     if local_steps is not None:
         args += ["--model.init_args.local_steps", str(local_steps)]
+    if variant is not None:
+        args += ISOLATION[variant]
     args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds)]
     if study == "screen":
         args += ["--trainer.limit_val_batches", "0"]  # the Recorder measures; no personal evaluation
-    elif method == "feddeper":
+    elif study == "table" and method == "feddeper":
         args += EXTRA_CLASSES
     params = dict(study=study, m=m, method=method, **settings, seed=seed, rounds=rounds)
-    return Run(f"{study}/m{m}/{method}_{settings_name(settings)}_s{seed}", args, params, every=10, metrics=("local",))
+    name = f"{study}/m{m}/{method}_{settings_name(settings)}_s{seed}"
+    if variant is not None:
+        params["variant"] = variant
+        name = f"{study}/m{m}/{variant}_{settings_name(settings)}_s{seed}"
+    return Run(name, args, params, every=10, metrics=("local",))
 
 
 def screen_score(run: results.Run) -> float:
@@ -131,6 +144,8 @@ def runs() -> list[Run]:
                 plan.append(run("table", m, "feddeper_star", settings, seed, TABLE_ROUNDS, local_steps=5))
             if settings != PAPER[method]:
                 plan.append(run("paper", m, method, PAPER[method], seed, TABLE_ROUNDS))
+            if method == "feddeper" and m == 5:
+                plan += [run("isolation", m, method, settings, seed, TABLE_ROUNDS, variant=v) for v in ISOLATION]
     return plan
 
 

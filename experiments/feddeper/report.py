@@ -11,7 +11,8 @@ Accuracies in %; the paper's numbers (Table I (a)) are constants here, beside ou
   validation, the best and the mean of the last five evaluations, of each method at its tuned
   setting (``table``) and at the paper's (``paper``); the differences between FedDeper and each
   baseline, paired by seed, with 95 % confidence intervals; the test accuracy every 50 rounds;
-  the personal and global models on the clients' local test sets after the last round.
+  the personal and global models on the clients' local test sets after the last round;
+* the isolation variants of FedDeper (``isolation``) beside it, with their paired differences.
 
 Spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds. ``--figures DIR`` draws
 ``feddeper_m<m>.png`` (test accuracy per round, mean over seeds, band: min–max).
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from experiments import results
-from experiments.feddeper.plan import CELLS, GRIDS, PAPER, RESULTS, grid, screen_score, settings_name, tuned
+from experiments.feddeper.plan import CELLS, GRIDS, ISOLATION, PAPER, RESULTS, grid, screen_score, settings_name, tuned
 from experiments.seed_stats import Groups, best_validation, fmt, paired_interval, series
 
 LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "SCAFFOLD", "fedavg": "FedAvg",
@@ -34,6 +35,8 @@ LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "S
 #: Table I (a), MNIST MLP, n = 10: m -> method -> accuracy (%)
 PAPER_TABLE = {5: {"feddeper": 94.92, "feddeper_star": 94.67, "scaffold": 94.52, "fedavg": 89.19, "fedprox": 86.19},
                10: {"feddeper": 95.28, "feddeper_star": 95.23, "scaffold": 95.32, "fedavg": 89.86, "fedprox": 88.77}}
+VARIANTS = {"gauss_seidel": "Gauss-Seidel order: the y-step pulls toward 2x − v_{j+1}",
+            "reset_personal": "v restarted from x every round (v_0 = x)"}
 SYMBOLS = {"rho": "ρ", "lam": "λ", "batch": "B", "lr": "lr", "mu": "μ"}
 EVERY_50 = tuple(range(50, 501, 50))
 #: the models and local test sets of the personalization table: (row, metric prefix, model)
@@ -144,12 +147,38 @@ def personal_table(runs: list[results.Run], m: int) -> str:
     return "\n".join(lines)
 
 
+def isolation_table(runs: list[results.Run]) -> str:
+    """FedDeper (m = 5, tuned) and its :data:`~experiments.feddeper.plan.ISOLATION` variants: test
+    accuracy, and each variant's difference to FedDeper paired by seed with its 95 % confidence interval."""
+    base = cell_groups(runs, 5, "table")["feddeper"]
+    lines = ["| FedDeper, m = 5 | seeds | final | at best val | last 5 | final − FedDeper: mean ± std [95 % CI] |",
+             "|---|---|---|---|---|---|"]
+    rows = {"as in the table (Jacobi order, v kept)": base}
+    for variant in ISOLATION:
+        group = sorted(results.select(runs, study="isolation", variant=variant), key=lambda r: r["params"]["seed"])
+        if group:
+            rows[VARIANTS[variant]] = group
+    for label, group in rows.items():
+        _, acc = series(group, "test_acc")
+        cell = "–"
+        if group is not base:
+            assert [r["params"]["seed"] for r in group] == [r["params"]["seed"] for r in base], "pairs by seed"
+            diff = 100 * (acc[:, -1] - series(base, "test_acc")[1][:, -1])
+            low, high = paired_interval(diff)
+            cell = f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
+        lines.append(f"| {label} | {len(group)} | {fmt(acc[:, -1], 100)} | {fmt(best_validation(group)[0], 100)} | "
+                     f"{fmt(acc[:, -5:].mean(axis=1), 100)} | {cell} |")
+    return "\n".join(lines)
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
     out = [screen_table(runs, method) for method in GRIDS]
     for m in CELLS:
         if cell_groups(runs, m, "table"):
             out += [accuracy_table(runs, m), differences_table(runs, m), curve_table(runs, m), personal_table(runs, m)]
+    if results.select(runs, study="isolation"):
+        out += [isolation_table(runs)]
     return out
 
 

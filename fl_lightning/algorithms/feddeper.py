@@ -78,6 +78,9 @@ class FedDeper(FederatedModule):
         update_order: ``"jacobi"`` (the spec's reading of Algorithm 1 and of the proofs: the
             y-step uses ``v_j``) or ``"gauss_seidel"`` (``v`` steps first and the y-step uses
             ``v_{j+1}``: the literal "alternating" reading, spec A1).
+        reset_personal: start every round's personal model from the global model (``v_0 = x``)
+            instead of the stored ``v_i``: the initialization the paper sets aside for eq. (6),
+            as an ablation (the stored ``v_i`` is still mixed and kept for evaluation).
         **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps``,
             ``weighting``...).
     """
@@ -91,6 +94,7 @@ class FedDeper(FederatedModule):
         lam: float = 0.5,
         independent_batches: bool = False,
         update_order: UpdateOrder = "jacobi",
+        reset_personal: bool = False,
         **kwargs: Any,
     ) -> None:
         if not 0.0 <= rho < 1.0:
@@ -106,6 +110,7 @@ class FedDeper(FederatedModule):
         self.lam = lam
         self.independent_batches = independent_batches
         self.update_order = update_order
+        self.reset_personal = reset_personal
         #: x^0, the global model of round 0: every personal model's value before its first round.
         self.register_buffer("initial_state", self.global_model.flatten())
         self.add_client_state(PERSONAL, default=self.initial_model)
@@ -135,7 +140,8 @@ class FedDeper(FederatedModule):
 
     def client_init(self, run: ClientRun) -> None:
         run.scratch["x"] = run.layout.split_params(run.start)
-        run.scratch["v"] = run.copy_model(run.state[PERSONAL])  # v_0 = v_i; y_0 = x is the run's start
+        # v_0 = v_i (x with reset_personal); y_0 = x is the run's start
+        run.scratch["v"] = run.copy_model(run.start if self.reset_personal else run.state[PERSONAL])
 
     def client_step(self, run: ClientRun, batch: Any) -> dict[str, Tensor]:
         """``y <- y - eta g(y) - rho (v + y - 2x)`` and ``v <- v - eta g(v)``, in the configured order."""
