@@ -68,8 +68,8 @@ def algorithm(method: str, seed: int, clients_per_round: int) -> pl.LightningMod
     return FedAvg(client, local_steps=10, **common)
 
 
-def run(method: str, seed: int, rounds: int, clients_per_round: int, eval_every: int) -> results.Run:
-    """One run; returns its record for the result file."""
+def run(method: str, seed: int, rounds: int, clients_per_round: int, eval_every: int, commit: str) -> results.Run:
+    """One run; returns its record for the result file (``commit``: the code it runs)."""
     pl.seed_everything(seed, verbose=False)
     dm = DigitsFederated(num_clients=10, partition="shards", shards_per_client=1, batch_size=32,
                          eval_batch_size=1000, seed=seed)
@@ -83,7 +83,8 @@ def run(method: str, seed: int, rounds: int, clients_per_round: int, eval_every:
     trainer.fit(algorithm(method, seed, clients_per_round), datamodule=dm)
     wall = time.perf_counter() - start
     params = dict(study="digits", m=clients_per_round, method=method, seed=seed, rounds=rounds)
-    return {"name": f"digits_m{clients_per_round}/{method}_s{seed}", "params": params, "wall_s": round(wall, 1),
+    return {"name": f"digits_m{clients_per_round}/{method}_s{seed}", "commit": commit, "params": params,
+            "wall_s": round(wall, 1),
             "history": [{"round": h["round"], "test_acc": h["test_acc"]} for h in recorder.history]}
 
 
@@ -98,11 +99,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     done = {r["name"] for r in results.load(args.out)}
+    commit = results.commit()  # the code imported now, which every run of this process runs
     for seed in args.seeds:
         for method in args.methods:
             if f"digits_m{args.clients_per_round}/{method}_s{seed}" in done:
                 continue
-            record = run(method, seed, args.rounds, args.clients_per_round, args.eval_every)
+            record = run(method, seed, args.rounds, args.clients_per_round, args.eval_every, commit)
             print(record["name"], record["history"][-1], f"{record['wall_s']} s", flush=True)
             results.add(args.out, record)
 
