@@ -3,11 +3,14 @@ configs: ``tests/test_configs.py``)."""
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import yaml
 
+from fl_lightning import algorithms
 from fl_lightning.cli import FederatedCLI, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,3 +124,24 @@ def test_predict_writes_the_predictions_into_the_run_folder(tmp_path):
     assert predictions.shape == (len(cli.datamodule.global_test_set()), 10)
     x, _ = cli.datamodule.global_test_set()[:]
     torch.testing.assert_close(predictions, cli.model.client(x))
+
+
+@pytest.mark.parametrize("name", algorithms.__all__)
+def test_every_algorithm_types_its_client_as_a_lightning_module(name):
+    """The CLI can merge a client override (``--model.init_args.client.init_args.lr``) into a
+    config that switched the algorithm only when ``client`` is typed as a ``LightningModule``
+    (``Any`` dropped the client's class: SCAFFOLD's did)."""
+    cls = getattr(algorithms, name)
+    hints = typing.get_type_hints(cls.__init__)
+    if "client" in hints:
+        assert hints["client"] is pl.LightningModule, f"{name}.__init__(client: {hints['client']})"
+
+
+def test_client_override_after_switching_the_algorithm(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", QUICK, "--model.class_path", "fl_lightning.algorithms.SCAFFOLD",
+              "--model.init_args.client.init_args.lr", "0.05", "--print_config"])
+    model = yaml.safe_load(capsys.readouterr().out)["model"]
+    assert model["class_path"] == "fl_lightning.algorithms.SCAFFOLD"
+    assert model["init_args"]["client"]["init_args"]["lr"] == 0.05
+    assert model["init_args"]["client"]["class_path"].endswith("LogisticRegression")

@@ -8,24 +8,27 @@ import pytest
 from experiments.feddeper import plan
 
 
-def screened(m: int, method: str, scores: dict[str, list[float]]) -> list[dict]:
-    """A screening run per setting of ``method``'s grid: validation accuracy ``scores[name]`` at the
-    evaluations (0.5 throughout for settings not named)."""
+def screened(m: int, method: str, scores: dict[str, list[float]], study: str = "screen",
+             settings_list: list[dict] | None = None) -> list[dict]:
+    """A screening run per setting of ``method``'s grid (or of ``settings_list``): validation
+    accuracy ``scores[name]`` at the evaluations (0.5 throughout for settings not named)."""
     runs = []
-    for settings in plan.grid(method):
+    for settings in plan.grid(method) if settings_list is None else settings_list:
         name = plan.settings_name(settings)
         values = scores.get(name, [0.5] * 20)
-        runs.append({"name": f"screen/m{m}/{method}_{name}_s0",
-                     "params": dict(study="screen", m=m, method=method, **settings, seed=0, rounds=200),
+        runs.append({"name": f"{study}/m{m}/{method}_{name}_s0",
+                     "params": dict(study=study, m=m, method=method, **settings, seed=0, rounds=200),
                      "history": [{"round": 10 * (i + 1), "val_acc": v} for i, v in enumerate(values)]})
     return runs
 
 
 def test_feddeper_grids_give_every_method_the_same_budget():
     assert {method: len(plan.grid(method)) for method in plan.GRIDS} == dict.fromkeys(plan.GRIDS, 48)
-    assert plan.LRS[6] == 0.01 and set(plan.PROX_LRS) <= set(plan.LRS)
-    for method, settings in plan.PAPER.items():
-        assert settings in plan.grid(method), method
+    assert plan.LRS[0] == plan.PAPER_LR == 0.01 and set(plan.PROX_LRS) <= set(plan.LRS)
+    for method, settings in plan.PAPER.items():  # the paper's settings are in the grids (FedProx's lr 0.01 aside)
+        assert settings["lr"] == plan.PAPER_LR
+        in_grid = {k: v for k, v in settings.items() if k in plan.GRIDS[method] and (method, k) != ("fedprox", "lr")}
+        assert any(in_grid.items() <= s.items() for s in plan.grid(method)), method
 
 
 def test_feddeper_tuning_chooses_on_the_mean_of_the_last_five_evaluations():
@@ -34,18 +37,31 @@ def test_feddeper_tuning_chooses_on_the_mean_of_the_last_five_evaluations():
     steady = [0.5] * 15 + [0.8] * 5
     runs = screened(5, "fedavg", {"lr0.0316_b32": spiky, "lr0.01_b10": steady})
     assert plan.tuned(runs) == {(5, "fedavg"): {"lr": 0.01, "batch": 10}}
-    assert plan.screen_score(runs[0]) == pytest.approx(0.5)
+    assert plan.screen_score(next(r for r in runs if r["name"] == "screen/m5/fedavg_lr0.0316_b32_s0")) == pytest.approx(0.678)
+
+
+def test_feddeper_rate_is_searched_in_a_second_stage_with_rho_scaled():
+    first = screened(5, "feddeper", {"rho0.02_lam0.7_b32": [0.8] * 20})
+    assert plan.first_stage(first) == {(5, "feddeper"): dict(rho=0.02, lam=0.7, batch=32)}
+    assert plan.tuned(first) == {}  # FedDeper waits for its second stage
+    second = plan.lr_stage(dict(rho=0.02, lam=0.7, batch=32))
+    assert [s["lr"] for s in second] == [lr for lr in plan.LRS if 0.01 < lr < 0.5]  # rho = 2 lr < 1
+    assert all(s["rho"] == pytest.approx(2 * s["lr"], rel=5e-3) and (s["lam"], s["batch"]) == (0.7, 32) for s in second)
+    worse = screened(5, "feddeper", {}, "screen_lr", second)
+    assert plan.tuned(first + worse) == {(5, "feddeper"): dict(lr=0.01, rho=0.02, lam=0.7, batch=32)}
+    better = screened(5, "feddeper", {"lr0.1_rho0.2_lam0.7_b32": [0.9] * 20}, "screen_lr", second)
+    assert plan.tuned(first + better) == {(5, "feddeper"): dict(lr=0.1, rho=0.2, lam=0.7, batch=32)}
 
 
 def test_feddeper_table_is_planned_only_for_complete_screenings(monkeypatch):
     runs = screened(5, "fedavg", {"lr0.0316_b32": [0.9] * 20}) + screened(5, "feddeper", {})[:-1]
     assert plan.tuned(runs) == {(5, "fedavg"): {"lr": 0.0316, "batch": 32}}
-    monkeypatch.setattr(plan, "tuned", lambda: {(5, "fedavg"): {"lr": 0.0316, "batch": 32},
+    monkeypatch.setattr(plan, "tuned", lambda runs=None: {(5, "fedavg"): {"lr": 0.0316, "batch": 32},
                                                 (5, "feddeper"): dict(plan.PAPER["feddeper"])})
     with pytest.warns(UserWarning, match="m10/feddeper"):
-        names = [r.name for r in plan.runs() if not r.name.startswith("screen/")]
+        names = [r.name for r in plan.runs() if not r.name.startswith("screen")]
     assert sorted(names) == sorted(
         [f"table/m5/fedavg_lr0.0316_b32_s{s}" for s in plan.SEEDS] + [f"paper/m5/fedavg_lr0.01_b64_s{s}" for s in plan.SEEDS]
-        + [f"{study}/m5/{run}_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS
+        + [f"{study}/m5/{run}_lr0.01_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS
            for study, run in (("table", "feddeper"), ("table", "feddeper_star"), ("isolation", "gauss_seidel"),
                               ("isolation", "reset_personal"))])

@@ -7,13 +7,17 @@ the data split keeps seed 0, so every run sees the same federation and validatio
 global model is evaluated every 10 rounds on the MNIST test set and on the pooled validation
 splits (what the tuning chooses on).
 
-* ``screen``: the tuning, 200 rounds, seed 0, m = 5 and m = 10, the same budget of 48 settings
-  for every method: FedDeper over rho x lambda x batch (``RHOS`` x ``LAMS`` x ``BATCHES``, at the
-  paper's lr 0.01); FedAvg and SCAFFOLD over lr x batch (``LRS`` x ``BATCHES``); FedProx over
-  lr x mu x batch (``PROX_LRS`` x ``MUS`` x ``BATCHES``). A method's setting is the one with the
-  highest validation accuracy averaged over the last five evaluations (rounds 160-200), which
-  the m = 5 curves' swings of several points make steadier than the last one alone
-  (:func:`tuned`, read from the document's result file);
+* ``screen``: the tuning, 200 rounds, seed 0, m = 5 and m = 10, 48 settings for every method:
+  FedDeper over rho x lambda x batch (``RHOS`` x ``LAMS`` x ``BATCHES``, at the paper's lr 0.01);
+  FedAvg and SCAFFOLD over lr x batch (``LRS`` x ``BATCHES``); FedProx over lr x mu x batch
+  (``PROX_LRS`` x ``MUS`` x ``BATCHES``). A setting's score is its validation accuracy averaged
+  over the last five evaluations (rounds 160-200), which the m = 5 curves' swings of several points
+  make steadier than the last one alone; the highest is chosen (ties: the first in grid order);
+* ``screen_lr``: FedDeper's second stage, since the baselines' best rates lie far above the
+  paper's 0.01: each larger rate of ``LRS`` with rho scaled with it (rho / lr as chosen at 0.01,
+  where rho < 1; the paper ties rho to "the same order as" eta) and lambda and the batch as chosen;
+  FedDeper's setting is the best of the first stage's choice and these (:func:`tuned`, read from
+  the document's result file);
 * ``table``: each method at its tuned setting, seeds 0-2, 500 rounds; FedDeper* is FedDeper's
   tuned setting with tau = 5; the base config's ``PersonalizedAccuracy`` measures the personal
   models (FedDeper) and the global model on the clients' local test sets every 10 rounds, for
@@ -47,9 +51,11 @@ SEEDS = (0, 1, 2)
 BATCHES = (10, 32, 64)
 RHOS = (0.02, 0.03, 0.04, 0.05)
 LAMS = (0.3, 0.5, 0.7, 0.9)
-#: 16 rates, a sixth of a decade apart, from 0.001 to 0.316 (0.01, the paper's, among them)
-LRS = tuple(float(f"{10 ** (k / 6 - 3):.3g}") for k in range(16))
-PROX_LRS = (0.00316, 0.01, 0.0316, 0.1)
+PAPER_LR = 0.01
+#: 16 rates, a sixth of a decade apart, from the paper's 0.01 to 3.16 (a first grid, from 0.001 to
+#: 0.316, had its best FedAvg rate at its top; its rates below 0.01 stay in the result file)
+LRS = tuple(float(f"{10 ** (k / 6 - 2):.3g}") for k in range(16))
+PROX_LRS = (0.0316, 0.1, 0.316, 1.0)
 MUS = (0.01, 0.1, 0.3, 1.0)
 #: method -> the settings it is tuned over: name -> values (the same count, 48, for each)
 GRIDS = {"feddeper": {"rho": RHOS, "lam": LAMS, "batch": BATCHES},
@@ -57,7 +63,7 @@ GRIDS = {"feddeper": {"rho": RHOS, "lam": LAMS, "batch": BATCHES},
          "scaffold": {"lr": LRS, "batch": BATCHES},
          "fedprox": {"lr": PROX_LRS, "mu": MUS, "batch": BATCHES}}
 #: the paper's setting of each method (spec A9, A12, A8: lr 0.01, B 64 assumed)
-PAPER = {"feddeper": dict(rho=0.03, lam=0.5, batch=64), "fedavg": dict(lr=0.01, batch=64),
+PAPER = {"feddeper": dict(lr=0.01, rho=0.03, lam=0.5, batch=64), "fedavg": dict(lr=0.01, batch=64),
          "scaffold": dict(lr=0.01, batch=64), "fedprox": dict(lr=0.01, mu=1.0, batch=64)}
 PERSONAL = "--trainer.callbacks+=fl_lightning.callbacks.personalized.PersonalizedAccuracy"
 #: FedDeper's table runs also measure the personal models on the local test sets with 1 and 3
@@ -97,7 +103,7 @@ def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, ro
     if variant is not None:
         args += ISOLATION[variant]
     args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds)]
-    if study == "screen":
+    if study.startswith("screen"):
         args += ["--trainer.limit_val_batches", "0"]  # the Recorder measures; no personal evaluation
     elif study == "table" and method == "feddeper":
         args += EXTRA_CLASSES
@@ -115,28 +121,65 @@ def screen_score(run: results.Run) -> float:
     return sum(values[-CHOSEN_ON:]) / CHOSEN_ON
 
 
-def tuned(runs: Optional[list[results.Run]] = None) -> dict[tuple[int, str], dict[str, Any]]:
-    """``(m, method)`` -> its chosen setting (:func:`screen_score`; ties: the first in grid
-    order), for every cell and method whose screening is complete in ``runs`` (default: the
-    document's result file)."""
-    runs = results.load(RESULTS) if runs is None else runs
+def screened(runs: list[results.Run], study: str, m: int, method: str,
+             settings: list[dict[str, Any]]) -> Optional[list[results.Run]]:
+    """The runs of ``study`` with each of ``settings`` (seed 0), or None while one is missing."""
+    by_name = {r["name"]: r for r in runs}
+    found = [by_name.get(f"{study}/m{m}/{method}_{settings_name(s)}_s0") for s in settings]
+    return None if None in found else found
+
+
+def first_stage(runs: list[results.Run]) -> dict[tuple[int, str], dict[str, Any]]:
+    """``(m, method)`` -> the best setting of its ``screen`` grid, where the grid is complete in ``runs``."""
     chosen = {}
     for m in CELLS:
         for method in GRIDS:
-            screened = {settings_name({k: r["params"][k] for k in GRIDS[method]}): r
-                        for r in results.select(runs, study="screen", m=m, method=method)}
-            if len(screened) == len(grid(method)):
-                chosen[m, method] = max(grid(method), key=lambda s: screen_score(screened[settings_name(s)]))
+            found = screened(runs, "screen", m, method, grid(method))
+            if found is not None:
+                scores = [screen_score(r) for r in found]
+                chosen[m, method] = grid(method)[scores.index(max(scores))]
+    return chosen
+
+
+def lr_stage(settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """FedDeper's ``screen_lr`` settings after the first stage chose ``settings`` (at lr 0.01): each
+    larger rate of ``LRS`` with rho scaled with it, where rho stays below 1."""
+    ratio = settings["rho"] / PAPER_LR
+    return [dict(lr=lr, rho=float(f"{ratio * lr:.3g}"), lam=settings["lam"], batch=settings["batch"])
+            for lr in LRS if lr > PAPER_LR and ratio * lr < 1]
+
+
+def tuned(runs: Optional[list[results.Run]] = None) -> dict[tuple[int, str], dict[str, Any]]:
+    """``(m, method)`` -> its chosen setting, for every cell and method whose screening is complete
+    in ``runs`` (default: the document's result file): the first stage's for the baselines; for
+    FedDeper the best of the first stage's (at lr 0.01) and its ``screen_lr`` settings."""
+    runs = results.load(RESULTS) if runs is None else runs
+    chosen = first_stage(runs)
+    for m in CELLS:
+        if (m, "feddeper") not in chosen:
+            continue
+        first = chosen.pop((m, "feddeper"))
+        second = lr_stage(first)
+        found = screened(runs, "screen_lr", m, "feddeper", second)
+        if found is not None:
+            first_run = screened(runs, "screen", m, "feddeper", [first])
+            candidates = [dict(lr=PAPER_LR, **first), *second]
+            scores = [screen_score(r) for r in first_run + found]
+            chosen[m, "feddeper"] = candidates[scores.index(max(scores))]
     return chosen
 
 
 def runs() -> list[Run]:
     plan = [run("screen", m, method, s, 0, SCREEN_ROUNDS) for m in CELLS for method in GRIDS for s in grid(method)]
-    chosen = tuned()
+    found = results.load(RESULTS)
+    for (m, method), settings in first_stage(found).items():
+        if method == "feddeper":
+            plan += [run("screen_lr", m, method, s, 0, SCREEN_ROUNDS) for s in lr_stage(settings)]
+    chosen = tuned(found)
     missing = [f"m{m}/{method}" for m in CELLS for method in GRIDS if (m, method) not in chosen]
     if missing:
         warnings.warn(f"the table and paper runs of {missing} are not planned: their settings come from the screen "
-                      f"runs, which {RESULTS} lacks (python -m experiments.sweep feddeper --only 'screen/*')")
+                      f"runs, which {RESULTS} lacks (python -m experiments.sweep feddeper --only 'screen*')")
     for (m, method), settings in chosen.items():
         for seed in SEEDS:
             plan.append(run("table", m, method, settings, seed, TABLE_ROUNDS))

@@ -7,12 +7,16 @@ Accuracies in %; the paper's numbers (Table I (a)) are constants here, beside ou
 * per method, the screening (``screen``): the validation accuracy of every setting of its grid
   (mean of the evaluations at rounds 160-200) for each cell, the chosen one in bold
   (:func:`experiments.feddeper.plan.tuned`);
+* FedDeper's rate search (``screen_lr``), per cell: the validation accuracy at each rate, rho
+  scaled with it;
 * per cell (m = 5, m = 10), over seeds: the final test accuracy, the test accuracy at the best
   validation, the best and the mean of the last five evaluations, of each method at its tuned
   setting (``table``) and at the paper's (``paper``); the differences between FedDeper and each
   baseline, paired by seed, with 95 % confidence intervals; the test accuracy every 50 rounds;
   the personal and global models on the clients' local test sets after the last round;
-* the isolation variants of FedDeper (``isolation``) beside it, with their paired differences.
+* the isolation variants of FedDeper (``isolation``) beside it, with their paired differences;
+* the digits stand-in (``digits``, ``experiments/feddeper/digits_calibration.py``) beside the
+  specification's independent implementation, whose numbers are constants here.
 
 Spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds. ``--figures DIR`` draws
 ``feddeper_m<m>.png`` (test accuracy per round, mean over seeds, band: min–max).
@@ -27,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from experiments import results
-from experiments.feddeper.plan import CELLS, GRIDS, ISOLATION, PAPER, RESULTS, grid, screen_score, settings_name, tuned
+from experiments.feddeper.plan import (CELLS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, first_stage, grid, lr_stage,
+                                      screen_score, settings_name, tuned)
 from experiments.seed_stats import Groups, best_validation, fmt, paired_interval, series
 
 LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "SCAFFOLD", "fedavg": "FedAvg",
@@ -39,6 +44,16 @@ VARIANTS = {"gauss_seidel": "Gauss-Seidel order: the y-step pulls toward 2x − 
             "reset_personal": "v restarted from x every round (v_0 = x)"}
 SYMBOLS = {"rho": "ρ", "lam": "λ", "batch": "B", "lr": "lr", "mu": "μ"}
 EVERY_50 = tuple(range(50, 501, 50))
+DIGITS_ROUNDS = (100, 150, 300, 500)
+#: the specification's independent implementation on the digits (section 6): (method, seed) ->
+#: test accuracy (%) at DIGITS_ROUNDS, m = 5
+SPEC_DIGITS_M5 = {("feddeper", 0): (83.6, 93.3, 93.6, 96.2), ("feddeper", 1): (73.1, 86.9, 94.7, 95.8),
+                  ("feddeper_star", 0): (73.8, 89.6, 90.4, 94.4), ("feddeper_star", 1): (76.4, 82.2, 90.7, 94.9),
+                  ("scaffold", 0): (91.1, 93.3, 95.6, 97.1), ("scaffold", 1): (90.7, 93.3, 95.8, 96.4),
+                  ("fedavg", 0): (50.4, 69.1, 67.1, 84.7), ("fedavg", 1): (43.1, 61.6, 63.3, 86.2),
+                  ("fedprox", 0): (50.4, 68.0, 67.1, 83.8)}
+#: m = 10, seed 0, rounds 150 and 500
+SPEC_DIGITS_M10 = {"feddeper": (79.1, 93.1), "scaffold": (92.9, 97.1), "fedavg": (82.7, 88.7), "fedprox": (82.4, 88.0)}
 #: the models and local test sets of the personalization table: (row, metric prefix, model)
 PERSONAL_ROWS = (("personal models v_i", "local", "personal"), ("personal models v_i, + 1 class", "local+1", "personal"),
                  ("personal models v_i, + 3 classes", "local+3", "personal"), ("global model x", "local", "global"))
@@ -47,7 +62,8 @@ PERSONAL_ROWS = (("personal models v_i", "local", "personal"), ("personal models
 def setting(params: dict[str, Any], method: str) -> str:
     """``ρ 0.03, λ 0.5, B 64``: ``method``'s tuned settings in ``params``."""
     base = "fedprox" if method == "fedprox" else "feddeper" if method.startswith("feddeper") else "fedavg"
-    text = ", ".join(f"{SYMBOLS[k]} {params[k]}" for k in GRIDS[base])
+    keys = (["lr"] if base == "feddeper" else []) + list(GRIDS[base])
+    text = ", ".join(f"{SYMBOLS[k]} {params[k]}" for k in keys)
     return text + (", τ 5" if method == "feddeper_star" else "")
 
 
@@ -58,7 +74,7 @@ def screen_table(runs: list[results.Run], method: str) -> str:
     batches = GRIDS[method]["batch"]
     scores = {(r["params"]["m"], settings_name({k: r["params"][k] for k in GRIDS[method]})): screen_score(r)
               for r in results.select(runs, study="screen", method=method)}
-    chosen = tuned(runs)
+    chosen = first_stage(runs)
     columns = [(m, b) for m in CELLS for b in batches]
     paper = tuple((k, PAPER[method][k]) for k in names)
     lines = [f"| {LABELS[method]}: " + ", ".join(SYMBOLS[k] for k in names) + " | " +
@@ -72,6 +88,22 @@ def screen_table(runs: list[results.Run], method: str) -> str:
             cells.append(f"**{cell}**" if chosen.get((m, method)) == {k: settings[k] for k in GRIDS[method]} else cell)
         label = ", ".join(str(v) for _, v in point) + (f" (the paper's, with B {PAPER[method]['batch']})" if point == paper else "")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def lr_stage_table(runs: list[results.Run], m: int) -> str:
+    """FedDeper's second stage in the cell: validation accuracy (%) at each rate, rho scaled with it,
+    beside the first stage's choice at lr 0.01; FedDeper's setting in bold."""
+    first = first_stage(runs)[m, "feddeper"]
+    by_name = {r["name"]: r for r in runs}
+    chosen = tuned(runs).get((m, "feddeper"))
+    lines = [f"| m = {m}: lr | ρ (λ {first['lam']}, B {first['batch']}) | validation accuracy (%) |", "|---|---|---|"]
+    for settings in [dict(lr=PAPER_LR, **first), *lr_stage(first)]:
+        study = "screen" if settings["lr"] == PAPER_LR else "screen_lr"
+        key = settings_name({k: v for k, v in settings.items() if study == "screen_lr" or k != "lr"})
+        run = by_name.get(f"{study}/m{m}/feddeper_{key}_s0")
+        cell = f"{100 * screen_score(run):.2f}" if run else "–"
+        lines.append(f"| {settings['lr']} | {settings['rho']} | {f'**{cell}**' if settings == chosen else cell} |")
     return "\n".join(lines)
 
 
@@ -171,14 +203,41 @@ def isolation_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
+def digits_tables(runs: list[results.Run]) -> list[str]:
+    """Ours beside the specification's implementation on the digits stand-in (m = 5, m = 10): test
+    accuracy (%) at the rounds the specification gives."""
+    by_name = {r["name"]: r for r in results.select(runs, study="digits")}
+
+    def cell(values: tuple[float, ...]) -> str:
+        return " / ".join(f"{v:.1f}" for v in values) if values else "–"
+
+    def ours(name: str, rounds: tuple[int, ...]) -> tuple[float, ...]:
+        run = by_name.get(name)
+        return tuple(100 * results.at_round(run, "test_acc", r) for r in rounds) if run else ()
+
+    m5 = [f"| m = 5, rounds {' / '.join(map(str, DIGITS_ROUNDS))} | spec, seed 0 | ours, seed 0 | spec, seed 1 | "
+          "ours, seed 1 |", "|---|---|---|---|---|"]
+    for method in LABELS:
+        cells = [cell(v) for s in (0, 1) for v in (SPEC_DIGITS_M5.get((method, s), ()),
+                                                 ours(f"digits_m5/{method}_s{s}", DIGITS_ROUNDS))]
+        m5.append(f"| {LABELS[method]} | " + " | ".join(cells) + " |")
+    m10 = ["| m = 10, seed 0, rounds 150 / 500 | spec | ours |", "|---|---|---|"]
+    for method, spec in SPEC_DIGITS_M10.items():
+        m10.append(f"| {LABELS[method]} | {cell(spec)} | {cell(ours(f'digits_m10/{method}_s0', (150, 500)))} |")
+    return ["\n".join(m5), "\n".join(m10)]
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
     out = [screen_table(runs, method) for method in GRIDS]
+    out += [lr_stage_table(runs, m) for m in CELLS if (m, "feddeper") in first_stage(runs)]
     for m in CELLS:
         if cell_groups(runs, m, "table"):
             out += [accuracy_table(runs, m), differences_table(runs, m), curve_table(runs, m), personal_table(runs, m)]
     if results.select(runs, study="isolation"):
         out += [isolation_table(runs)]
+    if results.select(runs, study="digits"):
+        out += digits_tables(runs)
     return out
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
@@ -49,7 +50,7 @@ class SCAFFOLD(FederatedModule):
 
     paper_weighting = "uniform"
 
-    def __init__(self, client: Any, **kwargs: Any) -> None:
+    def __init__(self, client: pl.LightningModule, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         p = self.global_model.num_params
         self.register_buffer("server_control", torch.zeros(p))
