@@ -29,9 +29,11 @@ Run = dict[str, Any]
 
 
 def commit() -> str:
-    """The project commit a run ran on (``git rev-parse HEAD``; ``+`` marks uncommitted changes)."""
+    """The project commit a run ran on (``git rev-parse HEAD``; ``+`` marks uncommitted changes to
+    tracked files other than the result documents, ``docs/results/``, which runs only read)."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results"],
+                           capture_output=True, text=True).stdout
     return head + ("+" if dirty.strip() else "")
 
 
