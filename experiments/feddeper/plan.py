@@ -18,6 +18,9 @@ splits (what the tuning chooses on).
   where rho < 1; the paper ties rho to "the same order as" eta) and lambda and the batch as chosen;
   FedDeper's setting is the best of the first stage's choice and these (:func:`tuned`, read from
   the document's result file);
+* ``screen_lr_fixed``: whether FedDeper gains from a larger rate when rho is kept, not scaled:
+  its first stage's setting at the rates ``FIXED_RHO_LRS``, 200 rounds, seed 0 (a hypothesis
+  test, not part of the tuning);
 * ``table``: each method at its tuned setting, seeds 0-2, 500 rounds; FedDeper* is FedDeper's
   tuned setting with tau = 5; the base config's ``PersonalizedAccuracy`` measures the personal
   models (FedDeper) and the global model on the clients' local test sets every 10 rounds, for
@@ -56,6 +59,8 @@ PAPER_LR = 0.01
 #: 0.316, had its best FedAvg rate at its top; its rates below 0.01 stay in the result file)
 LRS = tuple(float(f"{10 ** (k / 6 - 2):.3g}") for k in range(16))
 PROX_LRS = (0.0316, 0.1, 0.316, 1.0)
+#: every other rate of ``LRS`` above 0.01 up to FedAvg's best, 0.464 (the ``screen_lr_fixed`` runs)
+FIXED_RHO_LRS = (0.0215, 0.0464, 0.1, 0.215, 0.464)
 MUS = (0.01, 0.1, 0.3, 1.0)
 #: method -> the settings it is tuned over: name -> values (the same count, 48, for each)
 GRIDS = {"feddeper": {"rho": RHOS, "lam": LAMS, "batch": BATCHES},
@@ -175,6 +180,7 @@ def runs() -> list[Run]:
     for (m, method), settings in first_stage(found).items():
         if method == "feddeper":
             plan += [run("screen_lr", m, method, s, 0, SCREEN_ROUNDS) for s in lr_stage(settings)]
+            plan += [run("screen_lr_fixed", m, method, dict(lr=lr, **settings), 0, SCREEN_ROUNDS) for lr in FIXED_RHO_LRS]
     chosen = tuned(found)
     missing = [f"m{m}/{method}" for m in CELLS for method in GRIDS if (m, method) not in chosen]
     if missing:

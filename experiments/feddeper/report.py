@@ -8,7 +8,7 @@ Accuracies in %; the paper's numbers (Table I (a)) are constants here, beside ou
   (mean of the evaluations at rounds 160-200) for each cell, the chosen one in bold
   (:func:`experiments.feddeper.plan.tuned`);
 * FedDeper's rate search (``screen_lr``), per cell: the validation accuracy at each rate, rho
-  scaled with it;
+  scaled with it; and the same setting at larger rates with rho kept (``screen_lr_fixed``);
 * per cell (m = 5, m = 10), over seeds: the final test accuracy, the test accuracy at the best
   validation, the best and the mean of the last five evaluations, of each method at its tuned
   setting (``table``) and at the paper's (``paper``); the differences between FedDeper and each
@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from experiments import results
-from experiments.feddeper.plan import (CELLS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, first_stage, grid, lr_stage,
-                                      screen_score, settings_name, tuned)
+from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, first_stage,
+                                      grid, lr_stage, screen_score, settings_name, tuned)
 from experiments.seed_stats import Groups, best_validation, fmt, paired_interval, series
 
 LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "SCAFFOLD", "fedavg": "FedAvg",
@@ -104,6 +104,20 @@ def lr_stage_table(runs: list[results.Run], m: int) -> str:
         run = by_name.get(f"{study}/m{m}/feddeper_{key}_s0")
         cell = f"{100 * screen_score(run):.2f}" if run else "–"
         lines.append(f"| {settings['lr']} | {settings['rho']} | {f'**{cell}**' if settings == chosen else cell} |")
+    return "\n".join(lines)
+
+
+def fixed_rho_table(runs: list[results.Run], m: int) -> str:
+    """FedDeper at its first stage's setting with larger rates, rho kept: validation accuracy (%)."""
+    first = first_stage(runs)[m, "feddeper"]
+    by_name = {r["name"]: r for r in runs}
+    lines = [f"| m = {m}: lr (ρ {first['rho']}, λ {first['lam']}, B {first['batch']}) | validation accuracy (%) |",
+             "|---|---|"]
+    for lr in (PAPER_LR, *FIXED_RHO_LRS):
+        study = "screen" if lr == PAPER_LR else "screen_lr_fixed"
+        settings = first if lr == PAPER_LR else dict(lr=lr, **first)
+        run = by_name.get(f"{study}/m{m}/feddeper_{settings_name(settings)}_s0")
+        lines.append(f"| {lr} | {f'{100 * screen_score(run):.2f}' if run else '–'} |")
     return "\n".join(lines)
 
 
@@ -231,6 +245,7 @@ def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
     out = [screen_table(runs, method) for method in GRIDS]
     out += [lr_stage_table(runs, m) for m in CELLS if (m, "feddeper") in first_stage(runs)]
+    out += [fixed_rho_table(runs, m) for m in CELLS if results.select(runs, study="screen_lr_fixed", m=m)]
     for m in CELLS:
         if cell_groups(runs, m, "table"):
             out += [accuracy_table(runs, m), differences_table(runs, m), curve_table(runs, m), personal_table(runs, m)]
