@@ -65,3 +65,12 @@ def test_feddeper_table_is_planned_only_for_complete_screenings(monkeypatch):
         + [f"{study}/m5/{run}_lr0.01_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS
            for study, run in (("table", "feddeper"), ("table", "feddeper_star"), ("isolation", "gauss_seidel"),
                               ("isolation", "reset_personal"))])
+
+
+def test_feddeper_rate_with_rho_kept_is_taken_only_when_it_beats_the_first_stage():
+    first = screened(5, "feddeper", {"rho0.02_lam0.7_b32": [0.8] * 20})
+    kept = [dict(lr=lr, rho=0.02, lam=0.7, batch=32) for lr in plan.FIXED_RHO_LRS]
+    assert plan.fixed_rho_choice(first, 5) is None  # its runs are missing
+    assert plan.fixed_rho_choice(first + screened(5, "feddeper", {}, "screen_lr_fixed", kept), 5) is None
+    better = screened(5, "feddeper", {"lr0.1_rho0.02_lam0.7_b32": [0.9] * 20}, "screen_lr_fixed", kept)
+    assert plan.fixed_rho_choice(first + better, 5) == dict(lr=0.1, rho=0.02, lam=0.7, batch=32)

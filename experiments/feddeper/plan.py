@@ -20,7 +20,9 @@ splits (what the tuning chooses on).
   the document's result file);
 * ``screen_lr_fixed``: whether FedDeper gains from a larger rate when rho is kept, not scaled:
   its first stage's setting at the rates ``FIXED_RHO_LRS``, 200 rounds, seed 0 (a hypothesis
-  test, not part of the tuning);
+  test, added after the ``screen_lr`` runs diverged, not part of the tuning);
+* ``table_fixed_rho``: FedDeper at the best of those rates (if better than 0.01), seeds 0-2,
+  500 rounds;
 * ``table``: each method at its tuned setting, seeds 0-2, 500 rounds; FedDeper* is FedDeper's
   tuned setting with tau = 5; the base config's ``PersonalizedAccuracy`` measures the personal
   models (FedDeper) and the global model on the clients' local test sets every 10 rounds, for
@@ -174,6 +176,21 @@ def tuned(runs: Optional[list[results.Run]] = None) -> dict[tuple[int, str], dic
     return chosen
 
 
+def fixed_rho_choice(runs: list[results.Run], m: int) -> Optional[dict[str, Any]]:
+    """FedDeper's ``screen_lr_fixed`` setting with the highest score, if it beats the first stage's
+    choice at lr 0.01; None otherwise or while a run is missing."""
+    first = first_stage(runs).get((m, "feddeper"))
+    if first is None:
+        return None
+    candidates = [dict(lr=lr, **first) for lr in FIXED_RHO_LRS]
+    found = screened(runs, "screen_lr_fixed", m, "feddeper", candidates)
+    if found is None:
+        return None
+    scores = [screen_score(r) for r in found]
+    best = scores.index(max(scores))
+    return candidates[best] if scores[best] > screen_score(screened(runs, "screen", m, "feddeper", [first])[0]) else None
+
+
 def runs() -> list[Run]:
     plan = [run("screen", m, method, s, 0, SCREEN_ROUNDS) for m in CELLS for method in GRIDS for s in grid(method)]
     found = results.load(RESULTS)
@@ -181,6 +198,9 @@ def runs() -> list[Run]:
         if method == "feddeper":
             plan += [run("screen_lr", m, method, s, 0, SCREEN_ROUNDS) for s in lr_stage(settings)]
             plan += [run("screen_lr_fixed", m, method, dict(lr=lr, **settings), 0, SCREEN_ROUNDS) for lr in FIXED_RHO_LRS]
+            fixed = fixed_rho_choice(found, m)
+            if fixed is not None:
+                plan += [run("table_fixed_rho", m, method, fixed, seed, TABLE_ROUNDS) for seed in SEEDS]
     chosen = tuned(found)
     missing = [f"m{m}/{method}" for m in CELLS for method in GRIDS if (m, method) not in chosen]
     if missing:

@@ -135,7 +135,7 @@ def accuracy_table(runs: list[results.Run], m: int) -> str:
     """Final, best-validation, best and last-5 test accuracy of each method, tuned and at the paper's setting."""
     lines = ["| method | setting | paper | seeds | final | at best val | best | last 5 | final − paper |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for study, suffix in (("table", ""), ("paper", " (paper's setting)")):
+    for study, suffix in (("table", ""), ("table_fixed_rho", ", rate searched with ρ kept"), ("paper", " (paper's setting)")):
         for method, group in cell_groups(runs, m, study).items():
             _, acc = series(group, "test_acc")
             at_best, _ = best_validation(group)
@@ -147,35 +147,41 @@ def accuracy_table(runs: list[results.Run], m: int) -> str:
 
 
 def differences_table(runs: list[results.Run], m: int) -> str:
-    """FedDeper minus each baseline (tuned), paired by seed, in points, with 95 % confidence intervals."""
+    """FedDeper (tuned, and at the rate searched with rho kept) minus each tuned baseline, paired by
+    seed, in points, with 95 % confidence intervals."""
     groups = cell_groups(runs, m, "table")
+    ours = [("FedDeper", groups.get("feddeper"))]
+    ours += [("FedDeper, ρ kept", g) for g in cell_groups(runs, m, "table_fixed_rho").values()]
     lines = ["| difference (points) | seeds | final: mean ± std | 95 % CI | at best val: mean ± std | 95 % CI |",
              "|---|---|---|---|---|---|"]
-    for against in ("scaffold", "fedavg", "fedprox"):
-        if "feddeper" not in groups or against not in groups:
-            continue
-        a, b = groups["feddeper"], groups[against]
-        assert [r["params"]["seed"] for r in a] == [r["params"]["seed"] for r in b], "differences pair runs by seed"
-        cells = []
-        for measure in (lambda g: series(g, "test_acc")[1][:, -1], lambda g: best_validation(g)[0]):
-            diff = 100 * (measure(a) - measure(b))
-            low, high = paired_interval(diff) if len(diff) > 1 else (np.nan, np.nan)
-            cells += [f"{diff.mean():+.2f} ± {diff.std(ddof=1) if len(diff) > 1 else 0:.2f}", f"[{low:+.2f}, {high:+.2f}]"]
-        lines.append(f"| FedDeper − {LABELS[against]} | {len(a)} | " + " | ".join(cells) + " |")
+    for label, a in ours:
+        for against in ("scaffold", "fedavg", "fedprox"):
+            if a is None or against not in groups:
+                continue
+            b = groups[against]
+            assert [r["params"]["seed"] for r in a] == [r["params"]["seed"] for r in b], "differences pair runs by seed"
+            cells = []
+            for measure in (lambda g: series(g, "test_acc")[1][:, -1], lambda g: best_validation(g)[0]):
+                diff = 100 * (measure(a) - measure(b))
+                low, high = paired_interval(diff) if len(diff) > 1 else (np.nan, np.nan)
+                cells += [f"{diff.mean():+.2f} ± {diff.std(ddof=1) if len(diff) > 1 else 0:.2f}", f"[{low:+.2f}, {high:+.2f}]"]
+            lines.append(f"| {label} − {LABELS[against]} | {len(a)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def curve_table(runs: list[results.Run], m: int) -> str:
-    """Test accuracy (mean ± sample std over seeds) every 50 rounds, tuned methods."""
-    groups = cell_groups(runs, m, "table")
+    """Test accuracy (mean ± sample std over seeds) every 50 rounds, tuned methods (and FedDeper
+    at the rate searched with rho kept)."""
+    rows = [(LABELS[k], g) for k, g in cell_groups(runs, m, "table").items()]
+    rows += [(f"{LABELS[k]}, ρ kept", g) for k, g in cell_groups(runs, m, "table_fixed_rho").items()]
     lines = ["| method | " + " | ".join(map(str, EVERY_50)) + " |", "|---" * (len(EVERY_50) + 1) + "|"]
-    for method, group in groups.items():
+    for label, group in rows:
         rounds, acc = series(group, "test_acc")
         cells = []
         for r in EVERY_50:
             v = 100 * acc[:, list(rounds).index(r)]
             cells.append(f"{v.mean():.2f} ± {v.std(ddof=1) if len(v) > 1 else 0:.2f}")
-        lines.append(f"| {LABELS[method]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -261,7 +267,8 @@ def plot(runs: list[results.Run], m: int, path: Path) -> None:
     from experiments.plots import plt, save
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for method, group in cell_groups(runs, m, "table").items():
+    rows = [(k, g) for k, g in cell_groups(runs, m, "table").items()] + list(cell_groups(runs, m, "table_fixed_rho").items())
+    for method, group in rows:
         rounds, acc = series(group, "test_acc")
         line, = ax.plot(rounds, 100 * acc.mean(0), label=f"{LABELS[method]} ({setting(group[0]['params'], method)})".replace("\\", ""))
         ax.fill_between(rounds, 100 * acc.min(0), 100 * acc.max(0), color=line.get_color(), alpha=0.2)
