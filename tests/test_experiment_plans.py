@@ -53,9 +53,10 @@ def test_feddeper_rate_is_searched_in_a_second_stage_with_rho_scaled():
     assert plan.tuned(first + better) == {(5, "feddeper"): dict(lr=0.1, rho=0.2, lam=0.7, batch=32)}
 
 
-def test_feddeper_table_is_planned_only_for_complete_screenings(monkeypatch):
+def test_feddeper_table_is_planned_only_for_complete_screenings(monkeypatch, tmp_path):
     runs = screened(5, "fedavg", {"lr0.0316_b32": [0.9] * 20}) + screened(5, "feddeper", {})[:-1]
     assert plan.tuned(runs) == {(5, "fedavg"): {"lr": 0.0316, "batch": 32}}
+    monkeypatch.setattr(plan, "RESULTS", tmp_path / "absent.json")  # no screening: no second stages
     monkeypatch.setattr(plan, "tuned", lambda runs=None: {(5, "fedavg"): {"lr": 0.0316, "batch": 32},
                                                 (5, "feddeper"): dict(plan.PAPER["feddeper"])})
     with pytest.warns(UserWarning, match="m10/feddeper"):

@@ -68,14 +68,15 @@ def setting(params: dict[str, Any], method: str) -> str:
 
 
 def screen_table(runs: list[results.Run], method: str) -> str:
-    """Validation accuracy (%) of every setting of ``method``'s grid, per cell and batch size (the
-    mean of the evaluations the choice is made on), the chosen setting in bold."""
+    """Validation accuracy (%) of every setting of ``method``'s grid, per screened cell and batch
+    size (the mean of the evaluations the choice is made on), the chosen setting in bold."""
     names = [k for k in GRIDS[method] if k != "batch"]
     batches = GRIDS[method]["batch"]
     scores = {(r["params"]["m"], settings_name({k: r["params"][k] for k in GRIDS[method]})): screen_score(r)
               for r in results.select(runs, study="screen", method=method)}
     chosen = first_stage(runs)
-    columns = [(m, b) for m in CELLS for b in batches]
+    cells = [m for m in CELLS if results.select(runs, study="screen", m=m)] or list(CELLS)
+    columns = [(m, b) for m in cells for b in batches]
     paper = tuple((k, PAPER[method][k]) for k in names)
     lines = [f"| {LABELS[method]}: " + ", ".join(SYMBOLS[k] for k in names) + " | " +
              " | ".join(f"m = {m}, B {b}" for m, b in columns) + " |", "|---" * (len(columns) + 1) + "|"]
@@ -146,26 +147,38 @@ def accuracy_table(runs: list[results.Run], m: int) -> str:
     return "\n".join(lines)
 
 
+def paired(a: list[results.Run], b: list[results.Run], measure) -> str:
+    """``measure(a) - measure(b)`` over the seeds both groups ran, in points: ``mean ± std [95 % CI]``
+    (the interval needs two seeds)."""
+    seeds = sorted({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
+    a, b = ([r for r in g if r["params"]["seed"] in seeds] for g in (a, b))
+    diff = 100 * (measure(a) - measure(b))
+    if len(diff) < 2:
+        return f"{diff.mean():+.2f} (1 seed)"
+    low, high = paired_interval(diff)
+    return f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
+
+
+def final_accuracy(group: list[results.Run]) -> np.ndarray:
+    return series(group, "test_acc")[1][:, -1]
+
+
 def differences_table(runs: list[results.Run], m: int) -> str:
     """FedDeper (tuned, and at the rate searched with rho kept) minus each tuned baseline, paired by
     seed, in points, with 95 % confidence intervals."""
     groups = cell_groups(runs, m, "table")
     ours = [("FedDeper", groups.get("feddeper"))]
     ours += [("FedDeper, ρ kept", g) for g in cell_groups(runs, m, "table_fixed_rho").values()]
-    lines = ["| difference (points) | seeds | final: mean ± std | 95 % CI | at best val: mean ± std | 95 % CI |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| difference (points) | seeds | final: mean ± std [95 % CI] | at best val: mean ± std [95 % CI] |",
+             "|---|---|---|---|"]
     for label, a in ours:
         for against in ("scaffold", "fedavg", "fedprox"):
             if a is None or against not in groups:
                 continue
             b = groups[against]
-            assert [r["params"]["seed"] for r in a] == [r["params"]["seed"] for r in b], "differences pair runs by seed"
-            cells = []
-            for measure in (lambda g: series(g, "test_acc")[1][:, -1], lambda g: best_validation(g)[0]):
-                diff = 100 * (measure(a) - measure(b))
-                low, high = paired_interval(diff) if len(diff) > 1 else (np.nan, np.nan)
-                cells += [f"{diff.mean():+.2f} ± {diff.std(ddof=1) if len(diff) > 1 else 0:.2f}", f"[{low:+.2f}, {high:+.2f}]"]
-            lines.append(f"| {label} − {LABELS[against]} | {len(a)} | " + " | ".join(cells) + " |")
+            seeds = len({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
+            lines.append(f"| {label} − {LABELS[against]} | {seeds} | {paired(a, b, final_accuracy)} | "
+                         f"{paired(a, b, lambda g: best_validation(g)[0])} |")
     return "\n".join(lines)
 
 
@@ -212,12 +225,7 @@ def isolation_table(runs: list[results.Run]) -> str:
             rows[VARIANTS[variant]] = group
     for label, group in rows.items():
         _, acc = series(group, "test_acc")
-        cell = "–"
-        if group is not base:
-            assert [r["params"]["seed"] for r in group] == [r["params"]["seed"] for r in base], "pairs by seed"
-            diff = 100 * (acc[:, -1] - series(base, "test_acc")[1][:, -1])
-            low, high = paired_interval(diff)
-            cell = f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
+        cell = "–" if group is base else paired(group, base, final_accuracy)
         lines.append(f"| {label} | {len(group)} | {fmt(acc[:, -1], 100)} | {fmt(best_validation(group)[0], 100)} | "
                      f"{fmt(acc[:, -5:].mean(axis=1), 100)} | {cell} |")
     return "\n".join(lines)
