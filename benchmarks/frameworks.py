@@ -409,13 +409,24 @@ def limit(w: Workload, dm: FederatedDataModule, rounds: int, device: str, captur
 
 
 # ---------------------------------------------------------------------------------- main
-def interleaved(paths: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+def interleaved(paths: dict[str, Callable[[], float]], repeats: int,
+                errors: Optional[dict[str, str]] = None) -> dict[str, list[float]]:
     """Every path's seconds per round, ``repeats`` times, interleaved (path 1, path 2, ..., path 1,
-    ...), so that the machine's background load and one-off warm-ups touch them alike."""
+    ...), so that the machine's background load and one-off warm-ups touch them alike. With
+    ``errors``, a path that raises is recorded there (its error in one line), printed, and not run
+    again, and the others go on (a GPU run is too dear to lose to one path); without, it raises."""
     times: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(repeats):
         for name, run in paths.items():
-            times[name].append(run())
+            if errors is not None and name in errors:
+                continue
+            try:
+                times[name].append(run())
+            except Exception as error:  # noqa: BLE001 -- recorded and reported, the run goes on
+                if errors is None:
+                    raise
+                errors[name] = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+                print(f"  {name}: FAILED, {errors[name]}", flush=True)
     return times
 
 
@@ -434,6 +445,8 @@ def gpu_paths(w: Workload, dm: FederatedDataModule, device: str, compile_step: b
     if compile_step:
         paths[f"fl_lightning batched, block {top}, compiled step"] = lambda: fl_lightning(
             w, dm, w.gpu_rounds, "batched", top, accelerator, compile_step=True)
+        paths[f"fl_lightning batched, block {top}, bf16-mixed, compiled step"] = lambda: fl_lightning(
+            w, dm, w.gpu_rounds, "batched", top, accelerator, precision="bf16-mixed", compile_step=True)
     paths["limit: vmap(grad) step, eager"] = lambda: limit(w, dm, w.gpu_rounds, device, capture=False)
     if device == "cuda":
         paths["limit: vmap(grad) step, CUDA graph"] = lambda: limit(w, dm, w.gpu_rounds, device, capture=True)
@@ -456,17 +469,19 @@ def run_gpu(args: argparse.Namespace, results: dict[str, Any], save: Callable[[]
         dm = w.datamodule()
         flops = flops_per_step(w, dm)
         print(f"\n[{key}] {w.description}; {flops / 1e6:.2f} MFLOP per local step")
-        times = interleaved(gpu_paths(w, dm, device, args.compile_step), args.repeats)
-        best = {name: min(runs) for name, runs in times.items()}
+        errors: dict[str, str] = {}
+        times = interleaved(gpu_paths(w, dm, device, args.compile_step), args.repeats, errors)
+        best = {name: min(runs) for name, runs in times.items() if runs}
         tflops = {name: w.client_steps * flops / seconds / 1e12 for name, seconds in best.items()}
+        hand = best.get(HAND, float("nan"))
         entry = {"description": w.description, "flops_per_step": flops, "rounds": w.rounds,
-                 "gpu_rounds": w.gpu_rounds, "seconds_per_round": best, "runs": times,
-                 "speedup_over_hand": {name: best[HAND] / seconds for name, seconds in best.items()},
+                 "gpu_rounds": w.gpu_rounds, "seconds_per_round": best, "runs": times, "errors": errors,
+                 "speedup_over_hand": {name: hand / seconds for name, seconds in best.items()},
                  "tflops": tflops, "fraction_of_matmul_fp32": {name: t * 1e12 / peak for name, t in tflops.items()}}
         results["workloads"][key] = entry
         save()
         for name, seconds in best.items():
-            print(f"  {name:<46} {seconds * 1e3:10.2f} ms/round  {entry['speedup_over_hand'][name]:8.1f}x hand-written"
+            print(f"  {name:<56} {seconds * 1e3:10.2f} ms/round  {entry['speedup_over_hand'][name]:8.1f}x hand-written"
                   f"  {tflops[name]:9.3g} TFLOP/s  {100 * entry['fraction_of_matmul_fp32'][name]:9.3g}% of fp32 matmul",
                   flush=True)
 

@@ -103,19 +103,45 @@ def set_current_hook(module: pl.LightningModule, name: str) -> None:
     module._current_fx_name = name
 
 
+class _LogRoute:
+    """A module's ``self.log`` while it is routed: calls the innermost routing's ``log``.
+
+    A routing nested in another (the batched step's inside the local work's) sets :attr:`inner` on
+    this object rather than the module's attribute. The nested routing runs inside the compiled step
+    (``compile_step=True``), and ``torch.compile`` must replay every attribute it changes; before
+    torch 2.14 it cannot replay the module's attribute set back to a bound method (a graph break that
+    left the whole step eager), while ``inner`` goes back to ``None``."""
+
+    __slots__ = ("log", "inner")
+
+    def __init__(self, log: Callable[..., None]) -> None:
+        self.log = log
+        self.inner: Optional[Callable[..., None]] = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        (self.log if self.inner is None else self.inner)(*args, **kwargs)
+
+
 @contextmanager
 def routed_log(module: pl.LightningModule, log: Callable[..., None]) -> Iterator[None]:
-    """Replace ``module.log`` by ``log`` for the block (the instance attribute shadows the method);
+    """Replace ``module.log`` by ``log`` for the block (an instance attribute shadows the method);
     nested routings restore the outer one."""
-    previous = vars(module).get("log")
-    object.__setattr__(module, "log", log)
+    route = module.__dict__.get("log")
+    if isinstance(route, _LogRoute):
+        previous, route.inner = route.inner, log
+        try:
+            yield
+        finally:
+            route.inner = previous
+        return
+    object.__setattr__(module, "log", _LogRoute(log))
     try:
         yield
     finally:
-        if previous is None:
+        if route is None:
             object.__delattr__(module, "log")
         else:
-            object.__setattr__(module, "log", previous)
+            object.__setattr__(module, "log", route)
 
 
 def lightning_log(module: pl.LightningModule, *args: Any, **kwargs: Any) -> None:

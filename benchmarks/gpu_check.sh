@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/performance.md ("Rounds at the GPU's speed"), in one command on a machine with
+# a CUDA device: the tests that need one, the frameworks benchmark's GPU run, and RAGA's paper config
+# through `fl-lightning fit`. Each stage runs under its own time limit (a stage that overruns is cut,
+# the next one still runs), prints the end of its output and writes everything under OUT_DIR:
+#   env.txt              the card, the driver and the packages
+#   gpu_check.log        every stage's output
+#   frameworks.json      benchmarks/frameworks.py --accelerator gpu, workloads a b100 c
+#   frameworks_1000.json the same for the 1,000-client workloads a1000 b1000
+#   cli_rounds.json      benchmarks/cli_rounds.py, RAGA's configs/raga/mnist_mlp.yaml, batched, eager and compiled
+#
+#   bash benchmarks/gpu_check.sh OUT_DIR MNIST_ROOT [STAGE=SECONDS ...]
+#
+# Stages (default: all, in this order): tests=150 frameworks=240 cli=120 many=150. MNIST_ROOT holds
+# MNIST/raw (the four idx files). Needs the project importable (PYTHONPATH) and jsonargparse for the CLI.
+set -u
+out=${1:?OUT_DIR}
+mnist=${2:?MNIST_ROOT}
+shift 2
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests=150 frameworks=240 cli=120 many=150)
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+log="$out/gpu_check.log"
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  python3 -c "import torch, pytorch_lightning, torchmetrics; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'lightning', pytorch_lightning.__version__, 'torchmetrics', torchmetrics.__version__)"
+  nproc
+  git log -1 --format='commit %H' 2>/dev/null || true
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+
+run_stage() {  # name limit command...
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  echo "== $name (limit ${limit} s): $*" | tee -a "$log"
+  timeout -k 5 "$limit" "$@" >> "$log" 2>&1
+  local rc=$?
+  echo "== $name: rc $rc after $((SECONDS - start)) s" | tee -a "$log"
+}
+
+for stage in "${stages[@]}"; do
+  name=${stage%%=*}
+  limit=${stage#*=}
+  case $name in
+    tests)
+      run_stage tests "$limit" python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 \
+        tests/test_gpu.py tests/test_gpu_batched.py tests/test_pool_on_device.py tests/test_precision.py \
+        tests/test_compile_step.py
+      grep -E "passed|failed|FAILED|ERROR" "$log" | tail -n 20 ;;
+    frameworks)
+      run_stage frameworks "$limit" python3 benchmarks/frameworks.py --accelerator gpu --compile-step --repeats 2 \
+        --workloads a b100 c --mnist "$mnist" --out "$out/frameworks.json"
+      grep -E "ms/round|FAILED|TFLOP/s \(" "$log" | tail -n 40 ;;
+    many)
+      run_stage many "$limit" python3 benchmarks/frameworks.py --accelerator gpu --compile-step --repeats 1 \
+        --workloads a1000 b1000 --mnist "$mnist" --out "$out/frameworks_1000.json"
+      grep -E "ms/round|FAILED" "$log" | tail -n 16 ;;
+    cli)
+      run_stage cli "$limit" python3 benchmarks/cli_rounds.py --config configs/raga/mnist_mlp.yaml \
+        --rounds 10 110 --target 1000 --extra "--data.init_args.root $mnist" \
+        --variant "batched=--model.init_args.client_backend batched" \
+        --variant "batched, compiled step=--model.init_args.client_backend batched --model.init_args.compile_step true" \
+        --out "$out/cli_rounds.json"
+      grep -E "ms/round|FAILED|rounds:" "$log" | tail -n 12 ;;
+    *)
+      echo "unknown stage $name (tests, frameworks, cli, many)" | tee -a "$log" ;;
+  esac
+done
