@@ -55,6 +55,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._dynamo.utils import counters
 from torch.utils.data import DataLoader, Subset, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -248,12 +249,16 @@ def fl_lightning(w: Workload, dm: FederatedDataModule, rounds: int, backend: str
                     client_backend=backend, clients_per_block=block)
     if compile_step:
         torch.compiler.reset()  # compile anew: the earlier runs' modules count against the recompile limit
+        counters.clear()
         module.backend = BatchedBackend(block, compile_step=True)
     timer = _Timer(2 if compile_step else 1)
     trainer = pl.Trainer(max_epochs=rounds + timer.warmup, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[timer],
                          accelerator=accelerator, devices=1, precision=precision)
     trainer.fit(module, dm)
+    if compile_step:  # a step that graph-breaks runs (partly) eager: say so beside its time
+        breaks = sum(counters["graph_break"].values())
+        print(f"    compiled step: {counters['stats']['unique_graphs']} graphs, {breaks} graph breaks", flush=True)
     return timer.seconds / rounds
 
 
