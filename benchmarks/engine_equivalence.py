@@ -50,11 +50,13 @@ from torch import nn
 
 import fl_lightning.algorithms as algorithms
 from fl_lightning.algorithms import (
+    PDSGD,
     RAGA,
     RFA,
     SCAFFOLD,
     ByrdSAGA,
     CompositionalFedAvg,
+    FastDRO,
     FedAvg,
     FedDeper,
     FedDRO,
@@ -106,9 +108,9 @@ class BatchNormClient(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
-def data() -> SyntheticFederated:
-    """Synthetic(1, 1): 8 small generated clients with val and test splits."""
-    return SyntheticFederated(num_clients=NUM_CLIENTS, dim=DIM, num_classes=CLASSES, min_samples=20, max_samples=60,
+def data(num_clients: int = NUM_CLIENTS) -> SyntheticFederated:
+    """Synthetic(1, 1): 8 small generated clients (or ``num_clients``) with val and test splits."""
+    return SyntheticFederated(num_clients=num_clients, dim=DIM, num_classes=CLASSES, min_samples=20, max_samples=60,
                               batch_size=8, test_fraction=0.2, seed=0)
 
 
@@ -152,6 +154,8 @@ ALGORITHMS: dict[str, Callable[[str], pl.LightningModule]] = {
     "ByrdSAGA": lambda b: ByrdSAGA(mlp(), clients_per_round=PER_ROUND, **common(b)),
     "PeFLL": pefll,
     "PFedHN": pfedhn,
+    "FastDRO": lambda b: FastDRO(mlp(), alpha=0.5, clients_per_round=PER_ROUND, local_steps=STEPS, **common(b)),
+    "PDSGD": lambda b: PDSGD(mlp(), lam=2.0, local_steps=STEPS, **common(b)),  # one client holds every sample
     "LocalOnly": lambda b: LocalOnly(mlp(), clients_per_round=PER_ROUND, local_steps=STEPS, **common(b)),
 }
 
@@ -252,7 +256,7 @@ def run_case(build: Callable[[], pl.LightningModule], callbacks: Callable[[], li
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                              num_sanity_val_steps=0, default_root_dir=root,
                              callbacks=[*callbacks(), ClientMetrics(split="test")])
-        trainer.fit(module, data())
+        trainer.fit(module, data(1 if isinstance(module, PDSGD) else NUM_CLIENTS))
         store, entries = store_hash(module.store)
         return {
             "model": model_hash(module.client),

@@ -11,8 +11,10 @@
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR MNIST_ROOT [STAGE=SECONDS ...]
 #
-# Stages (default: all, in this order): tests=150 frameworks=240 cli=120 many=150. MNIST_ROOT holds
-# MNIST/raw (the four idx files). Needs the project importable (PYTHONPATH) and jsonargparse for the CLI.
+# Stages (default: all, in this order): tests=150 frameworks=240 cli=120 many=150. A stage may name
+# its subset after a colon: frameworks:b100 (those workloads, into frameworks_b100.json), cli:compiled
+# (the compiled variant alone). MNIST_ROOT holds MNIST/raw (the four idx files). Needs the project
+# importable (PYTHONPATH) and jsonargparse for the CLI.
 set -u
 out=${1:?OUT_DIR}
 mnist=${2:?MNIST_ROOT}
@@ -44,6 +46,8 @@ run_stage() {  # name limit command...
 for stage in "${stages[@]}"; do
   name=${stage%%=*}
   limit=${stage#*=}
+  subset=
+  [[ $name == *:* ]] && subset=${name#*:} && name=${name%%:*}
   case $name in
     tests)
       run_stage tests "$limit" python3 -m pytest -q -rfEs -p no:cacheprovider -n 4 \
@@ -52,18 +56,19 @@ for stage in "${stages[@]}"; do
       grep -E "passed|failed|FAILED|ERROR" "$log" | tail -n 20 ;;
     frameworks)
       run_stage frameworks "$limit" python3 benchmarks/frameworks.py --accelerator gpu --compile-step --repeats 2 \
-        --workloads a b100 c --mnist "$mnist" --out "$out/frameworks.json"
+        --workloads ${subset:-a b100 c} --mnist "$mnist" --out "$out/frameworks${subset:+_${subset// /_}}.json"
       grep -E "ms/round|FAILED|TFLOP/s \(" "$log" | tail -n 40 ;;
     many)
       run_stage many "$limit" python3 benchmarks/frameworks.py --accelerator gpu --compile-step --repeats 1 \
         --workloads a1000 b1000 --mnist "$mnist" --out "$out/frameworks_1000.json"
       grep -E "ms/round|FAILED" "$log" | tail -n 16 ;;
     cli)
+      eager=("--variant" "batched=--model.init_args.client_backend batched")
+      [ "$subset" = compiled ] && eager=()
       run_stage cli "$limit" python3 benchmarks/cli_rounds.py --config configs/raga/mnist_mlp.yaml \
-        --rounds 10 110 --target 1000 --extra "--data.init_args.root $mnist" \
-        --variant "batched=--model.init_args.client_backend batched" \
+        --rounds 10 110 --target 1000 --extra "--data.init_args.root $mnist" "${eager[@]}" \
         --variant "batched, compiled step=--model.init_args.client_backend batched --model.init_args.compile_step true" \
-        --out "$out/cli_rounds.json"
+        --out "$out/cli_rounds${subset:+_$subset}.json"
       grep -E "ms/round|FAILED|rounds:" "$log" | tail -n 12 ;;
     *)
       echo "unknown stage $name (tests, frameworks, cli, many)" | tee -a "$log" ;;

@@ -15,6 +15,7 @@ from fl_lightning.datamodules import (
     SyntheticFederated,
     labels_of,
 )
+from fl_lightning.datamodules.client_data import stacked_indices
 from fl_lightning.seeding import generator
 from tests.helpers import synthetic
 
@@ -94,6 +95,16 @@ def test_step_indices_are_passes_of_fresh_permutations_without_the_remainder():
     expected = torch.stack([perms[0][0:2], perms[0][2:4], perms[1][0:2], perms[1][2:4], perms[2][0:2]])
     assert torch.equal(table, expected)
     assert ClientData(data, indices, batch_size=8).step_indices(3, g).shape == (3, 5)  # a batch is at most the split
+
+
+def test_stacked_indices_equal_each_split_indexed_on_its_own():
+    """Splits of different sizes, their tables drawn at once (one gather) as each would be alone."""
+    data = TensorDataset(torch.arange(100))
+    splits = [ClientData(data, torch.arange(start, start + size), batch_size=3)
+              for start, size in ((0, 7), (40, 12), (70, 3))]
+    positions = [split.step_positions(4, torch.Generator().manual_seed(i)) for i, split in enumerate(splits)]
+    alone = [split.step_indices(4, torch.Generator().manual_seed(i)) for i, split in enumerate(splits)]
+    assert torch.equal(stacked_indices(splits, positions), torch.stack(alone))
 
 
 @pytest.mark.parametrize(

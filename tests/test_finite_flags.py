@@ -12,8 +12,10 @@ def test_each_group_is_flagged_with_one_read(monkeypatch):
     tolist = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or tolist(self))
     ok, nan, inf = torch.ones(3), torch.tensor([1.0, float("nan")]), torch.tensor([-float("inf")])
-    groups = [[ok, ok], [ok, nan], [inf], [], [torch.empty(0)], [ok.double(), ok.half()]]
-    assert finite_flags(groups) == [True, False, False, True, True, True]
+    ints, big = torch.arange(3), torch.tensor([3e38])  # an integer tensor; a float32 near its maximum
+    groups = [[ok, ok], [ok, nan], [inf], [], [torch.empty(0)], [ok.double(), ok.half()], [ints, big],
+              [ints, torch.tensor([float("inf")], dtype=torch.bfloat16)]]
+    assert finite_flags(groups) == [True, False, False, True, True, True, True, False]
     assert len(reads) == 1
     assert finite_flags([[], []]) == [True, True] and len(reads) == 1  # nothing to read
 

@@ -17,7 +17,7 @@ previous step runs (:func:`prefetched`, :func:`to_device` with ``pinned=True``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
@@ -87,6 +87,10 @@ class ClientData:
         """The dataset indices of ``steps`` batches of ``b = min(batch_size, len)`` samples, one row
         each (``[steps, b]``): each pass over the split is a fresh permutation cut into ``len // b``
         batches (the remainder is left out), the next pass starting when a batch would not fit."""
+        return self.indices[self.step_positions(steps, generator).to(self.indices.device)]
+
+    def step_positions(self, steps: int, generator: torch.Generator) -> Tensor:
+        """:meth:`step_indices`' positions within the split, drawn on the host (``[steps, b]``)."""
         n = len(self)
         if n == 0:
             raise ValueError("the client split is empty")
@@ -94,7 +98,7 @@ class ClientData:
         per_pass = n // b
         passes = max(1, -(-steps // per_pass))
         orders = [torch.randperm(n, generator=generator)[: per_pass * b] for _ in range(passes)]
-        return self.indices[torch.cat(orders).view(-1, b)[:steps].to(self.indices.device)]
+        return torch.cat(orders).view(-1, b)[:steps]
 
     def step_batches(self, steps: int, generator: torch.Generator) -> Iterator[Any]:
         """``steps`` batches of ``min(batch_size, len)`` samples, reshuffling at each pass."""
@@ -124,3 +128,13 @@ class ClientData:
     def full(self) -> Any:
         """The whole split as one batch."""
         return self.fetch(torch.arange(len(self)))
+
+
+def stacked_indices(splits: Sequence[ClientData], positions: Sequence[Tensor]) -> Tensor:
+    """``splits[i].indices[positions[i]]`` for every ``i``, stacked (the positions of one shape, on
+    the host): one copy to the splits' device and one gather there for all of them, where indexing
+    each split would cost a copy and a gather per split (on a GPU, launches and syncs per client)."""
+    sizes = torch.tensor([0] + [len(split) for split in splits[:-1]]).cumsum(0)
+    flat = torch.cat([split.indices for split in splits])
+    shifted = torch.stack(list(positions)) + sizes.view(-1, *[1] * positions[0].dim())
+    return flat[shifted.to(flat.device)]

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from fl_lightning.backends.batched.run import FunctionalRun
 from fl_lightning.backends.context import ClientContext
+from fl_lightning.datamodules.client_data import stacked_indices
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
 
 #: one client's step: its batch (or its indices) and those of the algorithm's extra streams
@@ -83,12 +84,13 @@ def fixed_groups(context: ClientContext, runs: list[FunctionalRun]) -> Optional[
     if context.changes_local_batches or any(run.batches is not None or run.num_steps is None for run in runs):
         return None
     streams = _streams(context)
-    tables = [{stream: context.index_table(run.client_id, run.num_steps, stream) for stream in streams}
-              for run in runs]
+    positions = [{stream: context.client_data(run.client_id).step_positions(
+        run.num_steps, context.batch_order(run.client_id, stream)) for stream in streams} for run in runs]
     members: dict[tuple, list[int]] = {}
-    for i, table in enumerate(tables):
-        members.setdefault(tuple(table[s].shape for s in streams), []).append(i)
-    return [IndexGroup(group, {s: torch.stack([tables[i][s] for i in group]) for s in streams})
+    for i, drawn in enumerate(positions):
+        members.setdefault(tuple(drawn[s].shape for s in streams), []).append(i)
+    return [IndexGroup(group, {s: stacked_indices([context.client_data(runs[i].client_id) for i in group],
+                                                  [positions[i][s] for i in group]) for s in streams})
             for group in members.values()]
 
 

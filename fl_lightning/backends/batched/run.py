@@ -123,7 +123,7 @@ class FunctionalRun(ClientRun):
 
     def restart(self, start: Tensor) -> None:
         self.start = start
-        self.tensors = [t.clone() for t in self.layout.split(start)]
+        self.tensors = self.layout.split(start.clone())  # one copy (views of it), not one per tensor
 
     def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
         if vector is not None:
