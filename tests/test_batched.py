@@ -124,6 +124,23 @@ def test_clients_smaller_than_the_batch_step_as_blocks_of_their_own(monkeypatch)
     assert len(blocks) > 1 and sum(blocks.values()) == 5 and len(calls) == 3 * len(blocks)
 
 
+@pytest.mark.parametrize("name", ["FedAvg", "FedAvg-momentum-wd", "FedProx"])
+def test_default_uploads_are_computed_per_block(name, monkeypatch):
+    """An algorithm with the default ``client_final`` (``end - start``) gets its uploads from the
+    block's stacked values, with no per-client call (optimizer state between the model and the
+    start in the carry, and blocks of the ragged batch shapes); equal to sequential above."""
+    from fl_lightning.module import FederatedModule
+
+    calls = []
+    final = FederatedModule.client_final
+    monkeypatch.setattr(FederatedModule, "client_final", lambda self, run: calls.append(run) or final(self, run))
+    module, _ = fitted(SUPPORTED[name], "batched", batch_size=64)
+    assert calls == [] and module.round_num_updates == 5
+    monkeypatch.undo()
+    reference, _ = fitted(SUPPORTED[name], "sequential", batch_size=64)
+    assert_close(outcome(reference), outcome(module), atol=1e-5)
+
+
 def test_frozen_parameters_stay_frozen():
     """A parameter with requires_grad=False moves in neither backend, even with weight decay and
     momentum (torch.optim.SGD skips a parameter without a gradient); the rest equals sequential."""
