@@ -32,7 +32,7 @@ import numpy as np
 
 from experiments import results
 from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, first_stage,
-                                      grid, lr_stage, screen_score, settings_name, tuned)
+                                      grid, lr_stage, screen_score, screened, settings_name, tuned)
 from experiments.seed_stats import Groups, best_validation, fmt, paired_interval, series
 
 LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "SCAFFOLD", "fedavg": "FedAvg",
@@ -96,13 +96,12 @@ def lr_stage_table(runs: list[results.Run], m: int) -> str:
     """FedDeper's second stage in the cell: validation accuracy (%) at each rate, rho scaled with it,
     beside the first stage's choice at lr 0.01; FedDeper's setting in bold."""
     first = first_stage(runs)[m, "feddeper"]
-    by_name = {r["name"]: r for r in runs}
     chosen = tuned(runs).get((m, "feddeper"))
     lines = [f"| m = {m}: lr | ρ (λ {first['lam']}, B {first['batch']}) | validation accuracy (%) |", "|---|---|---|"]
     for settings in [dict(lr=PAPER_LR, **first), *lr_stage(first)]:
         study = "screen" if settings["lr"] == PAPER_LR else "screen_lr"
-        key = settings_name({k: v for k, v in settings.items() if study == "screen_lr" or k != "lr"})
-        run = by_name.get(f"{study}/m{m}/feddeper_{key}_s0")
+        named = {k: v for k, v in settings.items() if study == "screen_lr" or k != "lr"}
+        run = (screened(runs, study, m, "feddeper", [named]) or [None])[0]
         cell = f"{100 * screen_score(run):.2f}" if run else "–"
         lines.append(f"| {settings['lr']} | {settings['rho']} | {f'**{cell}**' if settings == chosen else cell} |")
     return "\n".join(lines)
@@ -111,13 +110,12 @@ def lr_stage_table(runs: list[results.Run], m: int) -> str:
 def fixed_rho_table(runs: list[results.Run], m: int) -> str:
     """FedDeper at its first stage's setting with larger rates, rho kept: validation accuracy (%)."""
     first = first_stage(runs)[m, "feddeper"]
-    by_name = {r["name"]: r for r in runs}
     lines = [f"| m = {m}: lr (ρ {first['rho']}, λ {first['lam']}, B {first['batch']}) | validation accuracy (%) |",
              "|---|---|"]
     for lr in (PAPER_LR, *FIXED_RHO_LRS):
         study = "screen" if lr == PAPER_LR else "screen_lr_fixed"
         settings = first if lr == PAPER_LR else dict(lr=lr, **first)
-        run = by_name.get(f"{study}/m{m}/feddeper_{settings_name(settings)}_s0")
+        run = (screened(runs, study, m, "feddeper", [settings]) or [None])[0]
         lines.append(f"| {lr} | {f'{100 * screen_score(run):.2f}' if run else '–'} |")
     return "\n".join(lines)
 
