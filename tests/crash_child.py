@@ -21,11 +21,17 @@ HANG_ROUND = 3
 
 
 class HangInRound(FederatedCallback):
-    def __init__(self, folder: str) -> None:
+    """Hangs in round 3 after its first client, once round 2's checkpoint is on disk: its write runs on
+    a background thread, which a loaded machine may not have scheduled yet (a kill would then lose
+    round 2 as well, which the checkpoint allows, but the test expects round 2 kept)."""
+
+    def __init__(self, folder: str, checkpoint: RoundCheckpoint) -> None:
         self.folder = folder
+        self.checkpoint = checkpoint
 
     def on_client_update(self, trainer, module, update):
         if module.current_epoch == HANG_ROUND:
+            self.checkpoint.wait()
             _hang(self.folder)
         return update
 
@@ -52,7 +58,11 @@ def main() -> None:
     algorithm, folder, mode = sys.argv[1:4]
     from tests.helpers import trainer
 
-    callbacks = [HangInWrite(dirpath=folder)] if mode == "write" else [RoundCheckpoint(dirpath=folder), HangInRound(folder)]
+    if mode == "write":
+        callbacks = [HangInWrite(dirpath=folder)]
+    else:
+        checkpoint = RoundCheckpoint(dirpath=folder)
+        callbacks = [checkpoint, HangInRound(folder, checkpoint)]
     trainer(5, callbacks=callbacks, enable_checkpointing=True).fit(build(algorithm), data())
 
 
