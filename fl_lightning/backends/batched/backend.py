@@ -48,8 +48,9 @@ class Block:
     def unstack(self) -> None:
         """Give every run its values back, and the mean of each of its step outputs over its steps
         (all clients' means read with one device sync)."""
+        rows = [t.unbind(0) for t in self.tensors]  # every client's views of a leaf at once
         for i, run in enumerate(self.runs):
-            run.load_carry(tree_unflatten(merge_leaves([t[i] for t in self.tensors], self.static), self.spec))
+            run.load_carry(tree_unflatten(merge_leaves([r[i] for r in rows], self.static), self.spec))
         names = sorted({name for _, outputs in self.outputs for name in outputs})
         if not names:
             return
