@@ -7,6 +7,8 @@ rounds (:mod:`experiments.results`).
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
 import numpy as np
 
 from experiments import results
@@ -44,16 +46,20 @@ def paired_interval(diff: np.ndarray, level: float = 0.95) -> tuple[float, float
     return diff.mean() - half, diff.mean() + half
 
 
-def curve_table(groups: Groups, key: str, scale: float, points: int = 8) -> str:
-    """``key`` (mean ± sample std over seeds) at ``points`` evaluations spread over the run."""
+def curve_table(groups: Groups, key: str, scale: float, points: int = 8, rounds: Optional[Sequence[int]] = None,
+                digits: int = 3) -> str:
+    """``key`` (mean ± sample std over seeds) at ``points`` evaluations spread over the run, or at the
+    evaluated ``rounds`` given, one row per round and a column per group."""
     labels = list(groups)
-    rounds, _ = series(groups[labels[0]], key)
-    picks = np.unique(np.linspace(0, len(rounds) - 1, points).round().astype(int))
+    evaluated, _ = series(groups[labels[0]], key)
+    picks = (np.unique(np.linspace(0, len(evaluated) - 1, points).round().astype(int)) if rounds is None
+             else [list(evaluated).index(r) for r in rounds])
     lines = ["| round | " + " | ".join(f"{label}: {key}" for label in labels) + " |", "|---" * (len(labels) + 1) + "|"]
     for i in picks:
         cells = []
         for label in labels:
             _, v = series(groups[label], key)
-            cells.append(f"{v[:, i].mean() * scale:.3f} ± {v[:, i].std(ddof=1) * scale if len(v) > 1 else 0:.3f}")
-        lines.append(f"| {rounds[i]} | " + " | ".join(cells) + " |")
+            std = v[:, i].std(ddof=1) * scale if len(v) > 1 else 0
+            cells.append(f"{v[:, i].mean() * scale:.{digits}f} ± {std:.{digits}f}")
+        lines.append(f"| {evaluated[i]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

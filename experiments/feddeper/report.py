@@ -34,6 +34,7 @@ from experiments import results
 from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, first_stage,
                                       grid, lr_stage, screen_score, screened, settings_name, tuned)
 from experiments.seed_stats import Groups, best_validation, fmt, paired_interval, series
+from experiments.seed_stats import curve_table as seed_curve_table
 
 LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "SCAFFOLD", "fedavg": "FedAvg",
           "fedprox": "FedProx"}
@@ -181,19 +182,11 @@ def differences_table(runs: list[results.Run], m: int) -> str:
 
 
 def curve_table(runs: list[results.Run], m: int) -> str:
-    """Test accuracy (mean ± sample std over seeds) every 50 rounds, tuned methods (and FedDeper
+    """Test accuracy (%, mean ± sample std over seeds) every 50 rounds, tuned methods (and FedDeper
     at the rate searched with rho kept)."""
-    rows = [(LABELS[k], g) for k, g in cell_groups(runs, m, "table").items()]
-    rows += [(f"{LABELS[k]}, ρ kept", g) for k, g in cell_groups(runs, m, "table_fixed_rho").items()]
-    lines = ["| method | " + " | ".join(map(str, EVERY_50)) + " |", "|---" * (len(EVERY_50) + 1) + "|"]
-    for label, group in rows:
-        rounds, acc = series(group, "test_acc")
-        cells = []
-        for r in EVERY_50:
-            v = 100 * acc[:, list(rounds).index(r)]
-            cells.append(f"{v.mean():.2f} ± {v.std(ddof=1) if len(v) > 1 else 0:.2f}")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    groups = {LABELS[k]: g for k, g in cell_groups(runs, m, "table").items()}
+    groups.update({f"{LABELS[k]}, ρ kept": g for k, g in cell_groups(runs, m, "table_fixed_rho").items()})
+    return seed_curve_table(groups, "test_acc", 100, rounds=EVERY_50, digits=2)
 
 
 def personal_table(runs: list[results.Run], m: int) -> str:
