@@ -8,15 +8,18 @@
 #   frameworks.json      benchmarks/frameworks.py --accelerator gpu, workloads a b100 c
 #   frameworks_1000.json the same for the 1,000-client workloads a1000 b1000
 #   cli_rounds.json      benchmarks/cli_rounds.py, RAGA's configs/raga/mnist_mlp.yaml, batched, eager and compiled
+#   parts_<w>.json       benchmarks/round_parts.py: where a round of workload w goes, part by part (the
+#                        `parts` stage: b100 and b1000 compiled, a1000 eager)
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR MNIST_ROOT [STAGE=SECONDS ...]
 #
 # Stages (default: tests=120 frameworks=230 cli=160, 8.5 min, under a 10-minute call). On an H200,
 # tests took 96 s, frameworks 202 s; cli's eager pair of runs 51 s, its compiled pair over 60 s (the
-# 10-round run alone 41-48 s). Others run when named, e.g. `many=160` (the 1,000-client workloads,
-# 145 s) in a second call. A stage may name its subset after a colon: frameworks:b100 (those
-# workloads, into frameworks_b100.json), cli:compiled (the compiled variant alone). MNIST_ROOT holds
-# MNIST/raw (the four idx files). Needs the project importable (PYTHONPATH) and jsonargparse for the CLI.
+# 10-round run alone 41-48 s). Others run when named, in a second call: `many=160` (the 1,000-client
+# workloads, 145 s), `parts=60` (each of its three runs under 60 s). A stage may name its subset after
+# a colon: frameworks:b100 (those workloads, into frameworks_b100.json), cli:compiled (the compiled
+# variant alone), parts:a1000:eager. MNIST_ROOT holds MNIST/raw (the four idx files). Needs the
+# project importable (PYTHONPATH) and jsonargparse for the CLI.
 set -u
 out=${1:?OUT_DIR}
 mnist=${2:?MNIST_ROOT}
@@ -72,7 +75,16 @@ for stage in "${stages[@]}"; do
         --variant "batched, compiled step=--model.init_args.client_backend batched --model.init_args.compile_step true" \
         --out "$out/cli_rounds${subset:+_$subset}.json"
       grep -E "ms/round|FAILED|rounds:" "$log" | tail -n 12 ;;
+    parts)
+      for spec in ${subset:-b100:compiled a1000:eager b1000:compiled}; do
+        workload=${spec%%:*}
+        compiled=()
+        [ "${spec#*:}" = compiled ] && compiled=(--compile-step)
+        run_stage "parts $spec" "$limit" python3 benchmarks/round_parts.py --accelerator gpu --workload "$workload" \
+          "${compiled[@]}" --mnist "$mnist" --out "$out/parts_$workload.json"
+      done
+      grep -A9 -E "^(a|b|c)[0-9]*, block" "$log" | tail -n 30 ;;
     *)
-      echo "unknown stage $name (tests, frameworks, cli, many)" | tee -a "$log" ;;
+      echo "unknown stage $name (tests, frameworks, cli, many, parts)" | tee -a "$log" ;;
   esac
 done

@@ -1,5 +1,6 @@
-"""``stack_carries``: the block's carries stacked leaf by leaf, walked quickly where they are plain
-dicts, lists and tuples, and through ``tree_flatten`` otherwise, with the same result."""
+"""The batched backend's block bookkeeping: ``stack_carries`` (the carries stacked leaf by leaf,
+walked quickly where they are plain dicts, lists and tuples, through ``tree_flatten`` otherwise,
+with the same result) and the garbage collector paused for a block."""
 
 from __future__ import annotations
 
@@ -47,3 +48,23 @@ def test_different_structures_or_values_are_refused():
         stack_carries([carry(0), carry(1, {"k": 3})])
     with pytest.raises(ValueError, match="different non-tensor run values"):
         stack_carries([carry(0, {"k": 3}), carry(1, {"k": 4})])
+
+
+def test_the_collector_is_paused_for_a_block_and_restored_after():
+    import gc
+
+    from fl_lightning.backends.batched.backend import collection_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with collection_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("a failing block")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collection_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a collector the user had turned off stays off
+    finally:
+        gc.enable()

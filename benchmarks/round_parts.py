@@ -1,0 +1,132 @@
+"""Where a batched round's time goes: the wall time of each part of the engine's round, per round.
+
+One workload of ``benchmarks/frameworks.py`` (FedAvg, the batched backend) runs for ``--rounds``
+rounds after warm-up; the engine's parts are timed as they run:
+
+  index tables   drawing the block's batches (``fixed_groups``)
+  start runs     each client's run and ``client_init`` (``_start_runs``)
+  stack          the block's carries stacked (``stack_carries``)
+  steps          the vectorized local steps (``_advance``), compiled with ``--compile-step``
+  unstack        the runs' values and step means given back (``Block.unstack``)
+  finish runs    the uploads, checked and handed to the round (``_finish_runs``)
+  round end      NaN/Inf checks, aggregation, the server update, logs (``finish_round``)
+
+and the rest of the round (Lightning's loop, callbacks) is the difference to the round's wall time.
+On a GPU the device is synchronized at each part's end (``--sync``, the default there), so that
+each part is charged with its own device work; that adds a sync per part.
+
+    python benchmarks/round_parts.py --workload a1000 --block 1000 [--accelerator gpu] [--compile-step] [--out parts.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import frameworks  # noqa: E402  (the workloads and their fl_lightning path)
+
+from fl_lightning.backends.batched import backend as batched  # noqa: E402
+from fl_lightning.module import FederatedModule  # noqa: E402
+
+#: part name -> (owner, attribute) of the function it times
+PARTS: dict[str, tuple[Any, str]] = {
+    "index tables": (batched, "fixed_groups"),
+    "start runs": (batched.BatchedBackend, "_start_runs"),
+    "stack": (batched, "stack_carries"),
+    "steps": (batched.BatchedBackend, "_advance"),
+    "unstack": (batched.Block, "unstack"),
+    "finish runs": (batched.BatchedBackend, "_finish_runs"),
+    "round end": (FederatedModule, "finish_round"),
+}
+
+
+def timed(totals: collections.Counter, name: str, function: Callable[..., Any], sync: bool) -> Callable[..., Any]:
+    """``function``, adding its wall time (after a device sync, with ``sync``) to ``totals[name]``."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if sync:
+                frameworks.synchronize()
+            totals[name] += time.perf_counter() - start
+
+    return wrapper
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", default="a1000", choices=list(frameworks.WORKLOADS))
+    parser.add_argument("--block", type=int, default=None, help="clients per block (default: the workload's largest)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (after the warm-up ones)")
+    parser.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--compile-step", action="store_true", help="the batched backend's compiled step")
+    parser.add_argument("--sync", choices=["auto", "yes", "no"], default="auto",
+                        help="synchronize the device at each part's end (auto: on a GPU)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads")
+    parser.add_argument("--mnist", default="../shared/data", help="MNIST root (random data of its shape if absent)")
+    parser.add_argument("--out", default=None, help="JSON file for the results")
+    args = parser.parse_args()
+    if args.accelerator == "gpu" and not torch.cuda.is_available():
+        sys.exit("round_parts.py: --accelerator gpu needs a CUDA device, and torch.cuda.is_available() is False here")
+    os.environ[frameworks.MNIST_ENV] = os.path.abspath(args.mnist)
+    torch.set_num_threads(args.threads)
+    sync = args.sync == "yes" or (args.sync == "auto" and args.accelerator == "gpu")
+    w = frameworks.WORKLOADS[args.workload]
+    block = args.block or max(w.blocks)
+    dm = w.datamodule()
+
+    totals: collections.Counter = collections.Counter()
+    counting = {"on": False}
+    for name, (owner, attribute) in PARTS.items():
+        original = owner.__dict__[attribute]
+        function = original.__func__ if isinstance(original, staticmethod) else original
+        inner = timed(totals, name, function, sync)
+
+        def gate(*a: Any, _inner: Callable = inner, _plain: Callable = function, **k: Any) -> Any:
+            return (_inner if counting["on"] else _plain)(*a, **k)
+
+        setattr(owner, attribute, staticmethod(gate) if isinstance(original, staticmethod) else gate)
+
+    class Count(frameworks._Timer):
+        """The round's wall time after the warm-up rounds, and the parts counted over the same rounds."""
+
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            super().on_train_epoch_start(trainer, pl_module)
+            counting["on"] = trainer.current_epoch >= self.warmup
+
+    original_timer = frameworks._Timer
+    frameworks._Timer = Count
+    try:
+        seconds = frameworks.fl_lightning(w, dm, args.rounds, "batched", block, "gpu" if args.accelerator == "gpu" else "cpu",
+                                          compile_step=args.compile_step)
+    finally:
+        frameworks._Timer = original_timer
+    per_round = {name: totals[name] / args.rounds for name in PARTS}
+    per_round["rest (Lightning's loop, callbacks)"] = seconds - sum(per_round.values())
+    device = torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu"
+    print(f"{args.workload}, block {block}, {'compiled' if args.compile_step else 'eager'} step, {device}, "
+          f"{'device synced at each part' if sync else 'no sync'}: {seconds * 1e3:.1f} ms a round")
+    for name, value in per_round.items():
+        print(f"  {name:<36} {value * 1e3:9.2f} ms  {100 * value / seconds:5.1f}%")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"workload": args.workload, "block": block, "compile_step": args.compile_step, "device": device,
+                       "sync": sync, "rounds": args.rounds, "seconds_per_round": seconds,
+                       "parts_seconds_per_round": per_round, "torch": torch.__version__}, f, indent=1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    main()
