@@ -49,7 +49,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -239,11 +239,12 @@ class _Timer(pl.Callback):
 
 
 def fl_lightning(w: Workload, dm: FederatedDataModule, rounds: int, backend: str, block: int = 10,
-                 accelerator: str = "cpu", precision: str = "32-true", compile_step: bool = False) -> float:
+                 accelerator: str = "cpu", precision: str = "32-true", compile_step: bool = False,
+                 callbacks: Sequence[pl.Callback] = ()) -> float:
     """The same FedAvg through fl_lightning on ``accelerator`` in ``precision`` (``compile_step``: the
-    batched backend's compiled step); seconds per round, a warm-up round not counted (two with
-    ``compile_step``: its step compiled in the first round and once more in the second, 12 s and
-    1.6 s for workload a on 2 CPU cores)."""
+    batched backend's compiled step), with ``callbacks`` added; seconds per round, a warm-up round not
+    counted (two with ``compile_step``: its step compiled in the first round and once more in the
+    second, 12 s and 1.6 s for workload a on 2 CPU cores)."""
     torch.manual_seed(0)
     module = FedAvg(w.client(), clients_per_round=w.clients_per_round, local_steps=w.local_steps, seed=0,
                     client_backend=backend, clients_per_block=block)
@@ -253,7 +254,7 @@ def fl_lightning(w: Workload, dm: FederatedDataModule, rounds: int, backend: str
         module.backend = BatchedBackend(block, compile_step=True)
     timer = _Timer(2 if compile_step else 1)
     trainer = pl.Trainer(max_epochs=rounds + timer.warmup, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[timer],
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[timer, *callbacks],
                          accelerator=accelerator, devices=1, precision=precision)
     trainer.fit(module, dm)
     if compile_step:  # a step that graph-breaks runs (partly) eager: say so beside its time

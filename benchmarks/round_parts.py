@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any, Callable
 
+import pytorch_lightning as pl
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,11 +50,15 @@ PARTS: dict[str, tuple[Any, str]] = {
 }
 
 
-def timed(totals: collections.Counter, name: str, function: Callable[..., Any], sync: bool) -> Callable[..., Any]:
-    """``function``, adding its wall time (after a device sync, with ``sync``) to ``totals[name]``."""
+def timed(totals: collections.Counter, counting: dict[str, bool], name: str, function: Callable[..., Any],
+          sync: bool) -> Callable[..., Any]:
+    """``function``, adding its wall time (after a device sync, with ``sync``) to ``totals[name]``
+    while ``counting["on"]``."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not counting["on"]:
+            return function(*args, **kwargs)
         start = time.perf_counter()
         try:
             return function(*args, **kwargs)
@@ -63,6 +68,17 @@ def timed(totals: collections.Counter, name: str, function: Callable[..., Any], 
             totals[name] += time.perf_counter() - start
 
     return wrapper
+
+
+class Counting(pl.Callback):
+    """Counting on from the first round the benchmark's timer counts (after its warm-up rounds)."""
+
+    def __init__(self, counting: dict[str, bool]) -> None:
+        self.counting = counting
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        timer = next(cb for cb in trainer.callbacks if isinstance(cb, frameworks._Timer))
+        self.counting["on"] = trainer.current_epoch >= timer.warmup
 
 
 def main() -> None:
@@ -91,28 +107,10 @@ def main() -> None:
     counting = {"on": False}
     for name, (owner, attribute) in PARTS.items():
         original = owner.__dict__[attribute]
-        function = original.__func__ if isinstance(original, staticmethod) else original
-        inner = timed(totals, name, function, sync)
-
-        def gate(*a: Any, _inner: Callable = inner, _plain: Callable = function, **k: Any) -> Any:
-            return (_inner if counting["on"] else _plain)(*a, **k)
-
-        setattr(owner, attribute, staticmethod(gate) if isinstance(original, staticmethod) else gate)
-
-    class Count(frameworks._Timer):
-        """The round's wall time after the warm-up rounds, and the parts counted over the same rounds."""
-
-        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-            super().on_train_epoch_start(trainer, pl_module)
-            counting["on"] = trainer.current_epoch >= self.warmup
-
-    original_timer = frameworks._Timer
-    frameworks._Timer = Count
-    try:
-        seconds = frameworks.fl_lightning(w, dm, args.rounds, "batched", block, "gpu" if args.accelerator == "gpu" else "cpu",
-                                          compile_step=args.compile_step)
-    finally:
-        frameworks._Timer = original_timer
+        wrapped = timed(totals, counting, name, getattr(original, "__func__", original), sync)
+        setattr(owner, attribute, staticmethod(wrapped) if isinstance(original, staticmethod) else wrapped)
+    seconds = frameworks.fl_lightning(w, dm, args.rounds, "batched", block, "gpu" if args.accelerator == "gpu" else "cpu",
+                                      compile_step=args.compile_step, callbacks=[Counting(counting)])
     per_round = {name: totals[name] / args.rounds for name in PARTS}
     per_round["rest (Lightning's loop, callbacks)"] = seconds - sum(per_round.values())
     device = torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu"

@@ -266,7 +266,7 @@ def plot(runs: list[results.Run], m: int, path: Path) -> None:
     from experiments.plots import plt, save
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    rows = [(k, g) for k, g in cell_groups(runs, m, "table").items()] + list(cell_groups(runs, m, "table_fixed_rho").items())
+    rows = [*cell_groups(runs, m, "table").items(), *cell_groups(runs, m, "table_fixed_rho").items()]
     for method, group in rows:
         rounds, acc = series(group, "test_acc")
         line, = ax.plot(rounds, 100 * acc.mean(0), label=f"{LABELS[method]} ({setting(group[0]['params'], method)})".replace("\\", ""))

@@ -84,13 +84,14 @@ def fixed_groups(context: ClientContext, runs: list[FunctionalRun]) -> Optional[
     if context.changes_local_batches or any(run.batches is not None or run.num_steps is None for run in runs):
         return None
     streams = _streams(context)
-    positions = [{stream: context.client_data(run.client_id).step_positions(
-        run.num_steps, context.batch_order(run.client_id, stream)) for stream in streams} for run in runs]
+    splits = [context.client_data(run.client_id) for run in runs]
+    positions = [{stream: split.step_positions(run.num_steps, context.batch_order(run.client_id, stream))
+                  for stream in streams} for run, split in zip(runs, splits)]
     members: dict[tuple, list[int]] = {}
     for i, drawn in enumerate(positions):
         members.setdefault(tuple(drawn[s].shape for s in streams), []).append(i)
-    return [IndexGroup(group, {s: stacked_indices([context.client_data(runs[i].client_id) for i in group],
-                                                  [positions[i][s] for i in group]) for s in streams})
+    return [IndexGroup(group, {s: stacked_indices([splits[i] for i in group], [positions[i][s] for i in group])
+                               for s in streams})
             for group in members.values()]
 
 

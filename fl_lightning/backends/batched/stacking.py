@@ -39,13 +39,13 @@ def stack_carries(carries: list[dict[str, Any]]) -> tuple[list[Tensor], Any, dic
     if any(structure != flat[0][1] for _, structure in flat[1:]):
         raise ValueError("the clients of a block hold different run values (scratch/state keys or list lengths); "
                          "the batched backend needs the same structure for every client: use client_backend='sequential'")
-    tensors, static = split_leaves(flat[0][0])
-    for leaves, _ in flat[1:]:
-        if split_leaves(leaves)[1] != static:
-            raise ValueError(f"the clients of a block hold different non-tensor run values ({split_leaves(leaves)[1]} vs "
+    split = [split_leaves(leaves) for leaves, _ in flat]
+    static = split[0][1]
+    for _, other in split[1:]:
+        if other != static:
+            raise ValueError(f"the clients of a block hold different non-tensor run values ({other} vs "
                              f"{static}); a batched step reads tensors only: use client_backend='sequential'")
-    columns = [split_leaves(leaves)[0] for leaves, _ in flat]
-    return [torch.stack(column) for column in zip(*columns)], spec, static
+    return [torch.stack(column) for column in zip(*(tensors for tensors, _ in split))], spec, static
 
 
 #: the leaves :func:`plain_leaves` knows (``tree_flatten`` also takes them as leaves)
