@@ -1,57 +1,71 @@
-"""The MNIST runs of ``docs/results/raga.md``: ``python -m experiments.sweep raga``.
+"""The MNIST-MLP runs of ``docs/results/raga.md``: ``python -m experiments.sweep raga``.
 
-50 clients, Dirichlet(0.6), batch 512, full participation, seed 0 for everything, the first
-``rounds`` rounds of the T = 1000 schedule (``configs/raga/mnist_mlp.yaml``,
-``configs/raga/mnist_lenet.yaml``). The attack-free run of a method serves every attack's table.
+Every run is ``configs/raga/mnist_mlp.yaml`` (50 clients, Dirichlet(0.6), batch 512, full
+participation, K = 3 local steps, the paper's schedule ``eta^t = T / (100 t + 10 T)`` with
+T = 1000) with a method's override (``configs/raga/methods/``), the run's settings and seed (the
+initialization and the batch order; the data split keeps seed 0, so every run sees the same
+federation and validation splits: 10 % of each client's data), the clients trained together by the
+batched backend. The global model is evaluated every 10 rounds on the MNIST test set and on the
+pooled validation splits (by the sweep's recorder; Lightning's own validation loop is off).
 
-* the MLP grid, 20 rounds: the four methods x Gaussian, sign flip and ALIE at every fraction;
-* the MLP, 60 rounds: RAGA and FedAvg, Gaussian attack at 0 and 0.4;
-* the MLP, 200 rounds: the four methods x the three attacks at every fraction;
-* LeNet, 20 rounds (RAGA and FedAvg) and 60 rounds (the four methods), Gaussian at 0 and 0.4;
-* the MLP, the paper's 1000 rounds: the four methods, Gaussian at 0 and 0.4.
+* ``control`` (the step-size control experiment), attack-free, 1000 rounds, seeds 0-2: RAGA's
+  server step is ``w <- w - eta^t GM(g_i)`` with ``g_i`` the mean of a client's K gradients, while
+  FedAvg's and RFA's is ``w <- w + server_lr * agg(delta_i)`` with ``delta_i`` the sum of K local
+  steps, about ``-K eta^t g_i``: K times RAGA's. FedAvg and RFA run at ``server_lr = 1/K``
+  (``CONTROL_SERVER_LR``), which scales their step to RAGA's, and at their default 1. If the 1/K
+  runs land on RAGA's curve, RAGA's attack-free deficit is its step size, not its aggregation.
+  Runs are ordered by seed, so that a sweep stopped early has every setting at the first seeds.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from experiments.sweep import Run
 from fl_lightning.callbacks.attacks import ByzantineAttack
 
-METHODS = ("raga", "fedavg", "rfa", "byrdsaga")
-ATTACKS = {"gaussian": "GaussianAttack", "signflip": "SignFlipAttack", "alie": "ALIEAttack"}
-FRACTIONS = (0.1, 0.2, 0.3, 0.4)
+BASE = "configs/raga/mnist_mlp.yaml"
+ROUNDS = 1000
+EVERY = 10
+SEEDS = (0, 1, 2)
+LOCAL_STEPS = 3
+#: the server rate that scales FedAvg's and RFA's step to RAGA's: 1/K
+CONTROL_SERVER_LR = 1 / LOCAL_STEPS
+#: the control study's settings: (method, server_lr; None for RAGA, which has no server rate of its own)
+CONTROL = (("raga", None), ("fedavg", CONTROL_SERVER_LR), ("rfa", CONTROL_SERVER_LR), ("fedavg", 1.0), ("rfa", 1.0))
+ATTACKS = {"gaussian": "GaussianAttack", "signflip": "SignFlipAttack", "alie": "ALIEAttack", "ipm": "IPMAttack",
+           "scaling": "ScalingAttack", "labelflip": "LabelFlipAttack"}
 
 
-def run(model: str, rounds: int, every: int, method: str, attack: str, fraction: float) -> Run:
-    """One run; ``attack`` is ``"none"`` at fraction 0."""
-    args = ["--config", f"configs/raga/mnist_{model}.yaml"]
+def run(study: str, method: str, seed: int, server_lr: Optional[float] = None, attack: str = "none",
+        fraction: float = 0.0, rounds: int = ROUNDS) -> Run:
+    """``method`` (``raga``, ``fedavg``, ``rfa``, ``byrdsaga``) with ``seed``; ``attack`` is ``"none"`` at fraction 0."""
+    args = ["--config", BASE]
     if method != "raga":
         args += ["--config", f"configs/raga/methods/{method}.yaml"]
-    args += ["--trainer.max_epochs", str(rounds), "--trainer.check_val_every_n_epoch", str(every)]
+    if server_lr is not None:
+        args += ["--model.init_args.server_lr", repr(server_lr)]
     if attack != "none":
         args += [f"--trainer.callbacks+=fl_lightning.callbacks.attacks.{ATTACKS[attack]}",
                  f"--trainer.callbacks.fraction={fraction}"]
-    params = dict(model=model, rounds=rounds, method=method, attack=attack, fraction=fraction)
-    return Run(f"{model}_r{rounds}/{method}_{attack}_{fraction:g}", args, params, every=every)
-
-
-def grid(model: str, rounds: int, every: int, methods=METHODS, attacks=tuple(ATTACKS), fractions=FRACTIONS) -> list[Run]:
-    """The attack-free run of each method, then every attack at every fraction."""
-    return [run(model, rounds, every, m, "none", 0.0) for m in methods] + [
-        run(model, rounds, every, m, a, f) for a in attacks for f in fractions for m in methods]
+    args += ["--model.init_args.client_backend", "batched", "--seed_everything", str(seed), "--model.init_args.seed",
+             str(seed), "--trainer.max_epochs", str(rounds), "--trainer.limit_val_batches", "0"]
+    params = dict(study=study, method=method, server_lr=server_lr, attack=attack, fraction=fraction, seed=seed,
+                  rounds=rounds)
+    slr = "" if server_lr is None else f"_slr{server_lr:.3g}"
+    return Run(f"{study}/{method}{slr}_{attack}_{fraction:g}_s{seed}", args, params, every=EVERY)
 
 
 def runs() -> list[Run]:
-    return (grid("mlp", 20, 5) + grid("mlp", 60, 10, ("raga", "fedavg"), ("gaussian",), (0.4,))
-            + grid("mlp", 200, 10) + grid("lenet", 20, 5, ("raga", "fedavg"), ("gaussian",), (0.4,))
-            + grid("lenet", 60, 10, attacks=("gaussian",), fractions=(0.4,))
-            + grid("mlp", 1000, 50, attacks=("gaussian",), fractions=(0.4,)))
+    return [run("control", method, seed, server_lr) for seed in SEEDS for method, server_lr in CONTROL]
 
 
 def summary(cli: Any) -> dict[str, Any]:
-    """The Byzantine clients the attack chose: their share of the training data and their number."""
+    """The Byzantine clients the attack chose (their share of the training data and their number),
+    and the federation's training and validation split sizes."""
     attack = next((c for c in cli.trainer.callbacks if isinstance(c, ByzantineAttack)), None)
-    if attack is None:
-        return {"achieved_fraction": 0.0, "num_byzantine": 0}
-    return {"achieved_fraction": attack.achieved_fraction, "num_byzantine": len(attack.byzantine)}
+    dm = cli.datamodule
+    return {"achieved_fraction": 0.0 if attack is None else attack.achieved_fraction,
+            "num_byzantine": 0 if attack is None else len(attack.byzantine),
+            "train_samples": sum(len(s) for s in dm.splits["train"]),
+            "val_samples": sum(len(s) for s in dm.splits["val"])}
