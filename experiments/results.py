@@ -79,3 +79,11 @@ def at_round(run: Run, key: str, round_number: int) -> float:
 def last(run: Run, key: str) -> float:
     """The last measured value of ``key`` in ``run``."""
     return series(run, key)[1][-1]
+
+
+def mean_of_last(run: Run, key: str, count: int) -> float:
+    """The mean of the last ``count`` measured values of ``key`` in ``run``."""
+    values = series(run, key)[1][-count:]
+    if len(values) < count:
+        raise ValueError(f"{run['name']}: {key} was measured {len(values)} times, fewer than {count}")
+    return sum(values) / count

@@ -7,7 +7,7 @@ rounds (:mod:`experiments.results`).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -44,6 +44,23 @@ def paired_interval(diff: np.ndarray, level: float = 0.95) -> tuple[float, float
 
     half = stats.t.ppf(0.5 + level / 2, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
     return diff.mean() - half, diff.mean() + half
+
+
+def paired(a: list[results.Run], b: list[results.Run], measure: Callable[[list[results.Run]], np.ndarray]) -> str:
+    """``measure(a) - measure(b)`` over the seeds both groups ran, in points: ``mean ± std [95 % CI]``
+    (the interval needs two seeds)."""
+    seeds = sorted({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
+    a, b = ([r for r in g if r["params"]["seed"] in seeds] for g in (a, b))
+    diff = 100 * (measure(a) - measure(b))
+    if len(diff) < 2:
+        return f"{diff.mean():+.2f} (1 seed)"
+    low, high = paired_interval(diff)
+    return f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
+
+
+def final_accuracy(group: list[results.Run]) -> np.ndarray:
+    """Per seed, the test accuracy at the last evaluation."""
+    return series(group, "test_acc")[1][:, -1]
 
 
 def curve_table(groups: Groups, key: str, scale: float, points: int = 8, rounds: Optional[Sequence[int]] = None,

@@ -75,3 +75,52 @@ def test_feddeper_rate_with_rho_kept_is_taken_only_when_it_beats_the_first_stage
     assert plan.fixed_rho_choice(first + screened(5, "feddeper", {}, "screen_lr_fixed", kept), 5) is None
     better = screened(5, "feddeper", {"lr0.1_rho0.02_lam0.7_b32": [0.9] * 20}, "screen_lr_fixed", kept)
     assert plan.fixed_rho_choice(first + better, 5) == dict(lr=0.1, rho=0.02, lam=0.7, batch=32)
+
+
+def raga_screened(scores: dict[tuple[str, float], list[float]]) -> list[dict]:
+    """A RAGA-plan screening run per method and step size: validation accuracy ``scores[(method,
+    step)]`` at the evaluations (0.5 throughout where not given)."""
+    from experiments.raga import plan as raga
+
+    runs = []
+    for method, steps in raga.STEPS.items():
+        for step in steps:
+            planned = raga.run("screen", method, 0, step=step, rounds=raga.SCREEN_ROUNDS)
+            values = scores.get((method, step), [0.5] * 20)
+            runs.append({"name": planned.name, "params": planned.params,
+                         "history": [{"round": 10 * (i + 1), "val_acc": v} for i, v in enumerate(values)]})
+    return runs
+
+
+def test_raga_tuning_gives_every_method_the_same_budget_with_its_paper_setting():
+    from experiments.raga import plan as raga
+
+    assert {len(steps) for steps in raga.STEPS.values()} == {6}
+    assert 1.0 in raga.STEPS["raga"] and 0.1 in raga.STEPS["byrdsaga"]  # RAGA's schedule as published, gamma 0.1
+    # RAGA's first rates span the others' rates: lr_scale times eta^1 = 0.099
+    from fl_lightning.algorithms.raga import paper_learning_rate
+
+    first = [s * paper_learning_rate(1, raga.ROUNDS) for s in raga.STEPS["raga"]]
+    assert first == pytest.approx(raga.TUNE_RATES, rel=0.02)
+    assert "--model.init_args.lr_scale" in raga.run("screen", "raga", 0, step=3.16).args
+    args = " ".join(raga.run("screen", "fedavg", 0, step=0.1).args)
+    assert "--model.init_args.schedule constant --model.init_args.client.init_args.lr 0.1" in args
+
+
+def test_raga_table_is_planned_from_the_last_five_evaluations_once_the_screening_is_complete(monkeypatch, tmp_path):
+    from experiments import results
+    from experiments.raga import plan as raga
+
+    spiky = [0.5] * 15 + [0.6, 0.6, 0.6, 0.6, 0.99]
+    steady = [0.5] * 15 + [0.8] * 5
+    runs = raga_screened({("fedavg", 1.0): spiky, ("fedavg", 0.0316): steady, ("raga", 3.16): steady})
+    assert raga.tuned(runs) == {"raga": 3.16, "fedavg": 0.0316, "rfa": 0.01, "byrdsaga": 0.01}  # ties: the smaller
+    assert raga.tuned(runs[1:]) == {"fedavg": 0.0316, "rfa": 0.01, "byrdsaga": 0.01}  # RAGA's screening incomplete
+    path = tmp_path / "raga.json"
+    monkeypatch.setattr(raga, "RESULTS", path)
+    with pytest.warns(UserWarning, match="raga"):
+        assert not [r for r in raga.runs() if r.name.startswith("table")]
+    results.save(path, runs)
+    table = [r for r in raga.runs() if r.name.startswith("table")]
+    assert len(table) == 4 * 3 * (1 + len(raga.ATTACKS) * len(raga.FRACTIONS))
+    assert "table/fedavg_lr0.0316_ipm_0.3_s2" in {r.name for r in table}

@@ -70,6 +70,21 @@ def test_raga_steps_with_the_paper_schedule():
     assert module.local_steps == 3
 
 
+def test_lr_scale_multiplies_the_paper_schedule_for_both_steps():
+    """lr_scale c: the round's rate (the clients' and the server step's) is c * T / (100 t + 10 T)."""
+    module = RAGA(tiny_client(), clients_per_round=4, seed=0, total_rounds=100, lr_scale=3.0)
+    t = trainer(2)
+    t.fit(module, synthetic(8))
+    assert float(t.callback_metrics["raga/lr"]) == pytest.approx(3.0 * paper_learning_rate(2, 100))
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(lr_scale=0.0), "lr_scale must be > 0"),
+                                           (dict(lr_scale=2.0, schedule="constant"), "lr_scale scales the paper schedule")])
+def test_bad_lr_scale_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RAGA(tiny_client(), clients_per_round=2, seed=0, **kwargs)
+
+
 def test_the_paper_schedule_beside_a_client_schedule_is_refused():
     """RAGA's schedule replaces the client's: a client with lr_milestones would silently lose them."""
     client = LogisticRegression(in_features=20, num_classes=10, lr=0.1, lr_milestones=[2])

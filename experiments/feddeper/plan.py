@@ -124,8 +124,7 @@ def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, ro
 
 def screen_score(run: results.Run) -> float:
     """Mean validation accuracy over the last ``CHOSEN_ON`` evaluations."""
-    values = results.series(run, "val_acc")[1]
-    return sum(values[-CHOSEN_ON:]) / CHOSEN_ON
+    return results.mean_of_last(run, "val_acc", CHOSEN_ON)
 
 
 def screened(runs: list[results.Run], study: str, m: int, method: str,

@@ -33,7 +33,7 @@ import numpy as np
 from experiments import results
 from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, first_stage,
                                       grid, lr_stage, screen_score, screened, settings_name, tuned)
-from experiments.seed_stats import Groups, best_validation, fmt, paired_interval, series
+from experiments.seed_stats import Groups, best_validation, final_accuracy, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
 
 LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "SCAFFOLD", "fedavg": "FedAvg",
@@ -144,22 +144,6 @@ def accuracy_table(runs: list[results.Run], m: int) -> str:
                          f"{len(group)} | {fmt(acc[:, -1], 100)} | {fmt(at_best, 100)} | {fmt(acc.max(axis=1), 100)} | "
                          f"{fmt(acc[:, -5:].mean(axis=1), 100)} | {gap:+.2f} |")
     return "\n".join(lines)
-
-
-def paired(a: list[results.Run], b: list[results.Run], measure) -> str:
-    """``measure(a) - measure(b)`` over the seeds both groups ran, in points: ``mean ± std [95 % CI]``
-    (the interval needs two seeds)."""
-    seeds = sorted({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
-    a, b = ([r for r in g if r["params"]["seed"] in seeds] for g in (a, b))
-    diff = 100 * (measure(a) - measure(b))
-    if len(diff) < 2:
-        return f"{diff.mean():+.2f} (1 seed)"
-    low, high = paired_interval(diff)
-    return f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
-
-
-def final_accuracy(group: list[results.Run]) -> np.ndarray:
-    return series(group, "test_acc")[1][:, -1]
 
 
 def differences_table(runs: list[results.Run], m: int) -> str:

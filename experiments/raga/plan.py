@@ -15,15 +15,29 @@ pooled validation splits (by the sweep's recorder; Lightning's own validation lo
   (``CONTROL_SERVER_LR``), which scales their step to RAGA's, and at their default 1. If the 1/K
   runs land on RAGA's curve, RAGA's attack-free deficit is its step size, not its aggregation.
   Runs are ordered by seed, so that a sweep stopped early has every setting at the first seeds.
+* ``screen`` (the tuning, equal for every method), attack-free, 200 rounds, seed 0: each method at
+  its own paper's setup with its step size searched over six values half a decade apart
+  (``STEPS``): FedAvg and RFA with a constant local rate 0.01-3.16 (their papers'; server lr 1),
+  Byrd-SAGA's constant server step ``gamma`` 0.01-3.16 (its paper's 0.1 among them), RAGA's paper
+  schedule times ``lr_scale`` 0.1-31.6 (the paper's 1 among them: first rates 0.0099-3.13, the
+  same span). A setting's score is its validation accuracy averaged over
+  the last five evaluations (rounds 160-200); the highest is chosen (ties: the smaller rate);
+* ``table`` (the paper's Table II layout): each method at its chosen setting, 1000 rounds, seeds
+  0-2, attack-free and under each attack of ``ATTACKS`` at each Byzantine data fraction of
+  ``FRACTIONS``; planned once the screening is complete in the document's result file.
 """
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any, Optional
 
+from experiments import results
 from experiments.sweep import Run
 from fl_lightning.callbacks.attacks import ByzantineAttack
 
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "raga.json"
 BASE = "configs/raga/mnist_mlp.yaml"
 ROUNDS = 1000
 EVERY = 10
@@ -33,31 +47,80 @@ LOCAL_STEPS = 3
 CONTROL_SERVER_LR = 1 / LOCAL_STEPS
 #: the control study's settings: (method, server_lr; None for RAGA, which has no server rate of its own)
 CONTROL = (("raga", None), ("fedavg", CONTROL_SERVER_LR), ("rfa", CONTROL_SERVER_LR), ("fedavg", 1.0), ("rfa", 1.0))
+#: the tuning's six initial step sizes, half a decade apart
+TUNE_RATES = (0.01, 0.0316, 0.1, 0.316, 1.0, 3.16)
+#: method -> the values its step size is searched over: RAGA's ``lr_scale``, the others' rate
+STEPS = {"raga": (0.1, 0.316, 1.0, 3.16, 10.0, 31.6), "fedavg": TUNE_RATES, "rfa": TUNE_RATES, "byrdsaga": TUNE_RATES}
+SCREEN_ROUNDS = 200
+#: the screening evaluations a setting is chosen on (every 10 rounds): rounds 160-200
+CHOSEN_ON = 5
+FRACTIONS = (0.1, 0.2, 0.3, 0.4)
 ATTACKS = {"gaussian": "GaussianAttack", "signflip": "SignFlipAttack", "alie": "ALIEAttack", "ipm": "IPMAttack",
            "scaling": "ScalingAttack", "labelflip": "LabelFlipAttack"}
 
 
+def step_arguments(method: str, step: float) -> list[str]:
+    """The arguments that set ``method``'s step size to ``step`` (a value of :data:`STEPS`) in its own paper's setup."""
+    if method == "raga":
+        return ["--model.init_args.lr_scale", repr(step)]
+    if method == "byrdsaga":
+        return ["--model.init_args.step_size", repr(step)]
+    return ["--model.init_args.schedule", "constant", "--model.init_args.client.init_args.lr", repr(step)]
+
+
 def run(study: str, method: str, seed: int, server_lr: Optional[float] = None, attack: str = "none",
-        fraction: float = 0.0, rounds: int = ROUNDS) -> Run:
-    """``method`` (``raga``, ``fedavg``, ``rfa``, ``byrdsaga``) with ``seed``; ``attack`` is ``"none"`` at fraction 0."""
+        fraction: float = 0.0, rounds: int = ROUNDS, step: Optional[float] = None) -> Run:
+    """``method`` (``raga``, ``fedavg``, ``rfa``, ``byrdsaga``) with ``seed``; ``attack`` is ``"none"``
+    at fraction 0; ``step``: the step size in the method's own setup (:func:`step_arguments`), None:
+    the configs' (RAGA's schedule for every method but Byrd-SAGA, whose gamma is 0.1)."""
     args = ["--config", BASE]
     if method != "raga":
         args += ["--config", f"configs/raga/methods/{method}.yaml"]
     if server_lr is not None:
         args += ["--model.init_args.server_lr", repr(server_lr)]
+    if step is not None:
+        args += step_arguments(method, step)
     if attack != "none":
         args += [f"--trainer.callbacks+=fl_lightning.callbacks.attacks.{ATTACKS[attack]}",
                  f"--trainer.callbacks.fraction={fraction}"]
     args += ["--model.init_args.client_backend", "batched", "--seed_everything", str(seed), "--model.init_args.seed",
              str(seed), "--trainer.max_epochs", str(rounds), "--trainer.limit_val_batches", "0"]
-    params = dict(study=study, method=method, server_lr=server_lr, attack=attack, fraction=fraction, seed=seed,
-                  rounds=rounds)
+    params = dict(study=study, method=method, server_lr=server_lr, step=step, attack=attack, fraction=fraction,
+                  seed=seed, rounds=rounds)
     slr = "" if server_lr is None else f"_slr{server_lr:.3g}"
-    return Run(f"{study}/{method}{slr}_{attack}_{fraction:g}_s{seed}", args, params, every=EVERY)
+    size = "" if step is None else f"_{'scale' if method == 'raga' else 'lr'}{step:g}"
+    return Run(f"{study}/{method}{slr}{size}_{attack}_{fraction:g}_s{seed}", args, params, every=EVERY)
+
+
+def screen_score(run: results.Run) -> float:
+    """Mean validation accuracy over the last ``CHOSEN_ON`` evaluations."""
+    return results.mean_of_last(run, "val_acc", CHOSEN_ON)
+
+
+def tuned(runs: list[results.Run]) -> dict[str, float]:
+    """Method -> its chosen step size, for every method whose screening is complete in ``runs``."""
+    by_name = {r["name"]: r for r in runs}
+    chosen = {}
+    for method, steps in STEPS.items():
+        found = [by_name.get(run("screen", method, 0, step=step, rounds=SCREEN_ROUNDS).name) for step in steps]
+        if None not in found:
+            scores = [screen_score(r) for r in found]
+            chosen[method] = steps[scores.index(max(scores))]
+    return chosen
 
 
 def runs() -> list[Run]:
-    return [run("control", method, seed, server_lr) for seed in SEEDS for method, server_lr in CONTROL]
+    plan = [run("control", method, seed, server_lr) for seed in SEEDS for method, server_lr in CONTROL]
+    plan += [run("screen", method, 0, step=step, rounds=SCREEN_ROUNDS) for method, steps in STEPS.items() for step in steps]
+    chosen = tuned(results.load(RESULTS))
+    missing = [m for m in STEPS if m not in chosen]
+    if missing:
+        warnings.warn(f"the table runs of {missing} are not planned: their step sizes come from the screen runs, "
+                      f"which {RESULTS} lacks (python -m experiments.sweep raga --only 'screen/*')")
+    cases = [("none", 0.0)] + [(attack, fraction) for attack in ATTACKS for fraction in FRACTIONS]
+    plan += [run("table", method, seed, attack=attack, fraction=fraction, step=step)
+             for seed in SEEDS for attack, fraction in cases for method, step in chosen.items()]
+    return plan
 
 
 def summary(cli: Any) -> dict[str, Any]:

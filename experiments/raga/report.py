@@ -1,149 +1,106 @@
-"""The tables and figures of ``docs/results/raga.md``, from the runs in its result file.
+"""The tables and figure of ``docs/results/raga.md``, from the runs in its result file.
 
     python -m experiments.raga.report [docs/results/raga.json] [--figures docs/results]
 
-A run is (model, rounds, method, attack, Byzantine fraction); the attack-free run of a method
-(attack ``none``, fraction 0) is the first column of every attack's table. ``--figures DIR``
-draws the document's figures, ``raga_<model>_r<rounds>_<attack>.png``.
+Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds.
+
+* the control experiment (``control``), per setting (RAGA; FedAvg and RFA at server lr 1/K and 1):
+  the final test accuracy, the test accuracy at the best validation, the best and the mean of the
+  last five evaluations; each setting's difference to RAGA, paired by seed, with its 95 %
+  confidence interval, and how far its curve strays from RAGA's (the largest and the mean absolute
+  gap over the evaluated rounds, per seed); the test accuracy at a few rounds.
+
+``--figures DIR`` draws ``raga_control.png`` (test accuracy per round, mean over seeds, band: min–max).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
+
+import numpy as np
 
 from experiments import results
+from experiments.raga.plan import CONTROL, CONTROL_SERVER_LR
+from experiments.seed_stats import Groups, best_validation, final_accuracy, fmt, paired, series
+from experiments.seed_stats import curve_table as seed_curve_table
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "raga.json"
 NAMES = {"raga": "RAGA", "fedavg": "FedAvg", "rfa": "RFA", "byrdsaga": "Byrd-SAGA"}
-FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4)
-#: the figures of the document: (model, rounds, attack)
-FIGURES = (("mlp", 200, "gaussian"), ("lenet", 60, "gaussian"), ("mlp", 1000, "gaussian"), ("mlp", 200, "signflip"),
-           ("mlp", 200, "alie"))
+CURVE_ROUNDS = (10, 50, 100, 200, 400, 600, 800, 1000)
 
 
-class Grid:
-    """The runs of one model and length, looked up by method, attack and fraction."""
-
-    def __init__(self, runs: list[results.Run], model: str, rounds: int) -> None:
-        self.runs = {(r["params"]["method"], r["params"]["attack"], r["params"]["fraction"]): r
-                     for r in results.select(runs, model=model, rounds=rounds)}
-
-    def get(self, method: str, attack: str, fraction: float) -> Optional[results.Run]:
-        return self.runs.get((method, "none" if fraction == 0 else attack, fraction))
-
-    def accuracy(self, method: str, attack: str, fraction: float, round_number: Optional[int] = None) -> float:
-        run = self.get(method, attack, fraction)
-        return results.last(run, "test_acc") if round_number is None else results.at_round(run, "test_acc", round_number)
-
-    def column(self, attack: str, fraction: float) -> str:
-        """A fraction as a column head: the target, and the share and number of Byzantine clients achieved."""
-        if fraction == 0:
-            return "0"
-        summary = next(r for (m, a, f), r in self.runs.items() if a == attack and f == fraction)["summary"]
-        return f"{fraction:g} ({summary['achieved_fraction']:.3f}, {summary['num_byzantine']} cl.)"
+def label(method: str, server_lr: Optional[float]) -> str:
+    """``FedAvg, server lr 1/K``: a control setting's row label."""
+    if server_lr is None:
+        return f"{NAMES[method]} (server step η^t)"
+    return f"{NAMES[method]}, server lr " + ("1/K" if server_lr == CONTROL_SERVER_LR else f"{server_lr:g}")
 
 
-def final_table(grid: Grid, attack: str, fractions: Sequence[float] = FRACTIONS, drop: bool = False) -> str:
-    """Final test accuracy: rows methods, columns fractions (and the drop from 0 to the last fraction)."""
-    head = "| method | " + " | ".join(grid.column(attack, f) for f in fractions) + " |"
-    rule = "|---" * (len(fractions) + 1) + "|"
-    if drop:
-        head, rule = head + f" drop 0 -> {fractions[-1]:g} |", rule + "---|"
-    lines = [head, rule]
-    for m in NAMES:
-        cells = [f"{grid.accuracy(m, attack, f):.4f}" for f in fractions]
-        if drop:
-            cells.append(f"{grid.accuracy(m, attack, 0.0) - grid.accuracy(m, attack, fractions[-1]):.3f}")
-        lines.append(f"| {NAMES[m]} | " + " | ".join(cells) + " |")
+def control_groups(runs: list[results.Run]) -> Groups:
+    """Row label -> the control runs of a setting (seed order), in :data:`CONTROL` order."""
+    groups: Groups = {}
+    for method, server_lr in CONTROL:
+        group = sorted(results.select(runs, study="control", method=method, server_lr=server_lr),
+                       key=lambda r: r["params"]["seed"])
+        if group:
+            groups[label(method, server_lr)] = group
+    return groups
+
+
+def accuracy_table(groups: Groups) -> str:
+    """Final, best-validation, best and last-5 test accuracy of each setting."""
+    lines = ["| setting (attack-free, 1000 rounds) | seeds | final | at best val | best | last 5 |", "|---|---|---|---|---|---|"]
+    for name, group in groups.items():
+        _, acc = series(group, "test_acc")
+        lines.append(f"| {name} | {len(group)} | {fmt(final_accuracy(group), 100)} | {fmt(best_validation(group)[0], 100)} | "
+                     f"{fmt(acc.max(axis=1), 100)} | {fmt(acc[:, -5:].mean(axis=1), 100)} |")
     return "\n".join(lines)
 
 
-def curve_grid(grid: Grid, attack: str, fractions: Sequence[float], rounds: Sequence[int]) -> str:
-    """Test accuracy at ``rounds``: rows fractions, columns methods, the rounds side by side in a cell."""
-    lines = ["| fraction | " + " | ".join(NAMES.values()) + " |", "|---" * (len(NAMES) + 1) + "|"]
-    for f in fractions:
-        cells = [" ".join(f"{grid.accuracy(m, attack, f, t):.3f}" for t in rounds) for m in NAMES]
-        lines.append(f"| {f:g} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def curve_gaps(a: list[results.Run], b: list[results.Run]) -> tuple[np.ndarray, np.ndarray]:
+    """Per seed both groups ran: the largest and the mean ``|acc_a - acc_b|`` over the evaluated rounds."""
+    seeds = sorted({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
+    a, b = ([r for r in g if r["params"]["seed"] in seeds] for g in (a, b))
+    gap = np.abs(series(a, "test_acc")[1] - series(b, "test_acc")[1])
+    return gap.max(axis=1), gap.mean(axis=1)
 
 
-def curve_rows(grid: Grid, attack: str, fractions: Sequence[float], rounds: Sequence[int]) -> str:
-    """Test accuracy at ``rounds``: one row per fraction and method."""
-    lines = ["| fraction | method | " + " | ".join(map(str, rounds)) + " |", "|---|---|" + "---|" * len(rounds)]
-    for f in fractions:
-        for m in NAMES:
-            lines.append(f"| {f:g} | {NAMES[m]} | " + " | ".join(f"{grid.accuracy(m, attack, f, t):.3f}" for t in rounds) + " |")
-    return "\n".join(lines)
-
-
-def method_rows(grid: Grid, attack: str, fraction: float, rounds: Sequence[int], methods: Sequence[str] = tuple(NAMES)) -> str:
-    """Test accuracy at ``rounds`` at one fraction: one row per method."""
-    lines = ["| method | " + " | ".join(map(str, rounds)) + " |", "|---" * (len(rounds) + 1) + "|"]
-    for m in methods:
-        lines.append(f"| {NAMES[m]} | " + " | ".join(f"{grid.accuracy(m, attack, fraction, t):.3f}" for t in rounds) + " |")
-    return "\n".join(lines)
-
-
-def longer_check(grid: Grid, rounds: Sequence[int]) -> str:
-    """RAGA and FedAvg at 0 and 0.4 under the Gaussian attack, with the wall time of each run."""
-    lines = ["| method, Byzantine fraction | " + " | ".join(map(str, rounds)) + " | wall s |",
-             "|---" * (len(rounds) + 2) + "|"]
-    for m in ("raga", "fedavg"):
-        for f in (0.0, 0.4):
-            run = grid.get(m, "gaussian", f)
-            where = "0" if f == 0 else f"0.4 ({run['summary']['achieved_fraction']:.3f}, {run['summary']['num_byzantine']} clients)"
-            accs = " | ".join(f"{results.at_round(run, 'test_acc', t):.3f}" for t in rounds)
-            lines.append(f"| {NAMES[m]}, {where} | {accs} | {run['wall_s']:.0f} |")
-    return "\n".join(lines)
-
-
-def wall_table(grid: Grid) -> str:
-    """Wall time per run of each method (min / mean / max) and in total."""
-    rounds = {r["params"]["rounds"] for r in grid.runs.values()}.pop()
-    lines = [f"| method | runs | wall s per {rounds}-round run (min / mean / max) |", "|---|---|---|"]
-    for m in NAMES:
-        w = [r["wall_s"] for (method, _, _), r in grid.runs.items() if method == m]
-        lines.append(f"| {NAMES[m]} | {len(w)} | {min(w):.0f} / {sum(w) / len(w):.0f} / {max(w):.0f} |")
-    total = sum(r["wall_s"] for r in grid.runs.values())
-    lines.append(f"| all | {len(grid.runs)} | {total / 60:.1f} min in total |")
+def differences_table(groups: Groups) -> str:
+    """Each setting minus RAGA, paired by seed (points, 95 % CI), and the gap between the curves."""
+    reference_label, reference = next(iter(groups.items()))
+    lines = [f"| minus {reference_label} (points) | final: mean ± std [95 % CI] | at best val: mean ± std [95 % CI] | "
+             "largest gap over the rounds | mean gap over the rounds |", "|---|---|---|---|---|"]
+    for name, group in list(groups.items())[1:]:
+        largest, mean = curve_gaps(group, reference)
+        lines.append(f"| {name} | {paired(group, reference, final_accuracy)} | "
+                     f"{paired(group, reference, lambda g: best_validation(g)[0])} | {fmt(largest, 100)} | {fmt(mean, 100)} |")
     return "\n".join(lines)
 
 
 def tables(runs: list[results.Run]) -> list[str]:
-    """Every table of the document, in order."""
-    r20, r60, r200 = Grid(runs, "mlp", 20), Grid(runs, "mlp", 60), Grid(runs, "mlp", 200)
-    lenet, r1000 = Grid(runs, "lenet", 60), Grid(runs, "mlp", 1000)
-    return [
-        final_table(r20, "gaussian"), final_table(r20, "signflip"), final_table(r20, "alie"),
-        curve_grid(r20, "gaussian", (0.0, 0.2, 0.4), (5, 10, 15, 20)), wall_table(r20),
-        longer_check(r60, (10, 20, 30, 40, 50, 60)),
-        final_table(r200, "gaussian", drop=True), curve_grid(r200, "gaussian", FRACTIONS, (50, 100, 150, 200)),
-        final_table(lenet, "gaussian", (0.0, 0.4), drop=True), curve_rows(lenet, "gaussian", (0.0, 0.4), (10, 20, 30, 40, 50, 60)),
-        final_table(r1000, "gaussian", (0.0, 0.4), drop=True),
-        curve_rows(r1000, "gaussian", (0.0, 0.4), (100, 200, 400, 600, 800, 1000)),
-        final_table(r200, "signflip"), method_rows(r200, "signflip", 0.4, (10, 20, 50, 80, 100, 150, 200)),
-        final_table(r200, "alie"),
-    ]
+    """Every table of the document, in its order."""
+    groups = control_groups(runs)
+    if not groups:
+        return []
+    return [accuracy_table(groups), differences_table(groups),
+            seed_curve_table(groups, "test_acc", 100, rounds=CURVE_ROUNDS, digits=2)]
 
 
-def plot(grid: Grid, attack: str, title: str, path: Path) -> None:
-    """Test accuracy per round, one panel per Byzantine fraction, one line per method."""
+def plot(groups: Groups, path: Path) -> None:
+    """Test accuracy per evaluated round of each control setting, mean over seeds, band min–max."""
     from experiments.plots import plt, save
 
-    fractions = sorted({f for (_, a, f) in grid.runs if a in (attack, "none")})
-    fig, axes = plt.subplots(1, len(fractions), figsize=(2.6 * len(fractions), 2.6), sharey=True, squeeze=False)
-    for ax, f in zip(axes[0], fractions):
-        for m in NAMES:
-            run = grid.get(m, attack, f)
-            if run is not None:
-                ax.plot(*results.series(run, "test_acc"), label=NAMES[m])
-        ax.set_title(f"{title}, {attack}, fraction {f:g}", fontsize=8)
-        ax.set_xlabel("round")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("test accuracy")
-    axes[0][0].legend(fontsize=7)
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for name, group in groups.items():
+        rounds, acc = series(group, "test_acc")
+        line, = ax.plot(rounds, 100 * acc.mean(0), label=f"{name} ({len(group)} seeds)")
+        ax.fill_between(rounds, 100 * acc.min(0), 100 * acc.max(0), color=line.get_color(), alpha=0.2)
+    ax.set(xlabel="round", ylabel="global test accuracy (%)", title="MNIST MLP, 50 clients, attack-free: the server step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_ylim(85, 100)
     fig.tight_layout()
     save(fig, path)
 
@@ -151,14 +108,12 @@ def plot(grid: Grid, attack: str, title: str, path: Path) -> None:
 def main(argv: Any = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="?", type=Path, default=RESULTS)
-    parser.add_argument("--figures", type=Path, help="folder for the document's figures")
+    parser.add_argument("--figures", type=Path, help="folder for raga_control.png")
     opts = parser.parse_args(argv)
     runs = results.load(opts.results)
     print("\n\n".join(tables(runs)))
-    if opts.figures:
-        for model, rounds, attack in FIGURES:
-            plot(Grid(runs, model, rounds), attack, model.upper() if model == "mlp" else "LeNet",
-                 opts.figures / f"raga_{model}_r{rounds}_{attack}.png")
+    if opts.figures and control_groups(runs):
+        plot(control_groups(runs), opts.figures / "raga_control.png")
 
 
 if __name__ == "__main__":

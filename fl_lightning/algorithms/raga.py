@@ -29,6 +29,7 @@ from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
+from fl_lightning.validation import check_number
 from fl_lightning.vectors import Layout
 
 Schedule = Literal["paper", "constant"]
@@ -48,22 +49,26 @@ def paper_learning_rate(round_number: int, total_rounds: int) -> float:
 
 
 class PaperLR(LRScheduler):
-    """RAGA's ``eta^t = T / (100 t + 10 T)`` as a per-round scheduler (round ``t = last_epoch + 1``);
-    the optimizer's own rate is replaced, not scaled.
+    """RAGA's ``eta^t = T / (100 t + 10 T)`` as a per-round scheduler (round ``t = last_epoch + 1``),
+    times ``scale``; the optimizer's own rate is replaced, not scaled.
 
     Args:
         optimizer: the (template) local optimizer.
         total_rounds: ``T``.
+        scale: the factor on the schedule (1: the paper's).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_rounds: int, last_epoch: int = -1) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, total_rounds: int, last_epoch: int = -1,
+                 scale: float = 1.0) -> None:
         if total_rounds < 1:
             raise ValueError(f"total_rounds must be >= 1, got {total_rounds}")
         self.total_rounds = total_rounds
+        self.scale = check_number("scale", scale, 0.0, low_open=True)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
-        return [paper_learning_rate(self.last_epoch + 1, self.total_rounds) for _ in self.optimizer.param_groups]
+        rate = self.scale * paper_learning_rate(self.last_epoch + 1, self.total_rounds)
+        return [rate for _ in self.optimizer.param_groups]
 
 
 def check_schedule(schedule: str, total_rounds: Optional[int]) -> None:
@@ -75,16 +80,17 @@ def check_schedule(schedule: str, total_rounds: Optional[int]) -> None:
 
 
 def paper_schedule(
-    optimizer: torch.optim.Optimizer, schedule: str, total_rounds: Optional[int], trainer: pl.Trainer
+    optimizer: torch.optim.Optimizer, schedule: str, total_rounds: Optional[int], trainer: pl.Trainer,
+    scale: float = 1.0,
 ) -> Optional[LRScheduler]:
-    """:class:`PaperLR` on ``optimizer`` if ``schedule`` is ``"paper"`` (``T``: ``total_rounds``,
-    else the Trainer's ``max_epochs``), else None (the client's own schedule)."""
+    """:class:`PaperLR` (times ``scale``) on ``optimizer`` if ``schedule`` is ``"paper"`` (``T``:
+    ``total_rounds``, else the Trainer's ``max_epochs``), else None (the client's own schedule)."""
     if schedule != "paper":
         return None
     horizon = total_rounds if total_rounds is not None else trainer.max_epochs
     if horizon is None or horizon < 1:
         raise ValueError(f"the paper schedule needs total_rounds or trainer.max_epochs >= 1, got {horizon}")
-    return PaperLR(optimizer, horizon)
+    return PaperLR(optimizer, horizon, scale=scale)
 
 
 def require_parameters_only(module: FederatedModule) -> None:
@@ -110,6 +116,9 @@ class RAGA(FederatedModule):
         schedule: the local rate ``eta_m^{t,k}``: ``"paper"`` (``T/(100t + 10T)``) or
             ``"constant"`` (the client optimizer's rate, following its own schedule if any).
         total_rounds: ``T`` of the schedule (None: the Trainer's ``max_epochs``).
+        lr_scale: a factor on the paper schedule, ``eta^t = lr_scale * T / (100 t + 10 T)`` (1, the
+            paper's; the handle that tunes RAGA's step size; refused with ``schedule="constant"``,
+            where the client's rate is the handle).
         server_lr: the global rate ``eta^t`` of eq. 14; None (the paper's choice) takes the round's
             local rate, a number fixes it for every round (the theory's separate global rate).
         eps: Weiszfeld tolerance (objective decrease).
@@ -125,18 +134,24 @@ class RAGA(FederatedModule):
         client: pl.LightningModule,
         schedule: Schedule = "paper",
         total_rounds: Optional[int] = None,
+        lr_scale: float = 1.0,
         server_lr: Optional[float] = None,
         eps: float = 1e-5,
         max_iter: int = 100,
         **kwargs: Any,
     ) -> None:
         check_schedule(schedule, total_rounds)
+        check_number("lr_scale", lr_scale, 0.0, low_open=True)
+        if schedule == "constant" and lr_scale != 1.0:
+            raise ValueError(f"lr_scale scales the paper schedule; with schedule='constant' set the client's lr instead "
+                             f"(got lr_scale={lr_scale})")
         if server_lr is not None:
             kwargs["server_lr"] = server_lr  # checked by FederatedModule
         super().__init__(client, **kwargs)
         require_parameters_only(self)
         self.schedule = schedule
         self.total_rounds = total_rounds
+        self.lr_scale = lr_scale
         #: the fixed global rate, or None: the round's local rate
         self.global_lr = server_lr
         self.default_aggregator = GeometricMedian(self.weighting, eps=eps, max_iter=max_iter)
@@ -148,7 +163,7 @@ class RAGA(FederatedModule):
         require_plain_sgd(self.local_optimizer(), type(self).__name__)
 
     def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[LRScheduler]:
-        return paper_schedule(optimizer, self.schedule, self.total_rounds, self.trainer)
+        return paper_schedule(optimizer, self.schedule, self.total_rounds, self.trainer, self.lr_scale)
 
     def client_init(self, run: ClientRun) -> None:
         run.scratch["grad_sum"] = [torch.zeros_like(p) for p in run.params]
