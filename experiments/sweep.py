@@ -3,7 +3,7 @@ overrides the plan lists, and each run's per-round metrics go into a compact res
 
     python -m experiments.sweep feddro --list                        # the runs, as fl-lightning commands
     python -m experiments.sweep feddro --out runs/feddro.json        # run them all (one after the other)
-    python -m experiments.sweep feddro --only 'fedavg_*' feddro_lam5_beta0.5_s0 --out runs/feddro.json
+    python -m experiments.sweep feddro --only 'tune/fedavg_*' tune/feddro_lr0.05_lam2_I1_s0 --out runs/feddro.json
     python -m experiments.feddro.report runs/feddro.json             # the document's tables from that file
 
 A plan, ``experiments/<paper>/plan.py``, has ``runs()``, the list of :class:`Run` (name, arguments,
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib
+import math
 import shlex
 import sys
 import time
@@ -50,6 +51,10 @@ class Run:
         train: also measure loss and accuracy on the pooled training splits.
         metrics: prefixes of the logged metrics to record at the evaluated rounds where a
             validation ran (what validation callbacks log: ``class/``, ``local``...).
+        classes: also record each evaluated set's balanced (mean per-class) and worst-class
+            accuracy, and each class's on the test set (:func:`measures`).
+        dro_lam: also record the KL-DRO objective with this lambda on the pooled training splits
+            (``train_kl_dro``; measured there whether or not ``train`` is set).
     """
 
     name: str
@@ -59,6 +64,8 @@ class Run:
     at_start: bool = False
     train: bool = False
     metrics: tuple[str, ...] = ()
+    classes: bool = False
+    dro_lam: Optional[float] = None
 
     def command(self) -> str:
         """The run as a shell command."""
@@ -66,46 +73,83 @@ class Run:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset: Dataset, batch_size: int) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` on ``dataset``."""
+def per_sample(model: torch.nn.Module, dataset: Dataset, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sample of ``dataset``: the cross-entropy of ``model`` (as float64), whether its prediction
+    is right, and the label."""
     model.eval()
     device = next(model.parameters()).device
-    loss, correct, n = 0.0, 0, 0
+    losses, right, labels = [], [], []
     for x, y in DataLoader(dataset, batch_size=batch_size):
         x, y = x.to(device), y.to(device)
         logits = model(x)
-        loss += float(F.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(-1) == y).sum())
-        n += len(y)
+        losses.append(F.cross_entropy(logits, y, reduction="none").double().cpu())
+        right.append((logits.argmax(-1) == y).cpu())
+        labels.append(y.cpu())
     model.train()
-    return loss / n, correct / n
+    return torch.cat(losses), torch.cat(right), torch.cat(labels)
+
+
+def evaluate(model: torch.nn.Module, dataset: Dataset, batch_size: int) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on ``dataset``."""
+    losses, right, _ = per_sample(model, dataset, batch_size)
+    return float(losses.mean()), float(right.double().mean())
+
+
+def measures(losses: torch.Tensor, right: torch.Tensor, labels: torch.Tensor, classes: bool = False,
+             dro_lam: Optional[float] = None) -> dict[str, float]:
+    """``loss`` and ``acc`` of per-sample figures (:func:`per_sample`); with ``classes``, the mean
+    per-class accuracy ``acc_balanced``, the lowest ``acc_worst_class`` and each ``acc_class<c>``
+    (classes present in ``labels``); with ``dro_lam``, the KL-DRO objective
+    ``kl_dro = lam log mean_i exp(loss_i / lam)`` (the exact inner maximum of the KL-regularized DRO problem)."""
+    out = {"loss": float(losses.mean()), "acc": float(right.double().mean())}
+    if classes:
+        present = labels.unique()
+        per_class = {int(c): float(right[labels == c].double().mean()) for c in present}
+        out["acc_balanced"] = sum(per_class.values()) / len(per_class)
+        out["acc_worst_class"] = min(per_class.values())
+        out.update({f"acc_class{c}": v for c, v in per_class.items()})
+    if dro_lam is not None:
+        out["kl_dro"] = float(dro_lam * (torch.logsumexp(losses / dro_lam, 0) - math.log(len(losses))))
+    return out
 
 
 class Recorder(pl.Callback):
     """Records the global model's metrics at the rounds a :class:`Run` asks for: ``test_loss`` and
     ``test_acc`` on the global test set, ``val_loss`` and ``val_acc`` on the pooled validation
     splits (where the clients hold any: what tuning chooses on), ``train_loss`` and ``train_acc``
-    on the pooled training splits (``train``), and the logged metrics named by ``metrics`` when a
-    validation ran in that round. Test figures are measured here, whatever the Trainer validates on."""
+    on the pooled training splits (``train``), the per-class figures of each (``classes``), the
+    KL-DRO objective on the training splits (``dro_lam``), and the logged metrics named by
+    ``metrics`` when a validation ran in that round. Test figures are measured here, whatever the
+    Trainer validates on."""
 
-    def __init__(self, every: int, at_start: bool = False, train: bool = False, metrics: Sequence[str] = ()) -> None:
+    def __init__(self, every: int, at_start: bool = False, train: bool = False, metrics: Sequence[str] = (),
+                 classes: bool = False, dro_lam: Optional[float] = None) -> None:
         self.every = every
         self.at_start = at_start
         self.train = train
         self.metrics = tuple(metrics)
+        self.classes = classes
+        self.dro_lam = dro_lam
         self.history: list[dict[str, float]] = []
         self._validated_round = -1
 
     def measure(self, trainer: pl.Trainer, module: Any, round_number: int) -> dict[str, float]:
         """The evaluation after ``round_number`` rounds."""
         dm = trainer.datamodule
-        point: dict[str, float] = {"round": round_number}
-        point["test_loss"], point["test_acc"] = evaluate(module.client, dm.global_test_set(), dm.eval_batch_size)
+        sets = {"test": dm.global_test_set()}
         if any(len(split) for split in dm.splits["val"]):
-            point["val_loss"], point["val_acc"] = evaluate(module.client, dm.validation_set(), dm.eval_batch_size)
-        if self.train:
-            pooled = Subset(dm.pool, np.concatenate(dm.splits["train"]).tolist())
-            point["train_loss"], point["train_acc"] = evaluate(module.client, pooled, dm.eval_batch_size)
+            sets["val"] = dm.validation_set()
+        if self.train or self.dro_lam is not None:
+            sets["train"] = Subset(dm.pool, np.concatenate(dm.splits["train"]).tolist())
+        point: dict[str, float] = {"round": round_number}
+        for name, dataset in sets.items():
+            figures = measures(*per_sample(module.client, dataset, dm.eval_batch_size), self.classes,
+                               self.dro_lam if name == "train" else None)
+            if name == "train" and not self.train:
+                figures = {"kl_dro": figures["kl_dro"]}
+            if name != "test":  # each class's accuracy on the test set only
+                figures = {k: v for k, v in figures.items() if not k.startswith("acc_class")}
+            point.update({f"{name}_{key}": value for key, value in figures.items()})
         if self._validated_round == round_number:
             point.update({k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith(self.metrics)})
         return point
@@ -123,7 +167,7 @@ class Recorder(pl.Callback):
         if round_number % self.every == 0 or round_number == trainer.max_epochs:
             self.history.append(self.measure(trainer, module, round_number))
             print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in self.history[-1].items()), flush=True)
+                           for k, v in self.history[-1].items() if "_acc_class" not in k), flush=True)
 
 
 def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
@@ -132,7 +176,7 @@ def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
              "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
              "--trainer.default_root_dir", f"runs/{paper}/{run.name}"]
     cli = FederatedCLI(args=[*run.args, *quiet], run=False)
-    recorder = Recorder(run.every, run.at_start, run.train, run.metrics)
+    recorder = Recorder(run.every, run.at_start, run.train, run.metrics, run.classes, run.dro_lam)
     cli.trainer.callbacks.append(recorder)
     start = time.perf_counter()
     cli.trainer.fit(cli.model, cli.datamodule)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import pickle
+import warnings
 
 import pytest
+import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
@@ -155,6 +157,29 @@ def test_pdsgd_resumes_exactly_with_its_duals(tmp_path):
     assert torch.equal(global_vector(straight), global_vector(resumed))
     assert torch.equal(straight.store.get(0, "log_dual"), resumed.store.get(0, "log_dual"))
     assert isinstance(pickle.loads(pickle.dumps(build())), PDSGD)
+
+
+def test_pdsgd_warns_when_its_dual_step_would_pile_the_duals_onto_the_latest_batches():
+    """dual_lr * n / b > 1 warns; at 14 the duals concentrate on the latest batch and the primal step stops."""
+    data = synthetic(1, min_samples=2000, max_samples=2000, batch_size=10)
+    steps = []
+
+    class Moves(pl.Callback):
+        def on_train_epoch_start(self, trainer, module):
+            self.start = global_vector(module).clone()
+
+        def on_train_epoch_end(self, trainer, module):
+            steps.append(float((global_vector(module) - self.start).norm()))
+
+    with pytest.warns(UserWarning, match=r"1399 samples .* dual_lr \* n / b = 14 .* use dual_lr below b / n = 0.00715"):
+        trainer(3, callbacks=[Moves()]).fit(PDSGD(tiny_client(), lam=1.0, dual_lr=0.1, local_steps=2, seed=0), data)
+    assert steps[0] > 0 and max(steps[1:]) < 1e-6 * steps[0]  # moved in round 1, then stopped
+    steps.clear()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="PDSGD")
+        trainer(3, callbacks=[Moves()]).fit(PDSGD(tiny_client(), lam=1.0, dual_lr=0.0007, local_steps=2, seed=0),
+                                            synthetic(1, min_samples=2000, max_samples=2000, batch_size=10))
+    assert min(steps) > 0.1 * steps[0]
 
 
 def test_pdsgd_needs_the_one_client_that_holds_every_sample():

@@ -124,3 +124,43 @@ def test_raga_table_is_planned_from_the_last_five_evaluations_once_the_screening
     table = [r for r in raga.runs() if r.name.startswith("table")]
     assert len(table) == 4 * 3 * (1 + len(raga.ATTACKS) * len(raga.FRACTIONS))
     assert "table/fedavg_lr0.0316_ipm_0.3_s2" in {r.name for r in table}
+
+
+def feddro_runs(study_runs: list, seeds_value=lambda run: 0.5) -> list[dict]:
+    """Made-up records of FedDRO-plan runs: every evaluated figure ``seeds_value(run)``."""
+    keys = ["test_acc", "test_acc_balanced", "test_acc_worst_class", "val_acc_balanced", "train_acc", "train_kl_dro",
+            *(f"test_acc_class{c}" for c in range(10))]
+    return [{"name": r.name, "params": r.params,
+             "history": [{"round": k * r.every, **dict.fromkeys(keys, seeds_value(r))} for k in range(1, 4)]}
+            for r in study_runs]
+
+
+def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_once_complete(monkeypatch, tmp_path):
+    from experiments import results
+    from experiments.feddro import plan as feddro
+    from experiments.feddro import report
+
+    tune = feddro.tune_runs()
+    assert {m: [r.params["lr"] for r in tune if r.params["method"] == m] for m in feddro.METHODS} == \
+        dict.fromkeys(feddro.METHODS, [0.001, 0.01, 0.05, 0.1])
+    assert all(r.params["rounds"] == feddro.EPOCHS * feddro.STEPS_PER_EPOCH and r.every == feddro.STEPS_PER_EPOCH
+               for r in tune)
+    records = feddro_runs(tune, lambda r: 0.9 if r.params["lr"] == 0.05 else 0.5)
+    assert feddro.tuned(records) == dict.fromkeys(feddro.METHODS, 0.05)
+    assert feddro.tuned(records[1:]) == {m: 0.05 for m in feddro.METHODS if m != "feddro"}
+    path = tmp_path / "feddro.json"
+    monkeypatch.setattr(feddro, "RESULTS", path)
+    with pytest.warns(UserWarning, match="feddro"):
+        assert [r.params["study"] for r in feddro.runs()] == ["tune"] * len(tune)
+    results.save(path, records)
+    planned = feddro.runs()
+    table = [r for r in planned if r.params["study"] == "table"]
+    assert len(table) == len(feddro.SEEDS) * (3 * len(feddro.LAMS) + 2)  # FedAvg and FastDRO have no lambda
+    sweep = [r for r in planned if r.params["study"] == "local_steps"]
+    assert sorted({r.params["local_steps"] for r in sweep}) == list(feddro.LOCAL_STEPS)
+    assert all(r.params["rounds"] == feddro.SWEEP_ROUNDS for r in sweep)
+    # the report reads them: FedDRO against the baselines at its lambda, paired by seed
+    done = records + feddro_runs(table + sweep, lambda r: 0.8 if r.params["method"] == "feddro" else 0.6 + 0.01 * r.params["seed"])
+    tables = report.tables(done)
+    assert len(tables) == 4 and "**90.00**" in tables[0]
+    assert "| FedAvg (ERM) (FedDRO λ 2) | +18.00 ± 1.58" in tables[2]

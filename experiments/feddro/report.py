@@ -1,122 +1,149 @@
-"""The tables and the figure of ``docs/results/feddro.md``, from the runs in its result file.
+"""The MNIST-ST tables and figure of ``docs/results/feddro.md``, from the runs in its result file.
 
     python -m experiments.feddro.report [docs/results/feddro.json] [--figure docs/results/feddro_mnist_st.png]
 
-Rows are the variants (algorithm, lr, lambda, beta) of the 50-round runs with I = 8; a variant's
-figures are the mean (± population std) over its seeds. The I sweep is FedDRO at lambda 5,
-beta 0.5, seed 0, read at 25 model-averaging rounds.
+Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds.
+
+* the tuning (``tune``): each method's balanced validation accuracy after the last epoch at each
+  rate, the chosen one in bold (:func:`experiments.feddro.plan.tuned`);
+* the comparison (``table``), per method and lambda, after the last epoch: training accuracy (the
+  paper's headline), test accuracy, balanced, worst-class and minority-class (0-4) test accuracy,
+  the KL-DRO objective on the training data; the test accuracy at the best balanced validation;
+  FedDRO minus each baseline at the same lambda, paired by seed, with 95 % confidence intervals;
+* the local-steps study (``local_steps``): FedDRO's figures after the study's rounds, per I.
+
+``--figure`` draws training and test accuracy per epoch of each method at lambda 2 (mean over seeds).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from experiments import results
+from experiments.feddro.plan import LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
+from experiments.seed_stats import fmt, paired, series
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "feddro.json"
-METRICS = [("class/acc", "acc"), ("class/acc_worst_class", "worst-class"), ("class/acc_minority", "minority (0-4)"),
-           ("class/acc_majority", "majority (5-9)")]
-NAMES = {"fedavg": "FedAvg (CE)", "compfedavg": "vanilla comp. FedAvg (Alg. 1 case I)", "feddro": "FedDRO"}
-ORDER = {"fedavg": 0, "compfedavg": 1, "feddro": 2}
-Variant = tuple[str, float, Optional[float], Optional[float]]
-
-
-def variant(run: results.Run) -> Variant:
-    """(algorithm, lr, beta, lambda): the hyper-parameters a row of the tables stands for."""
-    p = run["params"]
-    return p["algorithm"], p["lr"], p["beta"], p["lam"]
+NAMES = {"feddro": "FedDRO", "compfedavg": "MBSGD (Alg. 1 case I)", "fastdro": "FastDRO (CVaR 0.1, centralized)",
+         "pdsgd": "PDSGD (centralized)", "fedavg": "FedAvg (ERM)"}
+MINORITY = range(5)
 
 
-def label(v: Variant) -> str:
-    alg, lr, beta, lam = v
-    extra = [f"lr {lr}"] + ([f"λ {lam}"] if lam is not None else []) + ([f"β {beta}"] if beta is not None else [])
-    return f"{NAMES[alg]} ({', '.join(extra)})"
+def minority(group: list[results.Run]) -> np.ndarray:
+    """Per seed, the mean test accuracy of the minority classes after the last epoch."""
+    return np.array([np.mean([r["history"][-1][f"test_acc_class{c}"] for c in MINORITY]) for r in group])
 
 
-def main_runs(runs: list[results.Run], local_steps: int = 8) -> dict[Variant, list[results.Run]]:
-    """The 50-round runs at ``local_steps``, grouped by variant, in a stable order."""
-    groups = defaultdict(list)
-    for r in runs:
-        if r["params"]["local_steps"] == local_steps and r["params"]["rounds"] == 50:
-            groups[variant(r)].append(r)
-    order = sorted(groups, key=lambda v: (ORDER[v[0]], -v[1], str(v)))
-    return {v: sorted(groups[v], key=lambda r: r["params"]["seed"]) for v in order}
+def last(group: list[results.Run], key: str) -> np.ndarray:
+    """Per seed, ``key`` after the last epoch."""
+    return series(group, key)[1][:, -1]
 
 
-def fmt(values: list[float]) -> str:
-    v = np.array(values)
-    return f"{v.mean():.4f} ± {v.std():.4f}" if len(v) > 1 else f"{v[0]:.4f}"
+def at_best_validation(group: list[results.Run]) -> np.ndarray:
+    """Per seed, the test accuracy at the evaluation with the highest balanced validation accuracy."""
+    val, test = series(group, "val_acc_balanced")[1], series(group, "test_acc")[1]
+    return test[np.arange(len(group)), val.argmax(axis=1)]
 
 
-def main_table(runs: list[results.Run]) -> str:
-    lines = ["| algorithm | seeds | " + " | ".join(n for _, n in METRICS) + " | worst-class per seed | wall s/run |",
-             "|---|---|" + "---|" * len(METRICS) + "---|---|"]
-    for v, rs in main_runs(runs).items():
-        last = [r["history"][-1] for r in rs]
-        cells = [fmt([h[k] for h in last]) for k, _ in METRICS]
-        per_seed = ", ".join(f"{h['class/acc_worst_class']:.3f}" for h in last)
-        lines.append(f"| {label(v)} | {','.join(str(r['params']['seed']) for r in rs)} | " + " | ".join(cells)
-                     + f" | {per_seed} | {np.mean([r['wall_s'] for r in rs]):.0f} |")
+def groups(runs: list[results.Run], study: str, **params: Any) -> dict[tuple[str, Optional[float]], list[results.Run]]:
+    """(method, lambda) -> the runs of ``study`` (seed order), in :data:`METHODS` order."""
+    out = {}
+    for method in METHODS:
+        found = results.select(runs, study=study, method=method, **params)
+        for lam in sorted({r["params"]["lam"] for r in found}, key=lambda v: -1 if v is None else v):
+            out[method, lam] = sorted(results.select(found, lam=lam), key=lambda r: r["params"]["seed"])
+    return out
+
+
+def label(method: str, lam: Optional[float]) -> str:
+    return NAMES[method] + ("" if lam is None else f", λ {lam:g}")
+
+
+def tune_table(runs: list[results.Run]) -> str:
+    """Balanced validation accuracy (%) after the last epoch per method and rate, the choice in bold."""
+    chosen = tuned(runs)
+    lines = [f"| method (λ {TUNE_LAM:g} where it has one) | " + " | ".join(f"lr {lr:g}" for lr in LRS) + " |",
+             "|---" * (len(LRS) + 1) + "|"]
+    for (method, _), group in groups(runs, "tune").items():
+        by_lr = {r["params"]["lr"]: r for r in group}
+        cells = []
+        for lr in LRS:
+            cell = f"{100 * results.last(by_lr[lr], 'val_acc_balanced'):.2f}" if lr in by_lr else "–"
+            cells.append(f"**{cell}**" if chosen.get(method) == lr else cell)
+        lines.append(f"| {NAMES[method]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def curve_table(runs: list[results.Run], key: str, local_steps: int = 8) -> str:
-    curves: dict[Variant, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for v, rs in main_runs(runs, local_steps).items():
-        for r in rs:
-            for h in r["history"]:
-                curves[v][h["round"]].append(h[key])
-    rounds = sorted({rd for c in curves.values() for rd in c})
-    lines = ["| algorithm | " + " | ".join(f"r{rd} ({rd * local_steps} st.)" for rd in rounds) + " |",
-             "|---|" + "---|" * len(rounds)]
-    for v, c in curves.items():
-        seeds = len(next(iter(c.values())))
-        lines.append(f"| {label(v)} [{seeds} seed{'s' if seeds > 1 else ''}] | " + " | ".join(
-            f"{np.mean(c[rd]):.3f}" if rd in c else "" for rd in rounds) + " |")
+def comparison_table(runs: list[results.Run]) -> str:
+    """Per method and lambda, after the last epoch, over seeds."""
+    lines = ["| method | lr | seeds | train acc | test acc | test balanced | test worst class | test minority (0-4) | "
+             "train KL-DRO objective | test acc at best val |", "|---" * 10 + "|"]
+    for (method, lam), group in groups(runs, "table").items():
+        lines.append(f"| {label(method, lam)} | {group[0]['params']['lr']:g} | {len(group)} | "
+                     f"{fmt(last(group, 'train_acc'), 100)} | {fmt(last(group, 'test_acc'), 100)} | "
+                     f"{fmt(last(group, 'test_acc_balanced'), 100)} | {fmt(last(group, 'test_acc_worst_class'), 100)} | "
+                     f"{fmt(minority(group), 100)} | {fmt(last(group, 'train_kl_dro'), 1, 4)} | "
+                     f"{fmt(at_best_validation(group), 100)} |")
     return "\n".join(lines)
 
 
-def sweep_table(runs: list[results.Run], setting: Variant, at_round: int = 25) -> str:
-    rows = {}
-    for r in runs:
-        if variant(r) == setting and r["params"]["seed"] == 0:
-            i = r["params"]["local_steps"]
-            rows[i] = (r, r["wall_s"] if r["params"]["rounds"] == at_round else None)
-    lines = [f"| I | local steps at round {at_round} | " + " | ".join(n for _, n in METRICS) + " | wall s |",
-             "|---|---|" + "---|" * len(METRICS) + "---|"]
-    for i in sorted(rows):
-        run, wall = rows[i]
-        cells = " | ".join(f"{results.at_round(run, k, at_round):.4f}" for k, _ in METRICS)
-        lines.append(f"| {i} | {i * at_round} | {cells} | {wall if wall is not None else '(from the 50-round run)'} |")
+def differences_table(runs: list[results.Run]) -> str:
+    """FedDRO minus each baseline at the same lambda (or the lambda-free baselines), paired by seed."""
+    table = groups(runs, "table")
+    lines = ["| FedDRO minus (points) | train acc: mean ± std [95 % CI] | test acc | test worst class |", "|---|---|---|---|"]
+    for (method, lam), ours in table.items():
+        if method != "feddro":
+            continue
+        for (other, other_lam), theirs in table.items():
+            if other == "feddro" or other_lam not in (None, lam):
+                continue
+            cells = [paired(ours, theirs, lambda g, k=key: last(g, k)) for key in ("train_acc", "test_acc", "test_acc_worst_class")]
+            lines.append(f"| {label(other, other_lam)} (FedDRO λ {lam:g}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def local_steps_table(runs: list[results.Run]) -> str:
+    """FedDRO after ``SWEEP_ROUNDS`` model-averaging rounds, per I, over seeds."""
+    lines = [f"| I | local steps (epochs) in {SWEEP_ROUNDS} rounds | seeds | train acc | test acc | test worst class |",
+             "|---|---|---|---|---|---|"]
+    found = results.select(runs, study="local_steps")
+    for i in sorted({r["params"]["local_steps"] for r in found}):
+        group = sorted(results.select(found, local_steps=i), key=lambda r: r["params"]["seed"])
+        steps = i * SWEEP_ROUNDS
+        lines.append(f"| {i} | {steps} ({steps / STEPS_PER_EPOCH:.2f}) | {len(group)} | {fmt(last(group, 'train_acc'), 100)} | "
+                     f"{fmt(last(group, 'test_acc'), 100)} | {fmt(last(group, 'test_acc_worst_class'), 100)} |")
     return "\n".join(lines)
 
 
 def tables(runs: list[results.Run]) -> list[str]:
-    """Every table of the document, in order."""
-    return [main_table(runs), *(curve_table(runs, key) for key, _ in METRICS[:3]),
-            sweep_table(runs, ("feddro", 0.05, 0.5, 5.0))]
+    """Every MNIST-ST table of the document, in order (none before the runs exist)."""
+    out = []
+    if results.select(runs, study="tune"):
+        out.append(tune_table(runs))
+    if results.select(runs, study="table"):
+        out += [comparison_table(runs), differences_table(runs)]
+    if results.select(runs, study="local_steps"):
+        out.append(local_steps_table(runs))
+    return out
 
 
-def plot(runs: list[results.Run], path: Path, local_steps: int = 8) -> None:
-    """Mean over seeds (band: min..max) of overall, worst-class and minority accuracy per local step."""
+def plot(runs: list[results.Run], path: Path) -> None:
+    """Training and test accuracy per epoch of each method at lambda 2 (or without one), mean over seeds."""
     from experiments.plots import plt, save
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, (key, name) in zip(axes, METRICS[:3]):
-        for v, rs in main_runs(runs, local_steps).items():
-            if len(rs) < 2:
-                continue
-            steps = [h["round"] * local_steps for h in rs[0]["history"]]
-            values = np.array([[h[key] for h in r["history"]] for r in rs])
-            ax.plot(steps, values.mean(0), label=label(v))
-            ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2)
-        ax.set_xlabel(f"local steps (I = {local_steps})")
-        ax.set_title(f"MNIST-ST test {name}")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for (method, lam), group in groups(runs, "table").items():
+        if lam not in (None, TUNE_LAM):
+            continue
+        for ax, key in zip(axes, ("train_acc", "test_acc")):
+            rounds, values = series(group, key)
+            ax.plot(rounds / (STEPS_PER_EPOCH / group[0]["params"]["local_steps"]), 100 * values.mean(0),
+                    label=label(method, lam))
+    for ax, name in zip(axes, ("training", "test")):
+        ax.set(xlabel="epoch", ylabel=f"{name} accuracy (%)", title=f"MNIST-ST, {name} accuracy, mean over seeds")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6)
     fig.tight_layout()
@@ -130,7 +157,7 @@ def main() -> None:
     opts = parser.parse_args()
     runs = results.load(opts.results)
     print("\n\n".join(tables(runs)))
-    if opts.figure:
+    if opts.figure and results.select(runs, study="table"):
         plot(runs, opts.figure)
 
 

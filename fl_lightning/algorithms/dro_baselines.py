@@ -15,6 +15,7 @@ overridden, as :class:`~fl_lightning.algorithms.feddro.FedDRO`), with the client
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Literal
 
 import pytorch_lightning as pl
@@ -109,6 +110,12 @@ class PDSGD(SampleLosses, FederatedModule):
     reported; ``lam`` and ``dual_lr`` are this implementation's choices, to be tuned like the
     primal rate. Needs a one-client federation (the duals are normalized over every sample).
 
+    The dual step moves a sampled log-weight by about ``dual_lr (n / b) l_i``: with ``n >> b`` a
+    ``dual_lr`` above ``b / n`` puts the dual mass on the latest batches, whose weights then scale
+    the next primal steps down (on MNIST-ST, ``n = 26914``, ``b = 128``, one epoch at lr 0.05:
+    ``dual_lr = 0.1`` stops the model after its first step, ``0.005 = b / n`` leaves it at 18 %
+    training accuracy, ``0.0005`` reaches 96 %). Setup warns when ``dual_lr n / b > 1``.
+
     Args:
         client: the client ``LightningModule`` (forward: logits; see :meth:`sample_losses`).
         lam: the KL penalty (> 0), FedDRO's ``lam``.
@@ -144,6 +151,12 @@ class PDSGD(SampleLosses, FederatedModule):
                              f"on a one-client federation holding every sample (num_clients: 1), got {clients} "
                              "training clients")
         require_plain_sgd(self.local_optimizer(), type(self).__name__)
+        n, b = self.datamodule.num_samples(self.datamodule.train_clients[0]), self.datamodule.batch_size
+        if self.dual_lr * n / b > 1:
+            warnings.warn(f"PDSGD: dual_lr={self.dual_lr} with {n} samples and batch {b} moves a sampled dual log-weight "
+                          f"by dual_lr * n / b = {self.dual_lr * n / b:.3g} times its loss per step: the duals pile onto "
+                          f"the latest batches and the primal steps shrink; use dual_lr below b / n = {b / n:.3g}",
+                          stacklevel=2)
 
     def client_init(self, run: ClientRun) -> None:
         """The duals (uniform at the first round) and this round's minibatch indices, keyed by (seed, round)."""

@@ -1,0 +1,42 @@
+"""The experiment sweep's recorder (``experiments/sweep.py``): what it measures of the global model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from experiments.sweep import Recorder, measures
+from fl_lightning.algorithms.fedavg import FedAvg
+from tests.helpers import synthetic, tiny_client, trainer
+
+
+def test_measures_per_class_and_the_kl_dro_objective():
+    losses = torch.tensor([0.5, 1.0, 2.0, 4.0, 0.1], dtype=torch.float64)
+    right = torch.tensor([True, False, True, True, False])
+    labels = torch.tensor([0, 0, 1, 1, 2])
+    out = measures(losses, right, labels, classes=True, dro_lam=2.0)
+    assert out["loss"] == pytest.approx(7.6 / 5) and out["acc"] == pytest.approx(0.6)
+    assert (out["acc_class0"], out["acc_class1"], out["acc_class2"]) == (0.5, 1.0, 0.0)
+    assert out["acc_balanced"] == pytest.approx(0.5) and out["acc_worst_class"] == 0.0
+    assert out["kl_dro"] == pytest.approx(2.0 * math.log(sum(math.exp(v / 2.0) for v in losses.tolist()) / 5))
+    # between the mean loss (lambda -> infinity) and the largest (lambda -> 0)
+    assert measures(losses, right, labels, dro_lam=1e6)["kl_dro"] == pytest.approx(out["loss"], rel=1e-5)
+    assert measures(losses, right, labels, dro_lam=1e-3)["kl_dro"] == pytest.approx(4.0 - 1e-3 * math.log(5), rel=1e-6)
+    assert set(measures(losses, right, labels)) == {"loss", "acc"}
+
+
+def test_recorder_records_the_sets_and_figures_asked_for():
+    recorder = Recorder(every=2, train=False, classes=True, dro_lam=5.0)
+    trainer(4, callbacks=[recorder]).fit(FedAvg(tiny_client(), clients_per_round=4, seed=0), synthetic(8))
+    assert [p["round"] for p in recorder.history] == [2, 4]
+    point = recorder.history[-1]
+    assert {"test_acc", "test_acc_balanced", "test_acc_worst_class", "val_acc_balanced", "train_kl_dro"} <= set(point)
+    assert "train_acc" not in point  # only the DRO objective of the training splits without train=True
+    assert "test_acc_class0" in point and "val_acc_class0" not in point  # each class on the test set only
+    assert point["test_acc_worst_class"] <= point["test_acc_balanced"]
+    plain = Recorder(every=4)
+    trainer(4, callbacks=[plain]).fit(FedAvg(tiny_client(), clients_per_round=4, seed=0), synthetic(8))
+    assert set(plain.history[0]) == {"round", "test_loss", "test_acc", "val_loss", "val_acc"}
+    assert plain.history[0]["test_acc"] == point["test_acc"]  # the same run, measured the same way
