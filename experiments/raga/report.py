@@ -8,7 +8,9 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   the final test accuracy, the test accuracy at the best validation, the best and the mean of the
   last five evaluations; each setting's difference to RAGA, paired by seed, with its 95 %
   confidence interval, and how far its curve strays from RAGA's (the largest and the mean absolute
-  gap over the evaluated rounds, per seed); the test accuracy at a few rounds.
+  gap over the evaluated rounds, per seed); the test accuracy at a few rounds;
+* the tuning (``screen``): each method's validation score (the mean validation accuracy over the
+  last five evaluations, rounds 160-200) at each of its six step sizes, the chosen one in bold.
 
 ``--figures DIR`` draws ``raga_control.png`` (test accuracy per round, mean over seeds, band: min–max).
 """
@@ -22,7 +24,8 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.raga.plan import CONTROL, CONTROL_SERVER_LR
+from experiments.raga.plan import CONTROL, CONTROL_SERVER_LR, ROUNDS, SCREEN_ROUNDS, STEPS, run, screen_score, tuned
+from fl_lightning.algorithms.raga import paper_learning_rate
 from experiments.seed_stats import Groups, best_validation, final_accuracy, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
 
@@ -79,13 +82,35 @@ def differences_table(groups: Groups) -> str:
     return "\n".join(lines)
 
 
+def screen_table(runs: list[results.Run]) -> str:
+    """Validation score (%) of every method at each of its six step sizes (columns: the step's rank,
+    0.01 to 3.16 as the first rate), the chosen one in bold."""
+    by_name = {r["name"]: r for r in runs}
+    chosen = tuned(runs)
+    lines = ["| method: its step size (first rate) | " + " | ".join(f"step {k + 1}" for k in range(6)) + " |",
+             "|---" * 7 + "|"]
+    for method, steps in STEPS.items():
+        cells = []
+        for step in steps:
+            found = by_name.get(run("screen", method, 0, step=step, rounds=SCREEN_ROUNDS).name)
+            rate = f"{step:g}" if method != "raga" else f"×{step:g} ({step * paper_learning_rate(1, ROUNDS):.3g})"
+            cell = f"{rate}: {100 * screen_score(found):.2f}" if found else f"{rate}: –"
+            cells.append(f"**{cell}**" if chosen.get(method) == step else cell)
+        what = "RAGA: lr_scale" if method == "raga" else f"{NAMES[method]}: " + ("γ" if method == "byrdsaga" else "constant lr")
+        lines.append(f"| {what} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
+    out = []
     groups = control_groups(runs)
-    if not groups:
-        return []
-    return [accuracy_table(groups), differences_table(groups),
-            seed_curve_table(groups, "test_acc", 100, rounds=CURVE_ROUNDS, digits=2)]
+    if groups:
+        out += [accuracy_table(groups), differences_table(groups),
+                seed_curve_table(groups, "test_acc", 100, rounds=CURVE_ROUNDS, digits=2)]
+    if results.select(runs, study="screen"):
+        out.append(screen_table(runs))
+    return out
 
 
 def plot(groups: Groups, path: Path) -> None:
