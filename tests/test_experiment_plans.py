@@ -164,3 +164,13 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     tables = report.tables(done)
     assert len(tables) == 4 and "**90.00**" in tables[0]
     assert "| FedAvg (ERM) (FedDRO λ 2) | +18.00 ± 1.58" in tables[2]
+
+
+def test_raga_runs_use_the_batched_backend_where_the_method_allows_it():
+    from experiments.raga import plan as raga
+    from fl_lightning.algorithms.byrd_saga import ByrdSAGA
+
+    assert not ByrdSAGA.batchable
+    for method, step in (("raga", 1.0), ("fedavg", 0.1), ("rfa", 0.1), ("byrdsaga", 0.1)):
+        args = raga.run("screen", method, 0, step=step).args
+        assert ("batched" in args) == (method != "byrdsaga"), method

@@ -5,7 +5,7 @@ participation, K = 3 local steps, the paper's schedule ``eta^t = T / (100 t + 10
 T = 1000) with a method's override (``configs/raga/methods/``), the run's settings and seed (the
 initialization and the batch order; the data split keeps seed 0, so every run sees the same
 federation and validation splits: 10 % of each client's data), the clients trained together by the
-batched backend. The global model is evaluated every 10 rounds on the MNIST test set and on the
+batched backend (Byrd-SAGA's one by one: its SAGA tables are per client). The global model is evaluated every 10 rounds on the MNIST test set and on the
 pooled validation splits (by the sweep's recorder; Lightning's own validation loop is off).
 
 * ``control`` (the step-size control experiment), attack-free, 1000 rounds, seeds 0-2: RAGA's
@@ -83,8 +83,10 @@ def run(study: str, method: str, seed: int, server_lr: Optional[float] = None, a
     if attack != "none":
         args += [f"--trainer.callbacks+=fl_lightning.callbacks.attacks.{ATTACKS[attack]}",
                  f"--trainer.callbacks.fraction={fraction}"]
-    args += ["--model.init_args.client_backend", "batched", "--seed_everything", str(seed), "--model.init_args.seed",
-             str(seed), "--trainer.max_epochs", str(rounds), "--trainer.limit_val_batches", "0"]
+    if method != "byrdsaga":  # its per-client minibatch table runs client by client (ByrdSAGA.batchable)
+        args += ["--model.init_args.client_backend", "batched"]
+    args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds),
+             "--trainer.limit_val_batches", "0"]
     params = dict(study=study, method=method, server_lr=server_lr, step=step, attack=attack, fraction=fraction,
                   seed=seed, rounds=rounds)
     slr = "" if server_lr is None else f"_slr{server_lr:.3g}"

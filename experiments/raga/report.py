@@ -118,9 +118,10 @@ def plot(groups: Groups, path: Path) -> None:
     from experiments.plots import plt, save
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for name, group in groups.items():
+    for k, (name, group) in enumerate(groups.items()):
         rounds, acc = series(group, "test_acc")
-        line, = ax.plot(rounds, 100 * acc.mean(0), label=f"{name} ({len(group)} seeds)")
+        style = dict(color="black", linestyle="--", zorder=3) if k == 0 else {}  # RAGA, drawn over what matches it
+        line, = ax.plot(rounds, 100 * acc.mean(0), label=f"{name} ({len(group)} seeds)", **style)
         ax.fill_between(rounds, 100 * acc.min(0), 100 * acc.max(0), color=line.get_color(), alpha=0.2)
     ax.set(xlabel="round", ylabel="global test accuracy (%)", title="MNIST MLP, 50 clients, attack-free: the server step")
     ax.grid(alpha=0.3)
