@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 Run = dict[str, Any]
 
@@ -79,6 +79,16 @@ def at_round(run: Run, key: str, round_number: int) -> float:
 def last(run: Run, key: str) -> float:
     """The last measured value of ``key`` in ``run``."""
     return series(run, key)[1][-1]
+
+
+def best_named(runs: Iterable[Run], names: Sequence[str], score: Callable[[Run], float]) -> Optional[int]:
+    """The index in ``names`` of the run with the highest ``score`` (the first on ties), or None while
+    one of the named runs is missing from ``runs`` (a tuning's choice among complete candidates)."""
+    by_name = {r["name"]: r for r in runs}
+    if any(name not in by_name for name in names):
+        return None
+    scores = [score(by_name[name]) for name in names]
+    return scores.index(max(scores))
 
 
 def mean_of_last(run: Run, key: str, count: int) -> float:

@@ -29,10 +29,10 @@ def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2) -> str:
     return f"{v.mean():.{digits}f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.{digits}f} ({v.min():.{digits}f}–{v.max():.{digits}f})"
 
 
-def best_validation(runs: list[results.Run]) -> tuple[np.ndarray, np.ndarray]:
-    """Per seed: the test accuracy at the evaluation with the highest validation accuracy (the first
-    such), and that round."""
-    rounds, val = series(runs, "val_acc")
+def best_validation(runs: list[results.Run], val_key: str = "val_acc") -> tuple[np.ndarray, np.ndarray]:
+    """Per seed: the test accuracy at the evaluation with the highest validation figure ``val_key``
+    (the first such), and that round."""
+    rounds, val = series(runs, val_key)
     _, test = series(runs, "test_acc")
     pick = val.argmax(axis=1)
     return test[np.arange(len(runs)), pick], rounds[pick]
@@ -58,9 +58,9 @@ def paired(a: list[results.Run], b: list[results.Run], measure: Callable[[list[r
     return f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
 
 
-def final_accuracy(group: list[results.Run]) -> np.ndarray:
-    """Per seed, the test accuracy at the last evaluation."""
-    return series(group, "test_acc")[1][:, -1]
+def final(group: list[results.Run], key: str = "test_acc") -> np.ndarray:
+    """Per seed, ``key`` at the last evaluation."""
+    return series(group, key)[1][:, -1]
 
 
 def curve_table(groups: Groups, key: str, scale: float, points: int = 8, rounds: Optional[Sequence[int]] = None,

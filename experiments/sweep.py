@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib
-import math
 import shlex
 import sys
 import time
@@ -36,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from experiments import results
 from fl_lightning.cli import FederatedCLI
+from fl_lightning.functional.dro import KLDRO, objective_value
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,8 @@ def measures(losses: torch.Tensor, right: torch.Tensor, labels: torch.Tensor, cl
         out["acc_worst_class"] = min(per_class.values())
         out.update({f"acc_class{c}": v for c, v in per_class.items()})
     if dro_lam is not None:
-        out["kl_dro"] = float(dro_lam * (torch.logsumexp(losses / dro_lam, 0) - math.log(len(losses))))
+        shift = float(losses.max()) / dro_lam  # exp(loss / lam - shift) <= 1: no overflow at any lambda
+        out["kl_dro"] = float(objective_value(KLDRO(dro_lam, scale_by_lambda=True, shift=shift), losses))
     return out
 
 
@@ -168,6 +169,13 @@ class Recorder(pl.Callback):
             self.history.append(self.measure(trainer, module, round_number))
             print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in self.history[-1].items() if "_acc_class" not in k), flush=True)
+
+
+def split_sizes(cli: Any) -> dict[str, int]:
+    """The federation's pooled training and validation split sizes (a plan's ``summary`` part)."""
+    dm = cli.datamodule
+    return {"train_samples": sum(len(s) for s in dm.splits["train"]),
+            "val_samples": sum(len(s) for s in dm.splits["val"])}
 
 
 def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from experiments import results
-from experiments.sweep import Run
+from experiments.sweep import Run, split_sizes
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "feddeper.json"
 BASE = "configs/feddeper/mnist_mlp.yaml"
@@ -219,6 +219,4 @@ def runs() -> list[Run]:
 
 def summary(cli: Any) -> dict[str, Any]:
     """The federation: training and validation split sizes."""
-    dm = cli.datamodule
-    return {"train_samples": sum(len(s) for s in dm.splits["train"]),
-            "val_samples": sum(len(s) for s in dm.splits["val"])}
+    return split_sizes(cli)

@@ -33,7 +33,7 @@ import numpy as np
 from experiments import results
 from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, first_stage,
                                       grid, lr_stage, screen_score, screened, settings_name, tuned)
-from experiments.seed_stats import Groups, best_validation, final_accuracy, fmt, paired, series
+from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
 
 LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "SCAFFOLD", "fedavg": "FedAvg",
@@ -160,7 +160,7 @@ def differences_table(runs: list[results.Run], m: int) -> str:
                 continue
             b = groups[against]
             seeds = len({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
-            lines.append(f"| {label} − {LABELS[against]} | {seeds} | {paired(a, b, final_accuracy)} | "
+            lines.append(f"| {label} − {LABELS[against]} | {seeds} | {paired(a, b, final)} | "
                          f"{paired(a, b, lambda g: best_validation(g)[0])} |")
     return "\n".join(lines)
 
@@ -200,7 +200,7 @@ def isolation_table(runs: list[results.Run]) -> str:
             rows[VARIANTS[variant]] = group
     for label, group in rows.items():
         _, acc = series(group, "test_acc")
-        cell = "–" if group is base else paired(group, base, final_accuracy)
+        cell = "–" if group is base else paired(group, base, final)
         lines.append(f"| {label} | {len(group)} | {fmt(acc[:, -1], 100)} | {fmt(best_validation(group)[0], 100)} | "
                      f"{fmt(acc[:, -5:].mean(axis=1), 100)} | {cell} |")
     return "\n".join(lines)

@@ -92,13 +92,12 @@ def tune_runs() -> list[Run]:
 
 def tuned(runs: list[results.Run]) -> dict[str, float]:
     """Method -> its chosen rate, for every method whose tuning is complete in ``runs``."""
-    by_name = {r["name"]: r for r in runs}
     chosen = {}
     for method in METHODS:
-        found = [by_name.get(r.name) for r in tune_runs() if r.params["method"] == method]
-        if None not in found:
-            scores = [results.last(r, "val_acc_balanced") for r in found]
-            chosen[method] = LRS[scores.index(max(scores))]
+        names = [r.name for r in tune_runs() if r.params["method"] == method]
+        best = results.best_named(runs, names, lambda r: results.last(r, "val_acc_balanced"))
+        if best is not None:
+            chosen[method] = LRS[best]
     return chosen
 
 

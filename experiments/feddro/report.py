@@ -25,7 +25,7 @@ import numpy as np
 
 from experiments import results
 from experiments.feddro.plan import LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
-from experiments.seed_stats import fmt, paired, series
+from experiments.seed_stats import best_validation, final, fmt, paired, series
 
 NAMES = {"feddro": "FedDRO", "compfedavg": "MBSGD (Alg. 1 case I)", "fastdro": "FastDRO (CVaR 0.1, centralized)",
          "pdsgd": "PDSGD (centralized)", "fedavg": "FedAvg (ERM)"}
@@ -35,17 +35,6 @@ MINORITY = range(5)
 def minority(group: list[results.Run]) -> np.ndarray:
     """Per seed, the mean test accuracy of the minority classes after the last epoch."""
     return np.array([np.mean([r["history"][-1][f"test_acc_class{c}"] for c in MINORITY]) for r in group])
-
-
-def last(group: list[results.Run], key: str) -> np.ndarray:
-    """Per seed, ``key`` after the last epoch."""
-    return series(group, key)[1][:, -1]
-
-
-def at_best_validation(group: list[results.Run]) -> np.ndarray:
-    """Per seed, the test accuracy at the evaluation with the highest balanced validation accuracy."""
-    val, test = series(group, "val_acc_balanced")[1], series(group, "test_acc")[1]
-    return test[np.arange(len(group)), val.argmax(axis=1)]
 
 
 def groups(runs: list[results.Run], study: str, **params: Any) -> dict[tuple[str, Optional[float]], list[results.Run]]:
@@ -83,10 +72,10 @@ def comparison_table(runs: list[results.Run]) -> str:
              "train KL-DRO objective | test acc at best val |", "|---" * 10 + "|"]
     for (method, lam), group in groups(runs, "table").items():
         lines.append(f"| {label(method, lam)} | {group[0]['params']['lr']:g} | {len(group)} | "
-                     f"{fmt(last(group, 'train_acc'), 100)} | {fmt(last(group, 'test_acc'), 100)} | "
-                     f"{fmt(last(group, 'test_acc_balanced'), 100)} | {fmt(last(group, 'test_acc_worst_class'), 100)} | "
-                     f"{fmt(minority(group), 100)} | {fmt(last(group, 'train_kl_dro'), 1, 4)} | "
-                     f"{fmt(at_best_validation(group), 100)} |")
+                     f"{fmt(final(group, 'train_acc'), 100)} | {fmt(final(group, 'test_acc'), 100)} | "
+                     f"{fmt(final(group, 'test_acc_balanced'), 100)} | {fmt(final(group, 'test_acc_worst_class'), 100)} | "
+                     f"{fmt(minority(group), 100)} | {fmt(final(group, 'train_kl_dro'), 1, 4)} | "
+                     f"{fmt(best_validation(group, 'val_acc_balanced')[0], 100)} |")
     return "\n".join(lines)
 
 
@@ -100,7 +89,7 @@ def differences_table(runs: list[results.Run]) -> str:
         for (other, other_lam), theirs in table.items():
             if other == "feddro" or other_lam not in (None, lam):
                 continue
-            cells = [paired(ours, theirs, lambda g, k=key: last(g, k)) for key in ("train_acc", "test_acc", "test_acc_worst_class")]
+            cells = [paired(ours, theirs, lambda g, k=key: final(g, k)) for key in ("train_acc", "test_acc", "test_acc_worst_class")]
             lines.append(f"| {label(other, other_lam)} (FedDRO λ {lam:g}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -113,8 +102,8 @@ def local_steps_table(runs: list[results.Run]) -> str:
     for i in sorted({r["params"]["local_steps"] for r in found}):
         group = sorted(results.select(found, local_steps=i), key=lambda r: r["params"]["seed"])
         steps = i * SWEEP_ROUNDS
-        lines.append(f"| {i} | {steps} ({steps / STEPS_PER_EPOCH:.2f}) | {len(group)} | {fmt(last(group, 'train_acc'), 100)} | "
-                     f"{fmt(last(group, 'test_acc'), 100)} | {fmt(last(group, 'test_acc_worst_class'), 100)} |")
+        lines.append(f"| {i} | {steps} ({steps / STEPS_PER_EPOCH:.2f}) | {len(group)} | {fmt(final(group, 'train_acc'), 100)} | "
+                     f"{fmt(final(group, 'test_acc'), 100)} | {fmt(final(group, 'test_acc_worst_class'), 100)} |")
     return "\n".join(lines)
 
 

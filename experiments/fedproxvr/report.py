@@ -27,7 +27,7 @@ import numpy as np
 
 from experiments import results
 from experiments.fedproxvr.plan import LR_GRID, RESULTS, TABLE1, tuned_lrs
-from experiments.seed_stats import Groups, best_validation, curve_table, fmt, paired_interval, series
+from experiments.seed_stats import Groups, best_validation, curve_table, final, fmt, paired_interval, series
 
 #: the paired differences the document reports: (row, against)
 PAIRS = (("FedProxVR (SVRG)", "FedAvg"), ("FedProxVR (SARAH)", "FedAvg"), ("FedProxVR (SARAH)", "FedProxVR (SVRG)"))
@@ -90,7 +90,7 @@ def differences_table(groups: Groups) -> str:
         a, b = groups[row], groups[against]
         assert [r["params"]["seed"] for r in a] == [r["params"]["seed"] for r in b], "differences pair runs by seed"
         cells = []
-        for measure in (lambda runs: series(runs, "test_acc")[1][:, -1], lambda runs: best_validation(runs)[0]):
+        for measure in (final, lambda runs: best_validation(runs)[0]):
             diff = 100 * (measure(a) - measure(b))
             low, high = paired_interval(diff)
             cells += [f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f}", f"[{low:+.2f}, {high:+.2f}]"]

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from experiments import results
-from experiments.sweep import Run
+from experiments.sweep import Run, split_sizes
 from fl_lightning.callbacks.attacks import ByzantineAttack
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "raga.json"
@@ -101,13 +101,12 @@ def screen_score(run: results.Run) -> float:
 
 def tuned(runs: list[results.Run]) -> dict[str, float]:
     """Method -> its chosen step size, for every method whose screening is complete in ``runs``."""
-    by_name = {r["name"]: r for r in runs}
     chosen = {}
     for method, steps in STEPS.items():
-        found = [by_name.get(run("screen", method, 0, step=step, rounds=SCREEN_ROUNDS).name) for step in steps]
-        if None not in found:
-            scores = [screen_score(r) for r in found]
-            chosen[method] = steps[scores.index(max(scores))]
+        best = results.best_named(runs, [run("screen", method, 0, step=s, rounds=SCREEN_ROUNDS).name for s in steps],
+                                  screen_score)
+        if best is not None:
+            chosen[method] = steps[best]
     return chosen
 
 
@@ -129,8 +128,5 @@ def summary(cli: Any) -> dict[str, Any]:
     """The Byzantine clients the attack chose (their share of the training data and their number),
     and the federation's training and validation split sizes."""
     attack = next((c for c in cli.trainer.callbacks if isinstance(c, ByzantineAttack)), None)
-    dm = cli.datamodule
     return {"achieved_fraction": 0.0 if attack is None else attack.achieved_fraction,
-            "num_byzantine": 0 if attack is None else len(attack.byzantine),
-            "train_samples": sum(len(s) for s in dm.splits["train"]),
-            "val_samples": sum(len(s) for s in dm.splits["val"])}
+            "num_byzantine": 0 if attack is None else len(attack.byzantine), **split_sizes(cli)}

@@ -26,7 +26,7 @@ import numpy as np
 from experiments import results
 from experiments.raga.plan import CONTROL, CONTROL_SERVER_LR, ROUNDS, SCREEN_ROUNDS, STEPS, run, screen_score, tuned
 from fl_lightning.algorithms.raga import paper_learning_rate
-from experiments.seed_stats import Groups, best_validation, final_accuracy, fmt, paired, series
+from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "raga.json"
@@ -57,7 +57,7 @@ def accuracy_table(groups: Groups) -> str:
     lines = ["| setting (attack-free, 1000 rounds) | seeds | final | at best val | best | last 5 |", "|---|---|---|---|---|---|"]
     for name, group in groups.items():
         _, acc = series(group, "test_acc")
-        lines.append(f"| {name} | {len(group)} | {fmt(final_accuracy(group), 100)} | {fmt(best_validation(group)[0], 100)} | "
+        lines.append(f"| {name} | {len(group)} | {fmt(final(group), 100)} | {fmt(best_validation(group)[0], 100)} | "
                      f"{fmt(acc.max(axis=1), 100)} | {fmt(acc[:, -5:].mean(axis=1), 100)} |")
     return "\n".join(lines)
 
@@ -77,7 +77,7 @@ def differences_table(groups: Groups) -> str:
              "largest gap over the rounds | mean gap over the rounds |", "|---|---|---|---|---|"]
     for name, group in list(groups.items())[1:]:
         largest, mean = curve_gaps(group, reference)
-        lines.append(f"| {name} | {paired(group, reference, final_accuracy)} | "
+        lines.append(f"| {name} | {paired(group, reference, final)} | "
                      f"{paired(group, reference, lambda g: best_validation(g)[0])} | {fmt(largest, 100)} | {fmt(mean, 100)} |")
     return "\n".join(lines)
 
