@@ -29,11 +29,12 @@ def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2) -> str:
     return f"{v.mean():.{digits}f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.{digits}f} ({v.min():.{digits}f}–{v.max():.{digits}f})"
 
 
-def best_validation(runs: list[results.Run], val_key: str = "val_acc") -> tuple[np.ndarray, np.ndarray]:
-    """Per seed: the test accuracy at the evaluation with the highest validation figure ``val_key``
-    (the first such), and that round."""
+def best_validation(runs: list[results.Run], val_key: str = "val_acc",
+                    test_key: str = "test_acc") -> tuple[np.ndarray, np.ndarray]:
+    """Per seed: the test figure ``test_key`` at the evaluation with the highest validation figure
+    ``val_key`` (the first such), and that round."""
     rounds, val = series(runs, val_key)
-    _, test = series(runs, "test_acc")
+    _, test = series(runs, test_key)
     pick = val.argmax(axis=1)
     return test[np.arange(len(runs)), pick], rounds[pick]
 
@@ -46,12 +47,13 @@ def paired_interval(diff: np.ndarray, level: float = 0.95) -> tuple[float, float
     return diff.mean() - half, diff.mean() + half
 
 
-def paired(a: list[results.Run], b: list[results.Run], measure: Callable[[list[results.Run]], np.ndarray]) -> str:
-    """``measure(a) - measure(b)`` over the seeds both groups ran, in points: ``mean ± std [95 % CI]``
-    (the interval needs two seeds)."""
+def paired(a: list[results.Run], b: list[results.Run], measure: Callable[[list[results.Run]], np.ndarray],
+           measure_b: Optional[Callable[[list[results.Run]], np.ndarray]] = None) -> str:
+    """``measure(a) - measure_b(b)`` (default ``measure``) over the seeds both groups ran, in points:
+    ``mean ± std [95 % CI]`` (the interval needs two seeds)."""
     seeds = sorted({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
     a, b = ([r for r in g if r["params"]["seed"] in seeds] for g in (a, b))
-    diff = 100 * (measure(a) - measure(b))
+    diff = 100 * (measure(a) - (measure_b or measure)(b))
     if len(diff) < 2:
         return f"{diff.mean():+.2f} (1 seed)"
     low, high = paired_interval(diff)

@@ -121,7 +121,8 @@ class Recorder(pl.Callback):
     on the pooled training splits (``train``), the per-class figures of each (``classes``), the
     KL-DRO objective on the training splits (``dro_lam``), and the logged metrics named by
     ``metrics`` when a validation ran in that round. Test figures are measured here, whatever the
-    Trainer validates on."""
+    Trainer validates on. A method without a global model (PeFLL, pFedHN, Local only) has only
+    the ``metrics``: its clients' own models are what its callbacks (``ClientMetrics``) evaluate."""
 
     def __init__(self, every: int, at_start: bool = False, train: bool = False, metrics: Sequence[str] = (),
                  classes: bool = False, dro_lam: Optional[float] = None) -> None:
@@ -137,11 +138,13 @@ class Recorder(pl.Callback):
     def measure(self, trainer: pl.Trainer, module: Any, round_number: int) -> dict[str, float]:
         """The evaluation after ``round_number`` rounds."""
         dm = trainer.datamodule
-        sets = {"test": dm.global_test_set()}
-        if any(len(split) for split in dm.splits["val"]):
-            sets["val"] = dm.validation_set()
-        if self.train or self.dro_lam is not None:
-            sets["train"] = Subset(dm.pool, np.concatenate(dm.splits["train"]).tolist())
+        sets = {}
+        if module.has_global_model:  # a personalized method's clients are measured by its callbacks (``metrics``)
+            sets["test"] = dm.global_test_set()
+            if any(len(split) for split in dm.splits["val"]):
+                sets["val"] = dm.validation_set()
+            if self.train or self.dro_lam is not None:
+                sets["train"] = Subset(dm.pool, np.concatenate(dm.splits["train"]).tolist())
         point: dict[str, float] = {"round": round_number}
         for name, dataset in sets.items():
             figures = measures(*per_sample(module.client, dataset, dm.eval_batch_size), self.classes,

@@ -174,3 +174,74 @@ def test_raga_runs_use_the_batched_backend_where_the_method_allows_it():
     for method, step in (("raga", 1.0), ("fedavg", 0.1), ("rfa", 0.1), ("byrdsaga", 0.1)):
         args = raga.run("screen", method, 0, step=step).args
         assert ("batched" in args) == (method != "byrdsaga"), method
+
+
+def pefll_runs(study: str, method: str, lr: float, values: dict[str, float], seed: int = 0, n: int = 100) -> dict:
+    """A made-up PeFLL-plan run whose figures at its last evaluation are ``values`` (0.5 before)."""
+    from experiments.pefll import plan as pefll
+
+    name = pefll.run(study, method, lr, seed, pefll.TUNE_ROUNDS, n).name
+    return {"name": name, "params": dict(study=study, method=method, lr=lr, seed=seed, rounds=50, client_rounds=50,
+                                         num_clients=n),
+            "summary": {"seen_clients": 90 * n // 100},
+            "history": [{"round": 25, **dict.fromkeys(values, 0.5)}, {"round": 50, **values}]}
+
+
+def test_pefll_tuning_gives_every_method_the_same_search_and_fedavg_finetuning_its_own_choice(monkeypatch, tmp_path):
+    from experiments.pefll import plan as pefll
+
+    assert {m: len(pefll.rates(m)) for m in pefll.RATES} == dict.fromkeys(pefll.RATES, 4)
+    assert all(pefll.RATES[m][1] in pefll.rates(m) for m in pefll.RATES)  # the reference rate is searched
+    keys = ("clients_val/acc_mean", "finetuned_val/acc_mean")
+    runs = [pefll_runs("tune", m, lr, dict.fromkeys(keys, 0.6 if lr == pefll.rates(m)[2] else 0.55))
+            for m in pefll.RATES for lr in pefll.rates(m)]
+    fedavg = [r for r in runs if r["params"]["method"] == "fedavg"]
+    fedavg[0]["history"][-1]["finetuned_val/acc_mean"] = 0.9  # finetuning prefers the smallest rate
+    chosen = pefll.tuned(runs)
+    assert chosen == {"pefll": 6.32e-4, "pfedhn": 0.0316, "fedavg": 0.0316, "fedavg_ft": 0.00316, "local": 0.0316}
+    assert pefll.table_settings(chosen) == [("pefll", 6.32e-4), ("pefll_nolabels", 6.32e-4), ("pfedhn", 0.0316),
+                                            ("fedavg", 0.0316), ("fedavg", 0.00316), ("local", 0.0316)]
+    assert "pfedhn" not in pefll.tuned([r for r in runs if r["name"] != "tune/pfedhn_lr0.01_s0"])
+    monkeypatch.setattr(pefll, "RESULTS", tmp_path / "absent.json")
+    with pytest.warns(UserWarning, match="not planned"):
+        assert {r.name.split("/")[0] for r in pefll.runs()} == {"tune"}
+
+
+def test_pefll_runs_give_every_method_the_same_client_visits():
+    from experiments.pefll import plan as pefll
+
+    def value(run, flag):
+        return run.args[list(run.args).index(flag) + 1]
+
+    pefll_run, pfedhn_run, local_run = (pefll.run("table", m, 0.01, 1, 500) for m in ("pefll", "pfedhn", "local"))
+    assert value(pefll_run, "--trainer.max_epochs") == "500" and value(pfedhn_run, "--trainer.max_epochs") == "2500"
+    assert (pfedhn_run.every, pefll_run.every) == (250, 50) and value(local_run, "--trainer.max_epochs") == "1"
+    big = pefll.run("clients", "pfedhn", 0.01, 0, 500, 1000)
+    assert value(big, "--model.init_args.embedding_dim") == "251" and value(big, "--data.init_args.num_clients") == "1000"
+    assert value(big, "--trainer.max_epochs") == "25000" and "--model.init_args.clients_per_round" not in big.args
+    assert value(pefll.run("clients", "fedavg", 0.01, 0, 500, 1000), "--model.init_args.clients_per_round") == "50"
+    free = pefll.run("table", "pefll_nolabels", 0.01, 0, 500, 500)
+    assert value(free, "--model.init_args.embedding.init_args.use_labels") == "false"
+    assert value(free, "--model.init_args.embedding.init_args.descriptor_dim") == "126"
+
+
+def test_pefll_report_puts_each_row_at_its_chosen_rate_and_pairs_pefll_with_it(monkeypatch):
+    from experiments.pefll import plan as pefll, report
+
+    keys = ("clients_val/acc_mean", "clients_test/acc_mean", "clients_unseen_test/acc_mean", "finetuned_val/acc_mean",
+            "finetuned_test/acc_mean", "finetuned_unseen_test/acc_mean")
+    runs = [pefll_runs("tune", m, lr, dict.fromkeys(keys, 0.6 if lr == pefll.rates(m)[1] else 0.5))
+            for m in pefll.RATES for lr in pefll.rates(m)]
+    for seed, (ours, theirs) in enumerate([(0.9, 0.8), (0.92, 0.8), (0.94, 0.83)]):
+        runs.append(pefll_runs("table", "pefll", 2e-4, dict.fromkeys(keys, ours), seed))
+        runs.append(pefll_runs("table", "fedavg", 0.01, {**dict.fromkeys(keys, theirs), "finetuned_test/acc_mean": 0.95,
+                                                          "finetuned_unseen_test/acc_mean": 0.95}, seed))
+        runs.append(pefll_runs("table", "fedavg", 0.1, dict.fromkeys(keys, 0.1), seed))  # not the chosen rate
+    tables = report.tables(runs)
+    assert len(tables) == 3
+    comparison, differences = tables[1].splitlines(), tables[2].splitlines()
+    assert [line.split(" | ")[0] for line in comparison[2:]] == ["| PeFLL", "| FedAvg", "| FedAvg + 50 finetuning steps"]
+    assert "92.00 ± 2.00 (90.00–94.00)" in comparison[2] and "89.0 / 89.3" in comparison[2]
+    assert "81.00 ± 1.73" in comparison[3] and "95.00 ± 0.00" in comparison[4]
+    assert differences[2].startswith("| FedAvg | +11.00 ± 1.00")
+    assert differences[3].startswith("| FedAvg + 50 finetuning steps | -3.00 ± 2.00")

@@ -291,6 +291,20 @@ def test_pfedhn_keeps_one_embedding_per_client_and_fits_new_ones():
     torch.testing.assert_close(module.fit_new_client(cid), module.fit_new_client(cid))
 
 
+def test_pfedhn_defaults_are_the_reference_codes():
+    """One client per server step, and the reference's weight decay 1e-3 (penalty 5e-4) on every
+    embedding row, sampled or not: a row no client touched shrinks by ``1 - 2 lr lambda_e``."""
+    module = PFedHN(tiny_client(hidden=(8,)), embedding_dim=4, local_steps=2, hypernetwork_width=16, server_momentum=0.0)
+    assert (module.clients_per_round, module.lambda_e, module.lambda_h) == (1, 5e-4, 5e-4)
+    assert PFedHN(tiny_client(hidden=(8,)), embedding_dim=4, clients_fraction=0.5).clients_fraction == 0.5
+    trainer(1).fit(module, data(10))
+    assert len(module.round_clients) == 1
+    before = torch.randn(10, 4, generator=generator(0, "pfedhn-embeddings"))
+    untouched = [c for c in range(10) if c not in module.round_clients]
+    torch.testing.assert_close(module.client_embeddings.weight.detach()[untouched],
+                               before[untouched] * (1 - 2 * module.server_lr * 5e-4))
+
+
 def test_local_only_trains_each_client_alone():
     module = LocalOnly(tiny_client(hidden=(8,)), clients_per_round=8, local_steps=5)
     dm = data(10, unseen_fraction=0.2)

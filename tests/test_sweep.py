@@ -9,6 +9,8 @@ import torch
 
 from experiments.sweep import Recorder, measures
 from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.algorithms.local_only import LocalOnly
+from fl_lightning.callbacks import ClientMetrics
 from tests.helpers import synthetic, tiny_client, trainer
 
 
@@ -40,3 +42,14 @@ def test_recorder_records_the_sets_and_figures_asked_for():
     trainer(4, callbacks=[plain]).fit(FedAvg(tiny_client(), clients_per_round=4, seed=0), synthetic(8))
     assert set(plain.history[0]) == {"round", "test_loss", "test_acc", "val_loss", "val_acc"}
     assert plain.history[0]["test_acc"] == point["test_acc"]  # the same run, measured the same way
+
+
+def test_recorder_records_only_the_callbacks_metrics_of_a_method_without_global_model():
+    """Local only has no global model: its figures are its clients' own (ClientMetrics), recorded
+    at the rounds a validation ran; nothing is measured of the untrained template model."""
+    recorder = Recorder(every=1, metrics=("clients_",))
+    tr = trainer(1, callbacks=[ClientMetrics(), recorder], check_val_every_n_epoch=1)
+    tr.fit(LocalOnly(tiny_client(), clients_per_round=6, local_steps=3, seed=0), synthetic(6))
+    (point,) = recorder.history
+    assert set(point) == {"round", "clients_test/acc_mean", "clients_test/acc_worst", "clients_test/acc_p10"}
+    assert point["clients_test/acc_mean"] == float(tr.callback_metrics["clients_test/acc_mean"])

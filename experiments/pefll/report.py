@@ -1,97 +1,132 @@
-"""The tables of ``docs/results/pefll.md``, from the runs in its result file.
+"""The MNIST tables of ``docs/results/pefll.md``, from the runs in its result file.
 
     python -m experiments.pefll.report [docs/results/pefll.json]
 
-A run (``experiments/pefll/mnist_table1.py``) is a method and a seed; its summary holds the final
-pooled test accuracies (%) over the seen and the unseen clients (and with label masking or local
-finetuning), its history the per-client mean accuracies at the evaluations during training.
-Figures over seeds: mean ± sample std.
+Accuracies in % are means over clients of each client's accuracy on its own split; spreads are
+``mean ± sample std (ddof = 1) (min–max)`` over seeds.
+
+* the tuning (``tune``): each table row's validation figure (seen clients) after the last round at
+  each rate of its search, the chosen one in bold (:func:`experiments.pefll.plan.tuned`);
+* Table 1 and 2's layout (``table``, and ``clients`` per federation size): per row, the seen and the
+  unseen clients' test accuracy after the last round and at the round of best seen-client
+  validation accuracy, beside the paper's CIFAR-10 figures with as many training clients;
+* PeFLL minus each row, paired by seed, with 95 % confidence intervals.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from experiments import results
+from experiments.pefll.plan import CHOICES, GRID, RESULTS, rates, tuned
+from experiments.seed_stats import best_validation, final, fmt, paired
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "pefll.json"
-ROWS = [  # (label, method, summary key suffix)
-    ("Local only", "local", ""),
-    ("FedAvg", "fedavg", ""),
-    ("FedAvg + local finetuning (20 steps)", "fedavg", "_finetuned"),
-    ("pFedHN (unseen: 20 rounds of embedding fitting)", "pfedhn", ""),
-    ("PeFLL", "pefll", ""),
-    ("PeFLL + label masking", "pefll", "_masked"),
-    ("PeFLL, label-free embedding (unseen: labels hidden)", "pefll_nolabels", ""),
-]
-
-
-def mean_std(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
-
-
-def by_method(runs: list[results.Run]) -> dict[str, list[results.Run]]:
-    """method -> its runs, in seed order."""
-    out: dict[str, list[results.Run]] = defaultdict(list)
-    for run in sorted(runs, key=lambda r: (r["params"]["method"], r["params"]["seed"])):
-        out[run["params"]["method"]].append(run)
-    return dict(out)
+#: table row -> (label, the run's method, the prefix of its logged client figures)
+ROWS = {
+    "pefll": ("PeFLL", "pefll", "clients"),
+    "pefll_nolabels": ("PeFLL, label-free embedding (Table 2)", "pefll_nolabels", "clients"),
+    "pfedhn": ("pFedHN (unseen: 20 rounds of embedding fitting)", "pfedhn", "clients"),
+    "fedavg": ("FedAvg", "fedavg", "clients"),
+    "fedavg_ft": ("FedAvg + 50 finetuning steps", "fedavg", "finetuned"),
+    "local": ("Local only (200 epochs)", "local", "clients"),
+}
+#: the paper's Table 1 (a) / (b) and 2, CIFAR-10: row -> {training clients: (seen, unseen)}
+PAPER = {
+    "pefll": {90: (89.0, 89.3), 450: (88.9, 88.9), 900: (87.8, 88.5)},
+    "pefll_nolabels": {90: (None, 84.5), 450: (None, 83.6), 900: (None, 81.5)},
+    "pfedhn": {90: (87.8, 63.3), 450: (77.4, 60.9), 900: (66.0, 57.8)},
+    "fedavg": {90: (47.5, 48.6), 450: (50.4, 49.6), 900: (51.9, 51.7)},
+    "local": {90: (82.2, 81.6), 450: (70.9, 70.6), 900: (65.5, 65.5)},
+}
 
 
-def main_table(runs: list[results.Run]) -> str:
-    methods = by_method(runs)
-    lines = ["| method | seeds | seen clients | unseen clients | wall time per run (s) |", "|---|---|---|---|---|"]
-    for label, method, suffix in ROWS:
-        rs = methods.get(method, [])
-        if rs:
-            seen = mean_std([r["summary"][f"seen{suffix}"] for r in rs])
-            unseen = mean_std([r["summary"][f"unseen{suffix}"] for r in rs])
-            wall = mean_std([r["summary"]["total_seconds"] for r in rs])
-            lines.append(f"| {label} | {','.join(str(r['params']['seed']) for r in rs)} | {seen} | {unseen} | {wall} |")
+def keys(prefix: str) -> tuple[str, str, str]:
+    """A row's validation, seen-test and unseen-test figures."""
+    return f"{prefix}_val/acc_mean", f"{prefix}_test/acc_mean", f"{prefix}_unseen_test/acc_mean"
+
+
+def chosen_runs(runs: list[results.Run], study: str, row: str, **params: object) -> list[results.Run]:
+    """The runs of ``row`` in ``study`` at its chosen rate (seed order); none before the choice."""
+    lr = tuned(runs).get("pefll" if row == "pefll_nolabels" else row)
+    if lr is None:
+        return []
+    found = results.select(runs, study=study, method=ROWS[row][1], lr=lr, **params)
+    return sorted(found, key=lambda r: r["params"]["seed"])
+
+
+def tune_table(runs: list[results.Run]) -> str:
+    """Seen clients' validation accuracy (%) after the last round, per row and rate, the choice in bold."""
+    chosen = tuned(runs)
+    lines = ["| row (figure chosen on) | " + " | ".join(f"{g:g} x reference" for g in GRID) + " |",
+             "|---" * (len(GRID) + 1) + "|"]
+    for row, (method, key) in CHOICES.items():
+        by_lr = {r["params"]["lr"]: r for r in results.select(runs, study="tune", method=method)}
+        cells = []
+        for lr in rates(method):
+            cell = f"lr {lr:g}: {100 * results.last(by_lr[lr], key):.2f}" if lr in by_lr else f"lr {lr:g}: –"
+            cells.append(f"**{cell}**" if chosen.get(row) == lr else cell)
+        lines.append(f"| {ROWS[row][0]} (`{key}`) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def curve_table(runs: list[results.Run]) -> str:
-    """Per-client mean test accuracy of the seen and unseen clients at each evaluation, mean over seeds."""
-    lines = ["| method | round | seen | unseen |", "|---|---|---|---|"]
-    for method, rs in by_method(runs).items():
-        seen, unseen = defaultdict(list), defaultdict(list)
-        for r in rs:
-            for h in r["history"]:
-                if "clients/acc_mean" in h:
-                    seen[h["round"]].append(100 * h["clients/acc_mean"])
-                    unseen[h["round"]].append(100 * h.get("clients_unseen/acc_mean", float("nan")))
-        for rnd in sorted(seen):
-            lines.append(f"| {method} | {rnd} | {statistics.mean(seen[rnd]):.1f} | {statistics.mean(unseen[rnd]):.1f} |")
+def paper_cell(row: str, training_clients: int) -> str:
+    seen, unseen = PAPER.get(row, {}).get(training_clients, (None, None))
+    return " / ".join("–" if v is None else f"{v:.1f}" for v in (seen, unseen))
+
+
+def comparison_table(runs: list[results.Run], study: str, num_clients: int) -> str:
+    """Table 1's layout for one federation size: per row, over seeds."""
+    lines = ["| method | lr | seeds | rounds | seen, final | unseen, final | seen, best val | unseen, best val | "
+             "best-val round | paper (CIFAR-10) seen / unseen |", "|---" * 10 + "|"]
+    for row, (label, _, prefix) in ROWS.items():
+        group = chosen_runs(runs, study, row, num_clients=num_clients)
+        if not group:
+            continue
+        val, seen, unseen = keys(prefix)
+        best_seen, best_round = best_validation(group, val, seen)
+        best_unseen, _ = best_validation(group, val, unseen)
+        params = group[0]["params"]
+        seen_clients = group[0]["summary"]["seen_clients"]
+        lines.append(f"| {label} | {params['lr']:g} | {len(group)} | {params['rounds']} | {fmt(final(group, seen), 100)} | "
+                     f"{fmt(final(group, unseen), 100)} | {fmt(best_seen, 100)} | {fmt(best_unseen, 100)} | "
+                     f"{', '.join(str(r) for r in best_round)} | {paper_cell(row, seen_clients)} |")
     return "\n".join(lines)
 
 
-def run_table(runs: list[results.Run]) -> str:
-    lines = ["| run | seen | unseen | extra | train s | total s |", "|---|---|---|---|---|---|"]
-    for method, rs in by_method(runs).items():
-        for r in rs:
-            s = r["summary"]
-            extra = ", ".join(f"{k} {v:.1f}" for k, v in s.items() if k.endswith(("_masked", "_finetuned")))
-            lines.append(f"| {method} s{r['params']['seed']} | {s['seen']:.1f} | {s['unseen']:.1f} | {extra} | "
-                         f"{r['wall_s']} | {s['total_seconds']} |")
+def differences_table(runs: list[results.Run], study: str, num_clients: int) -> str:
+    """PeFLL minus each other row after the last round, paired by seed (points)."""
+    ours = chosen_runs(runs, study, "pefll", num_clients=num_clients)
+    lines = ["| PeFLL minus | seen clients: mean ± std [95 % CI] | unseen clients |", "|---|---|---|"]
+    for row, (label, _, prefix) in ROWS.items():
+        theirs = chosen_runs(runs, study, row, num_clients=num_clients)
+        if row == "pefll" or not ours or not theirs:
+            continue
+        cells = [paired(ours, theirs, lambda g, k=a: final(g, k), lambda g, k=b: final(g, k))
+                 for a, b in zip(keys("clients")[1:], keys(prefix)[1:])]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def sizes(runs: list[results.Run], study: str) -> list[int]:
+    return sorted({r["params"]["num_clients"] for r in results.select(runs, study=study)})
 
 
 def tables(runs: list[results.Run]) -> list[str]:
-    """Every table of the document, in order."""
-    return [main_table(runs), curve_table(runs), run_table(runs)]
+    """Every table of the document, in order (none before the runs exist)."""
+    out = []
+    if results.select(runs, study="tune"):
+        out.append(tune_table(runs))
+    for study in ("table", "clients"):
+        for n in sizes(runs, study):
+            out += [comparison_table(runs, study, n), differences_table(runs, study, n)]
+    return out
 
 
-def main(argv: Any = None) -> None:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="?", type=Path, default=RESULTS)
-    opts = parser.parse_args(argv)
+    opts = parser.parse_args()
     print("\n\n".join(tables(results.load(opts.results))))
 
 

@@ -7,9 +7,12 @@ client (state grows with the number of clients), and a client never seen in trai
 iterative optimisation: a new random embedding is fitted with ``new_client_rounds`` rounds of
 client-server communication, the hypernetwork frozen (the procedure of PeFLL's Table 1).
 
-Differences from the reference code (one client per server step): here a round averages the
-hypernetwork contributions of its ``clients_per_round`` clients (as PeFLL does), while each
-client's embedding row receives its own full difference.
+Defaults are the reference code's: one client per server step (``clients_per_round = 1``: a
+round is one of its steps), SGD lr 1e-2 with momentum 0.9 and weight decay 1e-3 on the whole
+hypernetwork, the embedding table included (``lambda_h = lambda_e = 5e-4``: the penalty
+``lambda ||.||^2`` whose gradient ``2 lambda w`` is that decay). With more clients per round the
+hypernetwork contributions are averaged (as PeFLL does), while each client's embedding row
+receives its own full difference.
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ class PFedHN(HypernetworkFederation):
             momentum 0.9, weight decay 5e-5, 50 steps).
         embedding_dim: length of each client's embedding (reference: ``int(1 + n / 4)``).
         new_client_rounds: rounds of embedding fitting for a client not seen in training.
-        lambda_e: L2 penalty on the client embeddings (reference: 0).
+        lambda_e: L2 penalty ``lambda_e ||E||^2`` on the client embedding table (reference: weight
+            decay 1e-3 = ``lambda_e`` 5e-4, as on the hypernetwork).
         hypernetwork_size, hypernetwork_width, relu_before_head, lambda_h, server_optimizer,
         server_lr, server_momentum, server_clip, client_clip: see ``HypernetworkFederation``
             (reference: SGD lr 1e-2, momentum 0.9, weight decay 1e-3 = ``lambda_h`` 5e-4).
-        **kwargs: the ``FederatedModule`` arguments.
+        **kwargs: the ``FederatedModule`` arguments; ``clients_per_round`` is 1 (the reference's
+            one client per server step) unless it or ``clients_fraction`` is given.
     """
 
     def __init__(
@@ -46,7 +51,7 @@ class PFedHN(HypernetworkFederation):
         client: pl.LightningModule,
         embedding_dim: int = 26,
         new_client_rounds: int = 20,
-        lambda_e: float = 0.0,
+        lambda_e: float = 5e-4,
         hypernetwork_size: HyperNetworkSize = "M",
         hypernetwork_width: int = 100,
         relu_before_head: bool = False,
@@ -62,6 +67,8 @@ class PFedHN(HypernetworkFederation):
             raise ValueError(f"new_client_rounds must be >= 0, got {new_client_rounds}")
         if lambda_e < 0:
             raise ValueError(f"lambda_e must be >= 0, got {lambda_e}")
+        if kwargs.get("clients_per_round") is None and kwargs.get("clients_fraction") is None:
+            kwargs["clients_per_round"] = 1
         super().__init__(
             client,
             hypernetwork_size=hypernetwork_size,
