@@ -22,6 +22,11 @@ pooled validation splits (by the sweep's recorder; Lightning's own validation lo
   schedule times ``lr_scale`` 0.1-31.6 (the paper's 1 among them: first rates 0.0099-3.13, the
   same span). A setting's score is its validation accuracy averaged over
   the last five evaluations (rounds 160-200); the highest is chosen (ties: the smaller rate);
+* ``decouple`` (the test of the tuning's hypothesis that RAGA's schedule, one rate for the local
+  steps and the server step, is what holds it back), attack-free, 200 rounds, seed 0: RAGA at the
+  constant local rate the baselines chose (``DECOUPLE_LR``), its server step once that rate (its
+  own rule) and once K times it (``server_lr``: the step of RFA at server lr 1, up to the median's
+  solver), scored as the screening;
 * ``table`` (the paper's Table II layout): each method at its chosen setting, 1000 rounds, seeds
   0-2, attack-free and under each attack of ``ATTACKS`` at each Byzantine data fraction of
   ``FRACTIONS``; planned once the screening is complete in the document's result file.
@@ -54,14 +59,18 @@ STEPS = {"raga": (0.1, 0.316, 1.0, 3.16, 10.0, 31.6), "fedavg": TUNE_RATES, "rfa
 SCREEN_ROUNDS = 200
 #: the screening evaluations a setting is chosen on (every 10 rounds): rounds 160-200
 CHOSEN_ON = 5
+#: the decoupling test's constant local rate (the baselines' choice) and RAGA's server rates: its own (None), K times it
+DECOUPLE_LR = 0.316
+DECOUPLE = (None, LOCAL_STEPS * DECOUPLE_LR)
 FRACTIONS = (0.1, 0.2, 0.3, 0.4)
 ATTACKS = {"gaussian": "GaussianAttack", "signflip": "SignFlipAttack", "alie": "ALIEAttack", "ipm": "IPMAttack",
            "scaling": "ScalingAttack", "labelflip": "LabelFlipAttack"}
 
 
-def step_arguments(method: str, step: float) -> list[str]:
-    """The arguments that set ``method``'s step size to ``step`` (a value of :data:`STEPS`) in its own paper's setup."""
-    if method == "raga":
+def step_arguments(method: str, step: float, constant: bool = False) -> list[str]:
+    """The arguments that set ``method``'s step size to ``step`` (a value of :data:`STEPS`) in its own
+    paper's setup; ``constant``: RAGA at the constant local rate ``step`` instead of its schedule."""
+    if method == "raga" and not constant:
         return ["--model.init_args.lr_scale", repr(step)]
     if method == "byrdsaga":
         return ["--model.init_args.step_size", repr(step)]
@@ -69,17 +78,18 @@ def step_arguments(method: str, step: float) -> list[str]:
 
 
 def run(study: str, method: str, seed: int, server_lr: Optional[float] = None, attack: str = "none",
-        fraction: float = 0.0, rounds: int = ROUNDS, step: Optional[float] = None) -> Run:
+        fraction: float = 0.0, rounds: int = ROUNDS, step: Optional[float] = None, constant: bool = False) -> Run:
     """``method`` (``raga``, ``fedavg``, ``rfa``, ``byrdsaga``) with ``seed``; ``attack`` is ``"none"``
     at fraction 0; ``step``: the step size in the method's own setup (:func:`step_arguments`), None:
-    the configs' (RAGA's schedule for every method but Byrd-SAGA, whose gamma is 0.1)."""
+    the configs' (RAGA's schedule for every method but Byrd-SAGA, whose gamma is 0.1); ``constant``:
+    RAGA at the constant local rate ``step``."""
     args = ["--config", BASE]
     if method != "raga":
         args += ["--config", f"configs/raga/methods/{method}.yaml"]
     if server_lr is not None:
         args += ["--model.init_args.server_lr", repr(server_lr)]
     if step is not None:
-        args += step_arguments(method, step)
+        args += step_arguments(method, step, constant)
     if attack != "none":
         args += [f"--trainer.callbacks+=fl_lightning.callbacks.attacks.{ATTACKS[attack]}",
                  f"--trainer.callbacks.fraction={fraction}"]
@@ -88,9 +98,9 @@ def run(study: str, method: str, seed: int, server_lr: Optional[float] = None, a
     args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds),
              "--trainer.limit_val_batches", "0"]
     params = dict(study=study, method=method, server_lr=server_lr, step=step, attack=attack, fraction=fraction,
-                  seed=seed, rounds=rounds)
+                  seed=seed, rounds=rounds, **({"constant": True} if constant else {}))
     slr = "" if server_lr is None else f"_slr{server_lr:.3g}"
-    size = "" if step is None else f"_{'scale' if method == 'raga' else 'lr'}{step:g}"
+    size = "" if step is None else f"_{'scale' if method == 'raga' and not constant else 'lr'}{step:g}"
     return Run(f"{study}/{method}{slr}{size}_{attack}_{fraction:g}_s{seed}", args, params, every=EVERY)
 
 
@@ -113,6 +123,8 @@ def tuned(runs: list[results.Run]) -> dict[str, float]:
 def runs() -> list[Run]:
     plan = [run("control", method, seed, server_lr) for seed in SEEDS for method, server_lr in CONTROL]
     plan += [run("screen", method, 0, step=step, rounds=SCREEN_ROUNDS) for method, steps in STEPS.items() for step in steps]
+    plan += [run("decouple", "raga", 0, server_lr, step=DECOUPLE_LR, rounds=SCREEN_ROUNDS, constant=True)
+             for server_lr in DECOUPLE]
     chosen = tuned(results.load(RESULTS))
     missing = [m for m in STEPS if m not in chosen]
     if missing:
