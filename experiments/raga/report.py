@@ -10,7 +10,10 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   confidence interval, and how far its curve strays from RAGA's (the largest and the mean absolute
   gap over the evaluated rounds, per seed); the test accuracy at a few rounds;
 * the tuning (``screen``): each method's validation score (the mean validation accuracy over the
-  last five evaluations, rounds 160-200) at each of its six step sizes, the chosen one in bold.
+  last five evaluations, rounds 160-200) at each of its six step sizes, the chosen one in bold;
+* the decoupling test (``decouple``): RAGA at the baselines' constant local rate with its own server
+  step and with K times it, beside the screening runs of RFA and FedAvg at that rate and of RAGA
+  at its chosen schedule: validation score and final test accuracy (seed 0).
 
 ``--figures DIR`` draws ``raga_control.png`` (test accuracy per round, mean over seeds, band: min–max).
 """
@@ -24,7 +27,8 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.raga.plan import CONTROL, CONTROL_SERVER_LR, ROUNDS, SCREEN_ROUNDS, STEPS, run, screen_score, tuned
+from experiments.raga.plan import (CONTROL, CONTROL_SERVER_LR, DECOUPLE, DECOUPLE_LR, LOCAL_STEPS, ROUNDS, SCREEN_ROUNDS,
+                                   STEPS, run, screen_score, tuned)
 from fl_lightning.algorithms.raga import paper_learning_rate
 from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
@@ -101,6 +105,27 @@ def screen_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
+def decouple_table(runs: list[results.Run]) -> str:
+    """The decoupling test's runs and the screening runs they are compared with (seed 0, 200 rounds)."""
+    by_name = {r["name"]: r for r in runs}
+    rows = [(f"RAGA, constant local rate {DECOUPLE_LR:g}, server step "
+             + ("= that rate (its rule)" if server_lr is None else f"{server_lr:g} (K times it)"),
+             run("decouple", "raga", 0, server_lr, step=DECOUPLE_LR, rounds=SCREEN_ROUNDS, constant=True).name)
+            for server_lr in DECOUPLE]
+    rows += [(f"{NAMES[m]}, constant local rate {DECOUPLE_LR:g}, server lr 1 (step about {LOCAL_STEPS * DECOUPLE_LR:g})",
+              run("screen", m, 0, step=DECOUPLE_LR, rounds=SCREEN_ROUNDS).name) for m in ("rfa", "fedavg")]
+    chosen = tuned(runs).get("raga")
+    if chosen is not None:
+        rows.append((f"RAGA, its schedule ×{chosen:g} (the tuning's choice)",
+                     run("screen", "raga", 0, step=chosen, rounds=SCREEN_ROUNDS).name))
+    lines = ["| run (attack-free, 200 rounds, seed 0) | validation score | final test acc |", "|---|---|---|"]
+    for name, key in rows:
+        found = by_name.get(key)
+        cells = (f"{100 * screen_score(found):.2f}", f"{100 * results.last(found, 'test_acc'):.2f}") if found else ("–", "–")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
     out = []
@@ -110,6 +135,8 @@ def tables(runs: list[results.Run]) -> list[str]:
                 seed_curve_table(groups, "test_acc", 100, rounds=CURVE_ROUNDS, digits=2)]
     if results.select(runs, study="screen"):
         out.append(screen_table(runs))
+    if results.select(runs, study="decouple"):
+        out.append(decouple_table(runs))
     return out
 
 
