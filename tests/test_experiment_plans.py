@@ -151,7 +151,9 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     path = tmp_path / "feddro.json"
     monkeypatch.setattr(feddro, "RESULTS", path)
     with pytest.warns(UserWarning, match="feddro"):
-        assert [r.params["study"] for r in feddro.runs()] == ["tune"] * len(tune)
+        assert [r.params["study"] for r in feddro.runs()] == ["tune"] * len(tune) + ["centralized"] * len(feddro.LRS)
+    central = [r for r in feddro.runs() if r.params["study"] == "centralized"]
+    assert all(r.params["method"] == "feddro" and "--data.init_args.batch_size" in r.args for r in central)
     results.save(path, records)
     planned = feddro.runs()
     table = [r for r in planned if r.params["study"] == "table"]
@@ -163,6 +165,8 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     done = records + feddro_runs(table + sweep, lambda r: 0.8 if r.params["method"] == "feddro" else 0.6 + 0.01 * r.params["seed"])
     tables = report.tables(done)
     assert len(tables) == 4 and "**90.00**" in tables[0]
+    central_tables = report.tables(done + feddro_runs(central, lambda r: 0.95))
+    assert central_tables[-1].splitlines()[-1] == "| 1 client, batch 128 | 95.00 | 95.00 | 95.00 | 95.00 |"
     assert "| FedAvg (ERM) (FedDRO λ 2) | +18.00 ± 1.58" in tables[2]
 
 

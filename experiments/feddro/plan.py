@@ -26,7 +26,11 @@ on the training splits at the run's lambda (``TUNE_LAM`` for the methods without
   lambda of ``LAMS`` for the methods with one (FedAvg and FastDRO once);
 * ``local_steps`` (the paper's Fig. 2): FedDRO at its chosen rate and lambda = 2 with each I of
   ``LOCAL_STEPS`` for ``SWEEP_ROUNDS`` model-averaging rounds (I = 32 is 20 epochs), seeds 0-2:
-  whether accuracy at a fixed number of rounds rises with I and then saturates.
+  whether accuracy at a fixed number of rounds rises with I and then saturates;
+* ``centralized`` (the test of the tuning's hypothesis that FedDRO's deficit is the federated
+  estimate of the inner expectation): FedDRO on one client holding all the training data, batch
+  128, as the centralized baselines, at every rate of ``LRS``, lambda = 2, seed 0: one estimate from
+  128 samples per step instead of eight clients' from 16 each.
 
 The ``table`` and ``local_steps`` runs are planned once the tuning is complete in the document's
 result file.
@@ -65,12 +69,16 @@ SWEEP_ROUNDS = EPOCHS * STEPS_PER_EPOCH // LOCAL_STEPS[-1]
 
 
 def run(study: str, method: str, lr: float, seed: int, lam: Optional[float] = None, local_steps: int = 1,
-        rounds: Optional[int] = None) -> Run:
+        rounds: Optional[int] = None, centralized: bool = False) -> Run:
     """``method`` at rate ``lr`` (and ``lam`` if it has one) with ``local_steps`` steps per round, for
-    ``rounds`` rounds (None: ``EPOCHS`` epochs), evaluated every epoch (or ten times, if shorter)."""
+    ``rounds`` rounds (None: ``EPOCHS`` epochs), evaluated every epoch (or ten times, if shorter);
+    ``centralized``: on one client holding the training data, batch 128 (the centralized baselines' setting)."""
     args = ["--config", BASE]
     if METHODS[method] is not None:
         args += ["--config", METHODS[method]]
+    if centralized:
+        args += ["--data.init_args.num_clients", "1", "--data.init_args.batch_size", "128",
+                 "--model.init_args.clients_per_round", "1"]
     if lam is not None:
         args += [LAM_ARGUMENT[method], repr(lam)]
     rounds = EPOCHS * STEPS_PER_EPOCH // local_steps if rounds is None else rounds
@@ -79,7 +87,8 @@ def run(study: str, method: str, lr: float, seed: int, lam: Optional[float] = No
              "--model.init_args.lr_drop_epochs", f"[{DROP_EPOCH}]", "--seed_everything", str(seed),
              "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds),
              "--trainer.limit_val_batches", "0"]
-    params = dict(study=study, method=method, lr=lr, lam=lam, local_steps=local_steps, seed=seed, rounds=rounds)
+    params = dict(study=study, method=method, lr=lr, lam=lam, local_steps=local_steps, seed=seed, rounds=rounds,
+                  **({"centralized": True} if centralized else {}))
     name = f"{study}/{method}_lr{lr:g}" + ("" if lam is None else f"_lam{lam:g}") + f"_I{local_steps}_s{seed}"
     return Run(name, args, params, every=every, at_start=True, train=True, classes=True,
                dro_lam=TUNE_LAM if lam is None else lam)
@@ -102,7 +111,7 @@ def tuned(runs: list[results.Run]) -> dict[str, float]:
 
 
 def runs() -> list[Run]:
-    plan = tune_runs()
+    plan = tune_runs() + [run("centralized", "feddro", lr, 0, TUNE_LAM, centralized=True) for lr in LRS]
     chosen = tuned(results.load(RESULTS))
     missing = [m for m in METHODS if m not in chosen]
     if missing:

@@ -10,7 +10,9 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   paper's headline), test accuracy, balanced, worst-class and minority-class (0-4) test accuracy,
   the KL-DRO objective on the training data; the test accuracy at the best balanced validation;
   FedDRO minus each baseline at the same lambda, paired by seed, with 95 % confidence intervals;
-* the local-steps study (``local_steps``): FedDRO's figures after the study's rounds, per I.
+* the local-steps study (``local_steps``): FedDRO's figures after the study's rounds, per I;
+* the centralized test (``centralized``): FedDRO's balanced validation accuracy per rate on 8 clients
+  (batch 16; the tuning's runs) and on one client (batch 128).
 
 ``--figure`` draws training and test accuracy per epoch of each method at lambda 2 (mean over seeds).
 """
@@ -107,6 +109,16 @@ def local_steps_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
+def centralized_table(runs: list[results.Run]) -> str:
+    """FedDRO's balanced validation accuracy (%) after the last epoch per rate, federated and centralized."""
+    lines = [f"| FedDRO, λ {TUNE_LAM:g}, seed 0 | " + " | ".join(f"lr {lr:g}" for lr in LRS) + " |", "|---" * (len(LRS) + 1) + "|"]
+    for label, study in (("8 clients, batch 16 (the tuning)", "tune"), ("1 client, batch 128", "centralized")):
+        by_lr = {r["params"]["lr"]: r for r in results.select(runs, study=study, method="feddro")}
+        cells = [f"{100 * results.last(by_lr[lr], 'val_acc_balanced'):.2f}" if lr in by_lr else "–" for lr in LRS]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every MNIST-ST table of the document, in order (none before the runs exist)."""
     out = []
@@ -116,6 +128,8 @@ def tables(runs: list[results.Run]) -> list[str]:
         out += [comparison_table(runs), differences_table(runs)]
     if results.select(runs, study="local_steps"):
         out.append(local_steps_table(runs))
+    if results.select(runs, study="centralized"):
+        out.append(centralized_table(runs))
     return out
 
 
