@@ -29,7 +29,9 @@ pooled validation splits (by the sweep's recorder; Lightning's own validation lo
   solver), scored as the screening;
 * ``table`` (the paper's Table II layout): each method at its chosen setting, 1000 rounds, seeds
   0-2, attack-free and under each attack of ``ATTACKS`` at each Byzantine data fraction of
-  ``FRACTIONS``; planned once the screening is complete in the document's result file.
+  ``FRACTIONS``; planned once the screening is complete in the document's result file. Beside
+  them, once RAGA's screening is complete, the decoupled RAGA of the ``decouple`` study (constant
+  local rate ``DECOUPLE_LR``, server rate K times it): what the tie costs under attack.
 """
 
 from __future__ import annotations
@@ -131,8 +133,12 @@ def runs() -> list[Run]:
         warnings.warn(f"the table runs of {missing} are not planned: their step sizes come from the screen runs, "
                       f"which {RESULTS} lacks (python -m experiments.sweep raga --only 'screen/*')")
     cases = [("none", 0.0)] + [(attack, fraction) for attack in ATTACKS for fraction in FRACTIONS]
-    plan += [run("table", method, seed, attack=attack, fraction=fraction, step=step)
-             for seed in SEEDS for attack, fraction in cases for method, step in chosen.items()]
+    # (method, server_lr, step, constant): the tuned methods, and the decoupled RAGA beside RAGA
+    settings = [(method, None, step, False) for method, step in chosen.items()]
+    if "raga" in chosen:
+        settings.append(("raga", DECOUPLE[1], DECOUPLE_LR, True))
+    plan += [run("table", method, seed, server_lr, attack, fraction, step=step, constant=constant)
+             for seed in SEEDS for attack, fraction in cases for method, server_lr, step, constant in settings]
     return plan
 
 
