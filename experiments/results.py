@@ -14,6 +14,8 @@ One file per paper holds every run its document reports::
 * ``history``: the evaluations in round order, each the round (1-based; 0 is before training) and
   the metrics measured then;
 * ``summary`` (optional): figures measured once per run (data sizes, final evaluations...).
+* ``diverged`` (only where the run diverged): the round it stopped in and the error; its history
+  holds the evaluations before.
 
 Files are written one run per line, so that a changed run is a one-line diff.
 """
@@ -82,12 +84,13 @@ def last(run: Run, key: str) -> float:
 
 
 def best_named(runs: Iterable[Run], names: Sequence[str], score: Callable[[Run], float]) -> Optional[int]:
-    """The index in ``names`` of the run with the highest ``score`` (the first on ties), or None while
-    one of the named runs is missing from ``runs`` (a tuning's choice among complete candidates)."""
+    """The index in ``names`` of the run with the highest ``score`` (the first on ties; a run that
+    diverged scores below any other), or None while one of the named runs is missing from ``runs``
+    (a tuning's choice among complete candidates)."""
     by_name = {r["name"]: r for r in runs}
     if any(name not in by_name for name in names):
         return None
-    scores = [score(by_name[name]) for name in names]
+    scores = [float("-inf") if "diverged" in by_name[name] else score(by_name[name]) for name in names]
     return scores.index(max(scores))
 
 

@@ -36,6 +36,11 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from experiments import results
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.functional.dro import KLDRO, objective_value
+from fl_lightning.module import NonFiniteUpdateError
+
+#: what a run that diverges raises (a non-finite estimate or update the algorithm refuses to go on
+#: with): recorded as the run's outcome, not a failure of the sweep
+DIVERGED = (FloatingPointError, NonFiniteUpdateError)
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,9 @@ def split_sizes(cli: Any) -> dict[str, int]:
 
 
 def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
-    """Train ``run`` and return its record for the result file (``commit``: the code it runs)."""
+    """Train ``run`` and return its record for the result file (``commit``: the code it runs). A run
+    that diverges (:data:`DIVERGED`) is recorded with its evaluations so far and ``"diverged"``: the
+    error and the round it stopped in."""
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
              "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
              "--trainer.default_root_dir", f"runs/{paper}/{run.name}"]
@@ -190,9 +197,16 @@ def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
     recorder = Recorder(run.every, run.at_start, run.train, run.metrics, run.classes, run.dro_lam)
     cli.trainer.callbacks.append(recorder)
     start = time.perf_counter()
-    cli.trainer.fit(cli.model, cli.datamodule)
+    diverged = None
+    try:
+        cli.trainer.fit(cli.model, cli.datamodule)
+    except DIVERGED as error:
+        diverged = f"round {cli.trainer.current_epoch + 1}: {type(error).__name__}: {error}"
+        print(f"{run.name} diverged in {diverged}", flush=True)
     record = {"name": run.name, "commit": commit, "params": run.params,
               "wall_s": round(time.perf_counter() - start, 1), "history": recorder.history}
+    if diverged is not None:
+        record["diverged"] = diverged
     if hasattr(plan, "summary"):
         record["summary"] = plan.summary(cli)
     return record

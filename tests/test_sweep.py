@@ -53,3 +53,24 @@ def test_recorder_records_only_the_callbacks_metrics_of_a_method_without_global_
     (point,) = recorder.history
     assert set(point) == {"round", "clients_test/acc_mean", "clients_test/acc_worst", "clients_test/acc_p10"}
     assert point["clients_test/acc_mean"] == float(tr.callback_metrics["clients_test/acc_mean"])
+
+
+def test_a_run_that_diverges_is_recorded_as_such_and_loses_the_tuning(tmp_path, monkeypatch):
+    """The sweep records a diverged run (the round, the error, the evaluations before) instead of
+    stopping, and a tuning never chooses it, whatever its last evaluation."""
+    from pathlib import Path
+
+    from experiments import results
+    from experiments.sweep import Run, fit
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    monkeypatch.chdir(tmp_path)
+    args = ["--config", str(config), "--model.init_args.nonfinite_updates", "raise", "--trainer.max_epochs", "4",
+            "--trainer.callbacks", "[]", "--trainer.enable_checkpointing", "false"]
+    calm = fit(Run("calm", args, {}, every=1), "test", object(), "abc")
+    wild = fit(Run("wild", [*args, "--model.init_args.client.init_args.lr", "1e38"], {}, every=1), "test", object(), "abc")
+    assert "diverged" not in calm and len(calm["history"]) == 4
+    assert wild["diverged"].startswith("round ") and "NonFiniteUpdateError" in wild["diverged"]
+    assert len(wild["history"]) < 4
+    wild["history"] = calm["history"]  # even with the better evaluations, it is not chosen
+    assert results.best_named([wild, calm], ["wild", "calm"], lambda r: -results.last(r, "test_loss")) == 1

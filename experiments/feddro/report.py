@@ -53,6 +53,15 @@ def label(method: str, lam: Optional[float]) -> str:
     return NAMES[method] + ("" if lam is None else f", λ {lam:g}")
 
 
+def cell(run: Optional[results.Run], key: str) -> str:
+    """``key`` (%) after the last epoch of ``run``; ``diverged (round r)``; ``–`` for a missing run."""
+    if run is None:
+        return "–"
+    if "diverged" in run:
+        return f"diverged ({run['diverged'].split(':')[0]})"
+    return f"{100 * results.last(run, key):.2f}"
+
+
 def tune_table(runs: list[results.Run]) -> str:
     """Balanced validation accuracy (%) after the last epoch per method and rate, the choice in bold."""
     chosen = tuned(runs)
@@ -62,8 +71,8 @@ def tune_table(runs: list[results.Run]) -> str:
         by_lr = {r["params"]["lr"]: r for r in group}
         cells = []
         for lr in LRS:
-            cell = f"{100 * results.last(by_lr[lr], 'val_acc_balanced'):.2f}" if lr in by_lr else "–"
-            cells.append(f"**{cell}**" if chosen.get(method) == lr else cell)
+            text = cell(by_lr.get(lr), "val_acc_balanced")
+            cells.append(f"**{text}**" if chosen.get(method) == lr else text)
         lines.append(f"| {NAMES[method]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -114,7 +123,7 @@ def centralized_table(runs: list[results.Run]) -> str:
     lines = [f"| FedDRO, λ {TUNE_LAM:g}, seed 0 | " + " | ".join(f"lr {lr:g}" for lr in LRS) + " |", "|---" * (len(LRS) + 1) + "|"]
     for label, study in (("8 clients, batch 16 (the tuning)", "tune"), ("1 client, batch 128", "centralized")):
         by_lr = {r["params"]["lr"]: r for r in results.select(runs, study=study, method="feddro")}
-        cells = [f"{100 * results.last(by_lr[lr], 'val_acc_balanced'):.2f}" if lr in by_lr else "–" for lr in LRS]
+        cells = [cell(by_lr.get(lr), "val_acc_balanced") for lr in LRS]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -64,7 +64,10 @@ def tune_table(runs: list[results.Run]) -> str:
         by_lr = {r["params"]["lr"]: r for r in results.select(runs, study="tune", method=method)}
         cells = []
         for lr in rates(method):
-            cell = f"lr {lr:g}: {100 * results.last(by_lr[lr], key):.2f}" if lr in by_lr else f"lr {lr:g}: –"
+            found = by_lr.get(lr)
+            value = "–" if found is None else (f"diverged ({found['diverged'].split(':')[0]})" if "diverged" in found
+                                                else f"{100 * results.last(found, key):.2f}")
+            cell = f"lr {lr:g}: {value}"
             cells.append(f"**{cell}**" if chosen.get(row) == lr else cell)
         lines.append(f"| {ROWS[row][0]} (`{key}`) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
