@@ -33,9 +33,10 @@ Run = dict[str, Any]
 def commit() -> str:
     """The project commit a run ran on (``git rev-parse HEAD``; ``+`` marks uncommitted changes to
     tracked files other than the result documents, ``docs/results/``, which runs only read)."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    root = Path(__file__).resolve().parents[1]  # whatever the working directory
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=root).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results"],
-                           capture_output=True, text=True).stdout
+                           capture_output=True, text=True, cwd=root).stdout
     return head + ("+" if dirty.strip() else "")
 
 

@@ -4,6 +4,7 @@ overrides the plan lists, and each run's per-round metrics go into a compact res
     python -m experiments.sweep feddro --list                        # the runs, as fl-lightning commands
     python -m experiments.sweep feddro --out runs/feddro.json        # run them all (one after the other)
     python -m experiments.sweep feddro --only 'tune/fedavg_*' tune/feddro_lr0.05_lam2_I1_s0 --out runs/feddro.json
+    python -m experiments.sweep feddro --jobs 4 --out runs/feddro.json   # four runs at a time, one process each
     python -m experiments.feddro.report runs/feddro.json             # the document's tables from that file
 
 A plan, ``experiments/<paper>/plan.py``, has ``runs()``, the list of :class:`Run` (name, arguments,
@@ -13,14 +14,22 @@ was stopped resumes. Each run is the CLI in-process (``FederatedCLI``, the same 
 ``fl-lightning fit``) with a :class:`Recorder` added, one torch thread, no logger and no progress
 bar; its checkpoints go to ``runs/<paper>/<name>/``. The format of the result file:
 :mod:`experiments.results`. ``docs/results/<paper>.json`` is such a file.
+
+With ``--jobs N`` the pending runs are dealt round-robin (in plan order, so that the first seeds
+come first) to N worker processes, each a sweep of its own runs writing its own part file beside
+the result file (``<out>.part<k>.json``, its output in ``<out>.part<k>.log``); the parts are merged
+into the result file when the workers end, and at the start of the next sweep if they were stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import glob
 import importlib
+import os
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -212,6 +221,49 @@ def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
     return record
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def part_path(out: Path, k: int) -> Path:
+    """The result file of worker ``k`` of a parallel sweep into ``out``."""
+    return out.with_name(f"{out.stem}.part{k}{out.suffix}")
+
+
+def merge_parts(out: Path) -> int:
+    """Add the runs of ``out``'s part files (a parallel sweep's workers') to ``out`` and remove the
+    parts; returns how many runs were added."""
+    added = 0
+    for part in sorted(out.parent.glob(f"{glob.escape(out.stem)}.part*{out.suffix}")):
+        for run in results.load(part):
+            results.add(out, run)
+            added += 1
+        part.unlink()
+    return added
+
+
+def deal(names: Sequence[str], jobs: int) -> list[list[str]]:
+    """``names`` dealt round-robin to at most ``jobs`` workers (each keeps the plan order)."""
+    return [list(names[k::jobs]) for k in range(min(jobs, len(names)))]
+
+
+def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads: int) -> None:
+    """Run the plan's runs ``names`` in ``jobs`` worker processes and merge their results into ``out``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    workers = []
+    for k, share in enumerate(deal(names, jobs)):
+        log = part_path(out, k).with_suffix(".log")
+        command = [sys.executable, "-m", "experiments.sweep", paper, "--only", *map(glob.escape, share),
+                   "--out", str(part_path(out, k)), "--threads", str(threads)]
+        with log.open("a") as stream:
+            workers.append((subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=env), log))
+        print(f"worker {k}: {len(share)} runs, output in {log}", flush=True)
+    failed = [str(log) for process, log in workers if process.wait() != 0]
+    print(f"{merge_parts(out)} runs added to {out}", flush=True)
+    if failed:
+        raise SystemExit(f"{len(failed)} of {len(workers)} workers failed; their output: {', '.join(failed)}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paper", help="the plan: experiments/<paper>/plan.py")
@@ -219,7 +271,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--only", nargs="+", metavar="PATTERN", help="only the runs matching these names or patterns")
     parser.add_argument("--out", type=Path, help="result file (default: runs/<paper>.json)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the documented runs used 1)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, one worker process each")
     opts = parser.parse_args(argv)
+    if opts.jobs < 1 or opts.threads < 1:
+        parser.error(f"--jobs and --threads must be >= 1, got --jobs {opts.jobs} --threads {opts.threads}")
     plan = importlib.import_module(f"experiments.{opts.paper}.plan")
     runs = plan.runs()
     if opts.only:
@@ -232,7 +287,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             print(f"# {run.name}\n{run.command()}")
         return
     out = opts.out or Path("runs") / f"{opts.paper}.json"
+    merge_parts(out)  # the finished runs of a parallel sweep that was stopped
     done = {r["name"] for r in results.load(out)}
+    pending = [run.name for run in runs if run.name not in done]
+    if opts.jobs > 1 and len(pending) > 1:
+        run_parallel(opts.paper, pending, out, opts.jobs, opts.threads)
+        return
     torch.set_num_threads(opts.threads)
     commit = results.commit()  # the code imported now, which every run of this process runs
     for run in runs:

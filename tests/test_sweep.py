@@ -74,3 +74,39 @@ def test_a_run_that_diverges_is_recorded_as_such_and_loses_the_tuning(tmp_path, 
     assert len(wild["history"]) < 4
     wild["history"] = calm["history"]  # even with the better evaluations, it is not chosen
     assert results.best_named([wild, calm], ["wild", "calm"], lambda r: -results.last(r, "test_loss")) == 1
+
+
+def test_deal_and_merge_parts(tmp_path):
+    from experiments import results
+    from experiments.sweep import deal, merge_parts, part_path
+
+    assert deal(["a", "b", "c", "d", "e"], 2) == [["a", "c", "e"], ["b", "d"]]
+    assert deal(["a"], 4) == [["a"]]
+    out = tmp_path / "r.json"
+    results.save(out, [{"name": "a", "history": []}])
+    results.save(part_path(out, 0), [{"name": "b", "history": []}])
+    results.save(part_path(out, 1), [{"name": "a", "history": [{"round": 1}]}])  # a rerun replaces
+    assert merge_parts(out) == 2 and not list(tmp_path.glob("r.part*"))
+    assert {r["name"]: r["history"] for r in results.load(out)} == {"a": [{"round": 1}], "b": []}
+
+
+def test_a_parallel_sweep_records_what_a_sequential_one_does(tmp_path, monkeypatch):
+    """``--jobs 2`` runs the pending runs in two worker processes and merges their part files: the
+    same records (evaluations, commit) as one process running them one after the other."""
+    from pathlib import Path
+
+    from experiments import results
+    from experiments.sweep import main
+
+    (tmp_path / "configs").symlink_to(Path(__file__).resolve().parents[1] / "configs")
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        main(["quickstart", "--only", "fedavg_lr0.05_*", "--out", "sequential.json"])
+    finally:
+        torch.set_num_threads(threads)
+    main(["quickstart", "--only", "fedavg_lr0.05_*", "--jobs", "2", "--out", "parallel.json"])
+    sequential, parallel = ({r["name"]: r for r in results.load(f)} for f in ("sequential.json", "parallel.json"))
+    assert sorted(parallel) == ["fedavg_lr0.05_s0", "fedavg_lr0.05_s1"] and not list(tmp_path.glob("parallel.part*.json"))
+    for name, run in sequential.items():
+        assert parallel[name]["history"] == run["history"] and parallel[name]["commit"] == run["commit"]
