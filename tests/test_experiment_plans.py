@@ -60,7 +60,7 @@ def test_feddeper_table_is_planned_only_for_complete_screenings(monkeypatch, tmp
     monkeypatch.setattr(plan, "tuned", lambda runs=None: {(5, "fedavg"): {"lr": 0.0316, "batch": 32},
                                                 (5, "feddeper"): dict(plan.PAPER["feddeper"])})
     with pytest.warns(UserWarning, match="m10/feddeper"):
-        names = [r.name for r in plan.runs() if not r.name.startswith("screen")]
+        names = [r.name for r in plan.runs() if not r.name.startswith(("screen", "cnn", "n100"))]
     assert sorted(names) == sorted(
         [f"table/m5/fedavg_lr0.0316_b32_s{s}" for s in plan.SEEDS] + [f"paper/m5/fedavg_lr0.01_b64_s{s}" for s in plan.SEEDS]
         + [f"{study}/m5/{run}_lr0.01_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS
@@ -249,3 +249,20 @@ def test_pefll_report_puts_each_row_at_its_chosen_rate_and_pairs_pefll_with_it(m
     assert "81.00 ± 1.73" in comparison[3] and "95.00 ± 0.00" in comparison[4]
     assert differences[2].startswith("| FedAvg | +11.00 ± 1.00")
     assert differences[3].startswith("| FedAvg + 50 finetuning steps | -3.00 ± 2.00")
+
+
+def test_feddeper_cnn_and_n100_cells_run_the_paper_setting_and_the_transferred_tuned_one(monkeypatch):
+    monkeypatch.setattr(plan, "tuned", lambda runs=None: {(5, "fedavg"): {"lr": 0.1, "batch": 32},
+                                                          (5, "scaffold"): dict(plan.PAPER["scaffold"])})
+    monkeypatch.setattr(plan, "first_stage", lambda runs: {})
+    with pytest.warns(UserWarning):
+        planned = plan.runs()
+    cnn = [r for r in planned if r.params["study"] == "cnn"]
+    # the paper's setting for each method, and FedAvg's tuned one (SCAFFOLD's tuned one is the paper's)
+    assert len(cnn) == 3 * (len(plan.GRIDS) + 1) and {r.params["seed"] for r in cnn} == set(plan.SEEDS)
+    assert "cnn/m5/fedavg_lr0.1_b32_s1" in {r.name for r in cnn}
+    assert all(r.args[1] == "configs/feddeper/mnist_cnn.yaml" and "n" not in r.params for r in cnn)
+    n100 = [r for r in planned if r.params["study"] == "n100"]
+    assert {r.params["m"] for r in n100} == {5, 10} and all(r.params["n"] == 100 for r in n100)
+    assert len([r for r in n100 if r.params["m"] == 10]) == 3 * len(plan.GRIDS)  # m = 10 untuned: the paper's only
+    assert all(r.args[r.args.index("--data.init_args.num_clients") + 1] == "100" for r in n100)

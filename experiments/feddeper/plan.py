@@ -32,7 +32,11 @@ splits (what the tuning chooses on).
   ``v_j``, and the personal model restarted from ``x`` every round instead of kept; m = 5,
   seeds 0-2, 500 rounds: whether either closes the gap to the paper;
 * ``paper``: each method at the paper's setting (lr 0.01, batch 64, rho 0.03, lambda 0.5, FedProx
-  mu 1) where it differs from the tuned one, seeds 0-2, 500 rounds.
+  mu 1) where it differs from the tuned one, seeds 0-2, 500 rounds;
+* ``cnn`` (Table I (a)'s CNN cell: ``configs/feddeper/mnist_cnn.yaml``, n = 10, m = 5) and ``n100``
+  (Table I (b)'s MNIST MLP cells: n = 100, m = 5 and 10), seeds 0-2, 500 rounds: each method at the
+  paper's setting and, once the MLP cell with the same m is tuned, at that cell's tuned setting (a
+  transfer, not a tuning of these cells: :data:`TRANSFER`).
 """
 
 from __future__ import annotations
@@ -79,6 +83,8 @@ EXTRA_CLASSES = [PERSONAL, "--trainer.callbacks.extra_classes=1", PERSONAL, "--t
 #: isolation variant -> the arguments that make it (FedDeper at its tuned setting, m = 5)
 ISOLATION = {"gauss_seidel": ["--model.init_args.update_order", "gauss_seidel"],
              "reset_personal": ["--model.init_args.reset_personal", "true"]}
+#: the cells tuned on the n = 10 MLP whose settings are transferred: study -> (config, clients n, cells m)
+TRANSFER = {"cnn": ("configs/feddeper/mnist_cnn.yaml", 10, (5,)), "n100": (BASE, 100, (5, 10))}
 #: the command-line argument of each setting
 ARGUMENT = {"rho": "--model.init_args.rho", "lam": "--model.init_args.lam", "batch": "--data.init_args.batch_size",
             "lr": "--model.init_args.client.init_args.lr", "mu": "--model.init_args.mu"}
@@ -96,13 +102,17 @@ def grid(method: str) -> list[dict[str, Any]]:
 
 
 def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, rounds: int,
-        local_steps: Optional[int] = None, variant: Optional[str] = None) -> Run:
+        local_steps: Optional[int] = None, variant: Optional[str] = None, config: str = BASE,
+        num_clients: Optional[int] = None) -> Run:
     """``method`` (``feddeper_star``: FedDeper with ``local_steps``) with ``settings`` in the cell
-    with ``m`` clients per round (``variant``: FedDeper's :data:`ISOLATION` variant)."""
-    args = ["--config", BASE]
+    with ``m`` clients per round (``variant``: FedDeper's :data:`ISOLATION` variant) of ``config``
+    (with ``num_clients`` clients instead of its 10)."""
+    args = ["--config", config]
     if method not in ("feddeper", "feddeper_star"):
         args += ["--config", f"configs/feddeper/methods/{method}.yaml"]
     args += ["--model.init_args.clients_per_round", str(m)]
+    if num_clients is not None:
+        args += ["--data.init_args.num_clients", str(num_clients)]
     for key, value in settings.items():
         args += [ARGUMENT[key], str(value)]
     if local_steps is not None:
@@ -115,6 +125,8 @@ def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, ro
     elif study == "table" and method == "feddeper":
         args += EXTRA_CLASSES
     params = dict(study=study, m=m, method=method, **settings, seed=seed, rounds=rounds)
+    if num_clients is not None:
+        params["n"] = num_clients
     name = f"{study}/m{m}/{method}_{settings_name(settings)}_s{seed}"
     if variant is not None:
         params["variant"] = variant
@@ -214,6 +226,12 @@ def runs() -> list[Run]:
                 plan.append(run("paper", m, method, PAPER[method], seed, TABLE_ROUNDS))
             if method == "feddeper" and m == 5:
                 plan += [run("isolation", m, method, settings, seed, TABLE_ROUNDS, variant=v) for v in ISOLATION]
+    for study, (config, n, cells) in TRANSFER.items():
+        for m in cells:
+            settings = [(method, PAPER[method]) for method in GRIDS]
+            settings += [(method, chosen[m, method]) for method in GRIDS if chosen.get((m, method), PAPER[method]) != PAPER[method]]
+            plan += [run(study, m, method, s, seed, TABLE_ROUNDS, config=config, num_clients=None if n == 10 else n)
+                     for seed in SEEDS for method, s in settings]
     return plan
 
 
