@@ -12,7 +12,12 @@ the settings the tables group by, what to record), and may have ``summary(cli) -
 read once per run after training. Runs already in the output file are skipped, so a sweep that
 was stopped resumes. Each run is the CLI in-process (``FederatedCLI``, the same parsing as
 ``fl-lightning fit``) with a :class:`Recorder` added, one torch thread, no logger and no progress
-bar; its checkpoints go to ``runs/<paper>/<name>/``. The format of the result file:
+bar; its output goes to ``runs/<paper>/<name>/``. The run's own checkpoint callbacks (the configs'
+``RoundCheckpoint``, Lightning's default ``ModelCheckpoint``) are left out: what the sweep keeps is
+the record, and one checkpoint per run at its evaluated rounds
+(``runs/<paper>/<name>/resume/last.ckpt``, the recorder's history included), from which a run that
+was stopped resumes, bitwise as if it had not stopped; it goes once the run is recorded.
+The format of the result file:
 :mod:`experiments.results`. ``docs/results/<paper>.json`` is such a file.
 
 With ``--jobs N`` the pending runs are dealt round-robin (in plan order, so that the first seeds
@@ -29,6 +34,7 @@ import glob
 import importlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -40,9 +46,11 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.callbacks import Checkpoint
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from experiments import results
+from fl_lightning.callbacks.checkpoint import RoundCheckpoint
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.functional.dro import KLDRO, objective_value
 from fl_lightning.module import NonFiniteUpdateError
@@ -147,7 +155,9 @@ class Recorder(pl.Callback):
         self.classes = classes
         self.dro_lam = dro_lam
         self.history: list[dict[str, float]] = []
+        self.wall_s = 0.0  # training time before this process (a resumed run's), see state_dict
         self._validated_round = -1
+        self._started = time.perf_counter()
 
     def measure(self, trainer: pl.Trainer, module: Any, round_number: int) -> dict[str, float]:
         """The evaluation after ``round_number`` rounds."""
@@ -172,8 +182,20 @@ class Recorder(pl.Callback):
             point.update({k: float(v) for k, v in sorted(trainer.callback_metrics.items()) if k.startswith(self.metrics)})
         return point
 
+    def elapsed(self) -> float:
+        """Training wall time in seconds, over the processes that ran this run."""
+        return self.wall_s + time.perf_counter() - self._started
+
+    def state_dict(self) -> dict[str, Any]:
+        """The history so far and the time it took (in the run's checkpoints: a resumed run goes on with them)."""
+        return {"history": self.history, "wall_s": self.elapsed(), "validated_round": self._validated_round}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history, self.wall_s = list(state["history"]), state["wall_s"]
+        self._validated_round, self._started = state["validated_round"], time.perf_counter()
+
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        if self.at_start:
+        if self.at_start and not self.history:  # a resumed run has it
             self.history.append(self.measure(trainer, module, 0))
 
     def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -195,6 +217,11 @@ def split_sizes(cli: Any) -> dict[str, int]:
             "val_samples": sum(len(s) for s in dm.splits["val"])}
 
 
+def resume_dir(paper: str, name: str) -> Path:
+    """Where run ``name`` of ``paper``'s plan checkpoints itself until it is recorded."""
+    return Path("runs") / paper / name / "resume"
+
+
 def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
     """Train ``run`` and return its record for the result file (``commit``: the code it runs). A run
     that diverges (:data:`DIVERGED`) is recorded with its evaluations so far and ``"diverged"``: the
@@ -204,16 +231,22 @@ def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
              "--trainer.default_root_dir", f"runs/{paper}/{run.name}"]
     cli = FederatedCLI(args=[*run.args, *quiet], run=False)
     recorder = Recorder(run.every, run.at_start, run.train, run.metrics, run.classes, run.dro_lam)
-    cli.trainer.callbacks.append(recorder)
-    start = time.perf_counter()
+    resume = resume_dir(paper, run.name)
+    # no checkpoint of the run's own (a PeFLL run's default one wrote 106 MB a round); the recorder, then the
+    # resume checkpoint: the checkpoint of a round holds that round's evaluation
+    cli.trainer.callbacks = [c for c in cli.trainer.callbacks if not isinstance(c, Checkpoint)]
+    cli.trainer.callbacks += [recorder, RoundCheckpoint(str(resume), every_n_rounds=run.every, asynchronous=False)]
+    last = resume / "last.ckpt"
+    if last.exists():
+        print(f"{run.name}: resuming from {last}", flush=True)
     diverged = None
     try:
-        cli.trainer.fit(cli.model, cli.datamodule)
+        cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=str(last) if last.exists() else None)
     except DIVERGED as error:
         diverged = f"round {cli.trainer.current_epoch + 1}: {type(error).__name__}: {error}"
         print(f"{run.name} diverged in {diverged}", flush=True)
     record = {"name": run.name, "commit": commit, "params": run.params,
-              "wall_s": round(time.perf_counter() - start, 1), "history": recorder.history}
+              "wall_s": round(recorder.elapsed(), 1), "history": recorder.history}
     if diverged is not None:
         record["diverged"] = diverged
     if hasattr(plan, "summary"):
@@ -300,6 +333,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             continue
         print(f"== {run.name}: {run.command()}", flush=True)
         results.add(out, fit(run, opts.paper, plan, commit))
+        shutil.rmtree(resume_dir(opts.paper, run.name), ignore_errors=True)  # recorded: no resuming any more
 
 
 if __name__ == "__main__":

@@ -108,5 +108,40 @@ def test_a_parallel_sweep_records_what_a_sequential_one_does(tmp_path, monkeypat
     main(["quickstart", "--only", "fedavg_lr0.05_*", "--jobs", "2", "--out", "parallel.json"])
     sequential, parallel = ({r["name"]: r for r in results.load(f)} for f in ("sequential.json", "parallel.json"))
     assert sorted(parallel) == ["fedavg_lr0.05_s0", "fedavg_lr0.05_s1"] and not list(tmp_path.glob("parallel.part*.json"))
+    assert not list(tmp_path.glob("runs/quickstart/*/resume"))  # recorded runs leave no checkpoint to resume from
     for name, run in sequential.items():
         assert parallel[name]["history"] == run["history"] and parallel[name]["commit"] == run["commit"]
+
+
+def test_a_stopped_run_resumes_from_its_last_evaluation_as_if_it_had_not_stopped(tmp_path, monkeypatch):
+    """A run killed after its round-5 evaluation goes on from the checkpoint written there, with the
+    history recorded before it: the record equals an uninterrupted run's."""
+    from pathlib import Path
+
+    from experiments.sweep import Run, fit, resume_dir
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    monkeypatch.chdir(tmp_path)
+    args = ["--config", str(config), "--trainer.max_epochs", "10", "--trainer.callbacks", "[]"]
+    whole = fit(Run("whole", args, {}, every=5, at_start=True), "test", object(), "abc")
+    measure = Recorder.measure
+    measured = []
+
+    def killed_after_round_5(self, trainer, module, round_number):
+        if round_number > 5:
+            raise KeyboardInterrupt  # as a session's end kills the sweep
+        return measure(self, trainer, module, round_number)
+
+    def counted(self, trainer, module, round_number):
+        measured.append(round_number)
+        return measure(self, trainer, module, round_number)
+
+    monkeypatch.setattr(Recorder, "measure", killed_after_round_5)
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        fit(Run("stopped", args, {}, every=5, at_start=True), "test", object(), "abc")
+    assert (resume_dir("test", "stopped") / "last.ckpt").exists()
+    monkeypatch.setattr(Recorder, "measure", counted)
+    resumed = fit(Run("stopped", args, {}, every=5, at_start=True), "test", object(), "abc")
+    assert measured == [10]  # rounds 6-10 trained and measured again, not the rounds before
+    assert [p["round"] for p in resumed["history"]] == [0, 5, 10]
+    assert resumed["history"] == whole["history"]
