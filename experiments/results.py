@@ -8,7 +8,8 @@ One file per paper holds every run its document reports::
     ]}
 
 * ``name``: unique in the file;
-* ``commit`` (runs made since it was recorded): the project commit the run ran on;
+* ``commit`` (runs made since it was recorded): the project commit the run ran on; ``commits``, the
+  commits in order, where a run was stopped and resumed on another;
 * ``params``: the settings the tables group runs by (method, seed, attack...);
 * ``wall_s``: the run's training wall time in seconds, where it was measured;
 * ``history``: the evaluations in round order, each the round (1-based; 0 is before training) and

@@ -156,6 +156,7 @@ class Recorder(pl.Callback):
         self.dro_lam = dro_lam
         self.history: list[dict[str, float]] = []
         self.wall_s = 0.0  # training time before this process (a resumed run's), see state_dict
+        self.commits: list[str] = []  # the code of each process that ran this run (fit sets it)
         self._validated_round = -1
         self._started = time.perf_counter()
 
@@ -188,11 +189,13 @@ class Recorder(pl.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """The history so far and the time it took (in the run's checkpoints: a resumed run goes on with them)."""
-        return {"history": self.history, "wall_s": self.elapsed(), "validated_round": self._validated_round}
+        return {"history": self.history, "wall_s": self.elapsed(), "validated_round": self._validated_round,
+                "commits": self.commits}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history, self.wall_s = list(state["history"]), state["wall_s"]
         self._validated_round, self._started = state["validated_round"], time.perf_counter()
+        self.commits = [c for c in state["commits"] if c not in self.commits] + self.commits
 
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if self.at_start and not self.history:  # a resumed run has it
@@ -231,6 +234,7 @@ def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
              "--trainer.default_root_dir", f"runs/{paper}/{run.name}"]
     cli = FederatedCLI(args=[*run.args, *quiet], run=False)
     recorder = Recorder(run.every, run.at_start, run.train, run.metrics, run.classes, run.dro_lam)
+    recorder.commits = [commit]
     resume = resume_dir(paper, run.name)
     # no checkpoint of the run's own (a PeFLL run's default one wrote 106 MB a round); the recorder, then the
     # resume checkpoint: the checkpoint of a round holds that round's evaluation
@@ -247,6 +251,8 @@ def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
         print(f"{run.name} diverged in {diverged}", flush=True)
     record = {"name": run.name, "commit": commit, "params": run.params,
               "wall_s": round(recorder.elapsed(), 1), "history": recorder.history}
+    if len(recorder.commits) > 1:  # stopped and resumed on other code: every commit it ran on
+        record["commits"] = recorder.commits
     if diverged is not None:
         record["diverged"] = diverged
     if hasattr(plan, "summary"):

@@ -141,7 +141,8 @@ def test_a_stopped_run_resumes_from_its_last_evaluation_as_if_it_had_not_stopped
         fit(Run("stopped", args, {}, every=5, at_start=True), "test", object(), "abc")
     assert (resume_dir("test", "stopped") / "last.ckpt").exists()
     monkeypatch.setattr(Recorder, "measure", counted)
-    resumed = fit(Run("stopped", args, {}, every=5, at_start=True), "test", object(), "abc")
+    resumed = fit(Run("stopped", args, {}, every=5, at_start=True), "test", object(), "def")
     assert measured == [10]  # rounds 6-10 trained and measured again, not the rounds before
+    assert (resumed["commit"], resumed["commits"]) == ("def", ["abc", "def"]) and "commits" not in whole
     assert [p["round"] for p in resumed["history"]] == [0, 5, 10]
     assert resumed["history"] == whole["history"]
