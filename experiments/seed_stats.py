@@ -29,6 +29,16 @@ def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2) -> str:
     return f"{v.mean():.{digits}f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.{digits}f} ({v.min():.{digits}f}–{v.max():.{digits}f})"
 
 
+def last_cell(run: Optional[results.Run], key: str) -> str:
+    """A table cell: ``key`` (%) at the last evaluation of ``run``, ``diverged (round r)`` for a run
+    that diverged, ``–`` for a run not there yet."""
+    if run is None:
+        return "–"
+    if "diverged" in run:
+        return f"diverged ({run['diverged'].split(':')[0]})"
+    return f"{100 * results.last(run, key):.2f}"
+
+
 def best_validation(runs: list[results.Run], val_key: str = "val_acc",
                     test_key: str = "test_acc") -> tuple[np.ndarray, np.ndarray]:
     """Per seed: the test figure ``test_key`` at the evaluation with the highest validation figure

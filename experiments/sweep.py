@@ -55,6 +55,8 @@ from fl_lightning.cli import FederatedCLI
 from fl_lightning.functional.dro import KLDRO, objective_value
 from fl_lightning.module import NonFiniteUpdateError
 
+#: the project's root (what a parallel sweep's workers import from)
+ROOT = Path(__file__).resolve().parents[1]
 #: what a run that diverges raises (a non-finite estimate or update the algorithm refuses to go on
 #: with): recorded as the run's outcome, not a failure of the sweep
 DIVERGED = (FloatingPointError, NonFiniteUpdateError)
@@ -260,9 +262,6 @@ def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
     return record
 
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 def part_path(out: Path, k: int) -> Path:
     """The result file of worker ``k`` of a parallel sweep into ``out``."""
     return out.with_name(f"{out.stem}.part{k}{out.suffix}")
@@ -271,13 +270,16 @@ def part_path(out: Path, k: int) -> Path:
 def merge_parts(out: Path) -> int:
     """Add the runs of ``out``'s part files (a parallel sweep's workers') to ``out`` and remove the
     parts; returns how many runs were added."""
-    added = 0
-    for part in sorted(out.parent.glob(f"{glob.escape(out.stem)}.part*{out.suffix}")):
-        for run in results.load(part):
-            results.add(out, run)
-            added += 1
+    parts = sorted(out.parent.glob(f"{glob.escape(out.stem)}.part*{out.suffix}"))
+    if not parts:
+        return 0
+    runs = {run["name"]: run for run in results.load(out)}
+    added = [run for part in parts for run in results.load(part)]
+    runs.update((run["name"], run) for run in added)  # a rerun replaces the earlier record
+    results.save(out, runs.values())
+    for part in parts:
         part.unlink()
-    return added
+    return len(added)
 
 
 def deal(names: Sequence[str], jobs: int) -> list[list[str]]:

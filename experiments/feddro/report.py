@@ -27,7 +27,7 @@ import numpy as np
 
 from experiments import results
 from experiments.feddro.plan import LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
-from experiments.seed_stats import best_validation, final, fmt, paired, series
+from experiments.seed_stats import best_validation, final, fmt, last_cell, paired, series
 
 NAMES = {"feddro": "FedDRO", "compfedavg": "MBSGD (Alg. 1 case I)", "fastdro": "FastDRO (CVaR 0.1, centralized)",
          "pdsgd": "PDSGD (centralized)", "fedavg": "FedAvg (ERM)"}
@@ -53,15 +53,6 @@ def label(method: str, lam: Optional[float]) -> str:
     return NAMES[method] + ("" if lam is None else f", λ {lam:g}")
 
 
-def cell(run: Optional[results.Run], key: str) -> str:
-    """``key`` (%) after the last epoch of ``run``; ``diverged (round r)``; ``–`` for a missing run."""
-    if run is None:
-        return "–"
-    if "diverged" in run:
-        return f"diverged ({run['diverged'].split(':')[0]})"
-    return f"{100 * results.last(run, key):.2f}"
-
-
 def tune_table(runs: list[results.Run]) -> str:
     """Balanced validation accuracy (%) after the last epoch per method and rate, the choice in bold."""
     chosen = tuned(runs)
@@ -71,7 +62,7 @@ def tune_table(runs: list[results.Run]) -> str:
         by_lr = {r["params"]["lr"]: r for r in group}
         cells = []
         for lr in LRS:
-            text = cell(by_lr.get(lr), "val_acc_balanced")
+            text = last_cell(by_lr.get(lr), "val_acc_balanced")
             cells.append(f"**{text}**" if chosen.get(method) == lr else text)
         lines.append(f"| {NAMES[method]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -123,7 +114,7 @@ def centralized_table(runs: list[results.Run]) -> str:
     lines = [f"| FedDRO, λ {TUNE_LAM:g}, seed 0 | " + " | ".join(f"lr {lr:g}" for lr in LRS) + " |", "|---" * (len(LRS) + 1) + "|"]
     for label, study in (("8 clients, batch 16 (the tuning)", "tune"), ("1 client, batch 128", "centralized")):
         by_lr = {r["params"]["lr"]: r for r in results.select(runs, study=study, method="feddro")}
-        cells = [cell(by_lr.get(lr), "val_acc_balanced") for lr in LRS]
+        cells = [last_cell(by_lr.get(lr), "val_acc_balanced") for lr in LRS]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from experiments import results
 from experiments.pefll.plan import CHOICES, GRID, RESULTS, rates, tuned
-from experiments.seed_stats import best_validation, final, fmt, paired
+from experiments.seed_stats import best_validation, final, fmt, last_cell, paired
 
 #: table row -> (label, the run's method, the prefix of its logged client figures)
 ROWS = {
@@ -64,10 +64,7 @@ def tune_table(runs: list[results.Run]) -> str:
         by_lr = {r["params"]["lr"]: r for r in results.select(runs, study="tune", method=method)}
         cells = []
         for lr in rates(method):
-            found = by_lr.get(lr)
-            value = "–" if found is None else (f"diverged ({found['diverged'].split(':')[0]})" if "diverged" in found
-                                                else f"{100 * results.last(found, key):.2f}")
-            cell = f"lr {lr:g}: {value}"
+            cell = f"lr {lr:g}: {last_cell(by_lr.get(lr), key)}"
             cells.append(f"**{cell}**" if chosen.get(row) == lr else cell)
         lines.append(f"| {ROWS[row][0]} (`{key}`) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
