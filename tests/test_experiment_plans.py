@@ -128,7 +128,8 @@ def test_raga_table_is_planned_from_the_last_five_evaluations_once_the_screening
 
 def feddro_runs(study_runs: list, seeds_value=lambda run: 0.5) -> list[dict]:
     """Made-up records of FedDRO-plan runs: every evaluated figure ``seeds_value(run)``."""
-    keys = ["test_acc", "test_acc_balanced", "test_acc_worst_class", "val_acc_balanced", "train_acc", "train_kl_dro",
+    keys = ["test_acc", "test_acc_balanced", "test_acc_worst_class", "val_acc_balanced", "train_acc", "train_acc_worst_class",
+            "train_kl_dro",
             *(f"test_acc_class{c}" for c in range(10))]
     return [{"name": r.name, "params": r.params,
              "history": [{"round": k * r.every, **dict.fromkeys(keys, seeds_value(r))} for k in range(1, 4)]}
@@ -151,9 +152,12 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     path = tmp_path / "feddro.json"
     monkeypatch.setattr(feddro, "RESULTS", path)
     with pytest.warns(UserWarning, match="feddro"):
-        assert [r.params["study"] for r in feddro.runs()] == ["tune"] * len(tune) + ["centralized"] * len(feddro.LRS)
+        assert [r.params["study"] for r in feddro.runs()] == (["tune"] * len(tune) + ["centralized"] * len(feddro.LRS)
+                                                              + ["beta"] * len(feddro.BETAS) * (len(feddro.LRS) - 1))
     central = [r for r in feddro.runs() if r.params["study"] == "centralized"]
     assert all(r.params["method"] == "feddro" and "--data.init_args.batch_size" in r.args for r in central)
+    momenta = [r for r in feddro.runs() if r.params["study"] == "beta"]
+    assert {(r.params["beta"], r.args[r.args.index("--model.init_args.beta") + 1]) for r in momenta} == {(0.1, "0.1"), (1.0, "1.0")}
     results.save(path, records)
     planned = feddro.runs()
     table = [r for r in planned if r.params["study"] == "table"]
@@ -168,6 +172,11 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     central_tables = report.tables(done + feddro_runs(central, lambda r: 0.95))
     assert central_tables[-1].splitlines()[-1] == "| 1 client, batch 128 | 95.00 | 95.00 | 95.00 | 95.00 |"
     assert "| FedAvg (ERM) (FedDRO λ 2) | +18.00 ± 1.58" in tables[2]
+    # the momentum table sets the beta runs beside the tuning's FedDRO runs (beta 0.5)
+    beta_table = report.tables(done + feddro_runs(momenta, lambda r: r.params["beta"] * r.params["lr"]))[-1].splitlines()
+    assert beta_table[2:5] == ["| 0.1 | 0.01 | 0.10 | 0.10 | 0.10 | 0.0010 |", "| 0.1 | 0.05 | 0.50 | 0.50 | 0.50 | 0.0050 |",
+                               "| 0.1 | 0.1 | 1.00 | 1.00 | 1.00 | 0.0100 |"]
+    assert beta_table[5] == "| 0.5 (the config) | 0.01 | 50.00 | 50.00 | 50.00 | 0.5000 |" and beta_table[-1].startswith("| 1 | 0.1 | 10.00 |")
 
 
 def test_raga_runs_use_the_batched_backend_where_the_method_allows_it():

@@ -30,7 +30,12 @@ on the training splits at the run's lambda (``TUNE_LAM`` for the methods without
 * ``centralized`` (the test of the tuning's hypothesis that FedDRO's deficit is the federated
   estimate of the inner expectation): FedDRO on one client holding all the training data, batch
   128, as the centralized baselines, at every rate of ``LRS``, lambda = 2, seed 0: one estimate from
-  128 samples per step instead of eight clients' from 16 each.
+  128 samples per step instead of eight clients' from 16 each;
+* ``beta`` (the test of the hypothesis that FedDRO's momentum limits its rate: it alone ends at a
+  higher value of its own objective as the rate rises): FedDRO with each momentum of ``BETAS``
+  besides the config's 0.5 (the tuning's runs), at the rates of ``LRS`` from 0.01 up, lambda = 2,
+  seed 0. ``beta = 1`` drops the momentum: the estimate is the 8 clients' fresh average, the
+  paper's "modified FedAvg".
 
 The ``table`` and ``local_steps`` runs are planned once the tuning is complete in the document's
 result file.
@@ -66,13 +71,16 @@ LOCAL_STEPS = (1, 2, 4, 8, 16, 32)
 SWEEP_SEEDS = (0, 1, 2)
 #: the model-averaging rounds of the ``local_steps`` study: 20 epochs at its largest I
 SWEEP_ROUNDS = EPOCHS * STEPS_PER_EPOCH // LOCAL_STEPS[-1]
+#: FedDRO's momenta of the ``beta`` study, besides the config's 0.5
+BETAS = (0.1, 1.0)
 
 
 def run(study: str, method: str, lr: float, seed: int, lam: Optional[float] = None, local_steps: int = 1,
-        rounds: Optional[int] = None, centralized: bool = False) -> Run:
+        rounds: Optional[int] = None, centralized: bool = False, beta: Optional[float] = None) -> Run:
     """``method`` at rate ``lr`` (and ``lam`` if it has one) with ``local_steps`` steps per round, for
     ``rounds`` rounds (None: ``EPOCHS`` epochs), evaluated every epoch (or ten times, if shorter);
-    ``centralized``: on one client holding the training data, batch 128 (the centralized baselines' setting)."""
+    ``centralized``: on one client holding the training data, batch 128 (the centralized baselines' setting);
+    ``beta``: FedDRO's momentum (None: the config's)."""
     args = ["--config", BASE]
     if METHODS[method] is not None:
         args += ["--config", METHODS[method]]
@@ -81,6 +89,8 @@ def run(study: str, method: str, lr: float, seed: int, lam: Optional[float] = No
                  "--model.init_args.clients_per_round", "1"]
     if lam is not None:
         args += [LAM_ARGUMENT[method], repr(lam)]
+    if beta is not None:
+        args += ["--model.init_args.beta", repr(beta)]
     rounds = EPOCHS * STEPS_PER_EPOCH // local_steps if rounds is None else rounds
     every = max(1, min(STEPS_PER_EPOCH // local_steps, rounds // 10))
     args += ["--model.init_args.client.init_args.lr", repr(lr), "--model.init_args.local_steps", str(local_steps),
@@ -88,8 +98,9 @@ def run(study: str, method: str, lr: float, seed: int, lam: Optional[float] = No
              "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds),
              "--trainer.limit_val_batches", "0"]
     params = dict(study=study, method=method, lr=lr, lam=lam, local_steps=local_steps, seed=seed, rounds=rounds,
-                  **({"centralized": True} if centralized else {}))
-    name = f"{study}/{method}_lr{lr:g}" + ("" if lam is None else f"_lam{lam:g}") + f"_I{local_steps}_s{seed}"
+                  **({"centralized": True} if centralized else {}), **({"beta": beta} if beta is not None else {}))
+    name = (f"{study}/{method}_lr{lr:g}" + ("" if lam is None else f"_lam{lam:g}") + f"_I{local_steps}"
+            + ("" if beta is None else f"_beta{beta:g}") + f"_s{seed}")
     return Run(name, args, params, every=every, at_start=True, train=True, classes=True,
                dro_lam=TUNE_LAM if lam is None else lam)
 
@@ -112,6 +123,7 @@ def tuned(runs: list[results.Run]) -> dict[str, float]:
 
 def runs() -> list[Run]:
     plan = tune_runs() + [run("centralized", "feddro", lr, 0, TUNE_LAM, centralized=True) for lr in LRS]
+    plan += [run("beta", "feddro", lr, 0, TUNE_LAM, beta=beta) for beta in BETAS for lr in LRS[1:]]
     chosen = tuned(results.load(RESULTS))
     missing = [m for m in METHODS if m not in chosen]
     if missing:

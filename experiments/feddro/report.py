@@ -12,7 +12,10 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   FedDRO minus each baseline at the same lambda, paired by seed, with 95 % confidence intervals;
 * the local-steps study (``local_steps``): FedDRO's figures after the study's rounds, per I;
 * the centralized test (``centralized``): FedDRO's balanced validation accuracy per rate on 8 clients
-  (batch 16; the tuning's runs) and on one client (batch 128).
+  (batch 16; the tuning's runs) and on one client (batch 128);
+* the momentum test (``beta``): FedDRO's balanced validation accuracy, training accuracy (overall and
+  worst class) and training KL-DRO objective after the last epoch per momentum and rate (beta 0.5:
+  the tuning's runs).
 
 ``--figure`` draws training and test accuracy per epoch of each method at lambda 2 (mean over seeds).
 """
@@ -26,7 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.feddro.plan import LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
+from experiments.feddro.plan import BETAS, LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
 from experiments.seed_stats import best_validation, final, fmt, last_cell, paired, series
 
 NAMES = {"feddro": "FedDRO", "compfedavg": "MBSGD (Alg. 1 case I)", "fastdro": "FastDRO (CVaR 0.1, centralized)",
@@ -119,6 +122,23 @@ def centralized_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
+def beta_table(runs: list[results.Run]) -> str:
+    """FedDRO (lambda 2, seed 0) after the last epoch per momentum and rate; beta 0.5 is the tuning's."""
+    lines = ["| FedDRO, λ 2, seed 0: beta | lr | balanced val acc | train acc | train worst class | train KL-DRO objective |",
+             "|---|---|---|---|---|---|"]
+    config = 0.5
+    for beta in sorted(BETAS + (config,)):
+        for lr in LRS[1:]:
+            found = (results.select(runs, study="tune", method="feddro", lr=lr) if beta == config
+                     else results.select(runs, study="beta", beta=beta, lr=lr))
+            run = found[0] if found else None
+            objective = "–" if run is None or "diverged" in run else f"{results.last(run, 'train_kl_dro'):.4f}"
+            cells = [last_cell(run, key) for key in ("val_acc_balanced", "train_acc", "train_acc_worst_class")]
+            lines.append(f"| {beta:g}{' (the config)' if beta == config else ''} | {lr:g} | " + " | ".join(cells)
+                         + f" | {objective} |")
+    return "\n".join(lines)
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every MNIST-ST table of the document, in order (none before the runs exist)."""
     out = []
@@ -130,6 +150,8 @@ def tables(runs: list[results.Run]) -> list[str]:
         out.append(local_steps_table(runs))
     if results.select(runs, study="centralized"):
         out.append(centralized_table(runs))
+    if results.select(runs, study="beta"):
+        out.append(beta_table(runs))
     return out
 
 
