@@ -146,7 +146,10 @@ class Recorder(pl.Callback):
     KL-DRO objective on the training splits (``dro_lam``), and the logged metrics named by
     ``metrics`` when a validation ran in that round. Test figures are measured here, whatever the
     Trainer validates on. A method without a global model (PeFLL, pFedHN, Local only) has only
-    the ``metrics``: its clients' own models are what its callbacks (``ClientMetrics``) evaluate."""
+    the ``metrics``: its clients' own models are what its callbacks (``ClientMetrics``) evaluate.
+    A global model whose losses hold NaN or Inf has diverged: ``FloatingPointError``, which
+    :func:`fit` records as such (a round whose only update is NaN leaves it unchanged, yet it can
+    overflow on an input; before this check such a run went on, recording NaN losses)."""
 
     def __init__(self, every: int, at_start: bool = False, train: bool = False, metrics: Sequence[str] = (),
                  classes: bool = False, dro_lam: Optional[float] = None) -> None:
@@ -174,8 +177,10 @@ class Recorder(pl.Callback):
                 sets["train"] = Subset(dm.pool, np.concatenate(dm.splits["train"]).tolist())
         point: dict[str, float] = {"round": round_number}
         for name, dataset in sets.items():
-            figures = measures(*per_sample(module.client, dataset, dm.eval_batch_size), self.classes,
-                               self.dro_lam if name == "train" else None)
+            losses, right, labels = per_sample(module.client, dataset, dm.eval_batch_size)
+            if not torch.isfinite(losses).all():
+                raise FloatingPointError(f"the global model's {name} losses hold NaN or Inf")
+            figures = measures(losses, right, labels, self.classes, self.dro_lam if name == "train" else None)
             if name == "train" and not self.train:
                 figures = {"kl_dro": figures["kl_dro"]}
             if name != "test":  # each class's accuracy on the test set only

@@ -44,6 +44,19 @@ def test_recorder_records_the_sets_and_figures_asked_for():
     assert plain.history[0]["test_acc"] == point["test_acc"]  # the same run, measured the same way
 
 
+def test_a_global_model_with_non_finite_losses_has_diverged():
+    """A model that overflows on some input (its update may still be finite) stops the run with the
+    error the sweep records as a divergence, instead of recording NaN figures."""
+    recorder = Recorder(every=1, dro_lam=2.0)
+    tr = trainer(1, callbacks=[recorder])
+    module = FedAvg(tiny_client(), clients_per_round=4, seed=0)
+    tr.fit(module, synthetic(8))
+    with torch.no_grad():
+        next(module.client.parameters()).fill_(float("inf"))
+    with pytest.raises(FloatingPointError, match="test losses hold NaN or Inf"):
+        recorder.measure(tr, module, 2)
+
+
 def test_recorder_records_only_the_callbacks_metrics_of_a_method_without_global_model():
     """Local only has no global model: its figures are its clients' own (ClientMetrics), recorded
     at the rounds a validation ran; nothing is measured of the untrained template model."""
