@@ -39,6 +39,14 @@ def last_cell(run: Optional[results.Run], key: str) -> str:
     return f"{100 * results.last(run, key):.2f}"
 
 
+def finished(group: list[results.Run]) -> tuple[list[results.Run], str]:
+    """The runs of ``group`` that did not diverge, and a table cell for the seeds: their count, and
+    each diverged seed with the round it stopped in."""
+    done = [r for r in group if "diverged" not in r]
+    gone = [f"seed {r['params']['seed']} diverged ({r['diverged'].split(':')[0]})" for r in group if "diverged" in r]
+    return done, str(len(done)) + (f" ({'; '.join(gone)})" if gone else "")
+
+
 def best_validation(runs: list[results.Run], val_key: str = "val_acc",
                     test_key: str = "test_acc") -> tuple[np.ndarray, np.ndarray]:
     """Per seed: the test figure ``test_key`` at the evaluation with the highest validation figure

@@ -172,6 +172,12 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     central_tables = report.tables(done + feddro_runs(central, lambda r: 0.95))
     assert central_tables[-1].splitlines()[-1] == "| 1 client, batch 128 | 95.00 | 95.00 | 95.00 | 95.00 |"
     assert "| FedAvg (ERM) (FedDRO λ 2) | +18.00 ± 1.58" in tables[2]
+    # a diverged seed (its history stops early) is named, and left out of the figures and the pairs
+    gone = next(r for r in done if r["name"] == "table/pdsgd_lr0.05_lam1_I1_s0")
+    gone["diverged"], gone["history"] = "round 2110: FloatingPointError: NaN", gone["history"][:1]
+    with_gone = report.tables(done)
+    assert "| PDSGD (centralized), λ 1 | 0.05 | 4 (seed 0 diverged (round 2110)) | 62.50 ± 1.29" in with_gone[1]
+    assert "| PDSGD (centralized), λ 1 (FedDRO λ 1) | +17.50 ± 1.29" in with_gone[2]
     # the momentum table sets the beta runs beside the tuning's FedDRO runs (beta 0.5)
     beta_table = report.tables(done + feddro_runs(momenta, lambda r: r.params["beta"] * r.params["lr"]))[-1].splitlines()
     assert beta_table[2:5] == ["| 0.1 | 0.01 | 0.10 | 0.10 | 0.10 | 0.0010 |", "| 0.1 | 0.05 | 0.50 | 0.50 | 0.50 | 0.0050 |",

@@ -2,7 +2,8 @@
 
     python -m experiments.feddro.report [docs/results/feddro.json] [--figure docs/results/feddro_mnist_st.png]
 
-Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds.
+Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over the seeds that did not
+diverge (a table names the others and the round each stopped in).
 
 * the tuning (``tune``): each method's balanced validation accuracy after the last epoch at each
   rate, the chosen one in bold (:func:`experiments.feddro.plan.tuned`);
@@ -30,7 +31,7 @@ import numpy as np
 
 from experiments import results
 from experiments.feddro.plan import BETAS, LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
-from experiments.seed_stats import best_validation, final, fmt, last_cell, paired, series
+from experiments.seed_stats import best_validation, final, finished, fmt, last_cell, paired, series
 
 NAMES = {"feddro": "FedDRO", "compfedavg": "MBSGD (Alg. 1 case I)", "fastdro": "FastDRO (CVaR 0.1, centralized)",
          "pdsgd": "PDSGD (centralized)", "fedavg": "FedAvg (ERM)"}
@@ -72,11 +73,15 @@ def tune_table(runs: list[results.Run]) -> str:
 
 
 def comparison_table(runs: list[results.Run]) -> str:
-    """Per method and lambda, after the last epoch, over seeds."""
+    """Per method and lambda, after the last epoch, over the seeds that did not diverge."""
     lines = ["| method | lr | seeds | train acc | test acc | test balanced | test worst class | test minority (0-4) | "
              "train KL-DRO objective | test acc at best val |", "|---" * 10 + "|"]
-    for (method, lam), group in groups(runs, "table").items():
-        lines.append(f"| {label(method, lam)} | {group[0]['params']['lr']:g} | {len(group)} | "
+    for (method, lam), everyone in groups(runs, "table").items():
+        group, seeds = finished(everyone)
+        if not group:
+            lines.append(f"| {label(method, lam)} | {everyone[0]['params']['lr']:g} | {seeds} |" + " – |" * 7)
+            continue
+        lines.append(f"| {label(method, lam)} | {group[0]['params']['lr']:g} | {seeds} | "
                      f"{fmt(final(group, 'train_acc'), 100)} | {fmt(final(group, 'test_acc'), 100)} | "
                      f"{fmt(final(group, 'test_acc_balanced'), 100)} | {fmt(final(group, 'test_acc_worst_class'), 100)} | "
                      f"{fmt(minority(group), 100)} | {fmt(final(group, 'train_kl_dro'), 1, 4)} | "
@@ -85,14 +90,15 @@ def comparison_table(runs: list[results.Run]) -> str:
 
 
 def differences_table(runs: list[results.Run]) -> str:
-    """FedDRO minus each baseline at the same lambda (or the lambda-free baselines), paired by seed."""
-    table = groups(runs, "table")
+    """FedDRO minus each baseline at the same lambda (or the lambda-free baselines), paired over the
+    seeds where neither diverged."""
+    table = {key: finished(group)[0] for key, group in groups(runs, "table").items()}
     lines = ["| FedDRO minus (points) | train acc: mean ± std [95 % CI] | test acc | test worst class |", "|---|---|---|---|"]
     for (method, lam), ours in table.items():
         if method != "feddro":
             continue
         for (other, other_lam), theirs in table.items():
-            if other == "feddro" or other_lam not in (None, lam):
+            if other == "feddro" or other_lam not in (None, lam) or not ours or not theirs:
                 continue
             cells = [paired(ours, theirs, lambda g, k=key: final(g, k)) for key in ("train_acc", "test_acc", "test_acc_worst_class")]
             lines.append(f"| {label(other, other_lam)} (FedDRO λ {lam:g}) | " + " | ".join(cells) + " |")
@@ -105,9 +111,12 @@ def local_steps_table(runs: list[results.Run]) -> str:
              "|---|---|---|---|---|---|"]
     found = results.select(runs, study="local_steps")
     for i in sorted({r["params"]["local_steps"] for r in found}):
-        group = sorted(results.select(found, local_steps=i), key=lambda r: r["params"]["seed"])
+        group, seeds = finished(sorted(results.select(found, local_steps=i), key=lambda r: r["params"]["seed"]))
         steps = i * SWEEP_ROUNDS
-        lines.append(f"| {i} | {steps} ({steps / STEPS_PER_EPOCH:.2f}) | {len(group)} | {fmt(final(group, 'train_acc'), 100)} | "
+        if not group:
+            lines.append(f"| {i} | {steps} ({steps / STEPS_PER_EPOCH:.2f}) | {seeds} | – | – | – |")
+            continue
+        lines.append(f"| {i} | {steps} ({steps / STEPS_PER_EPOCH:.2f}) | {seeds} | {fmt(final(group, 'train_acc'), 100)} | "
                      f"{fmt(final(group, 'test_acc'), 100)} | {fmt(final(group, 'test_acc_worst_class'), 100)} |")
     return "\n".join(lines)
 
@@ -160,8 +169,9 @@ def plot(runs: list[results.Run], path: Path) -> None:
     from experiments.plots import plt, save
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for (method, lam), group in groups(runs, "table").items():
-        if lam not in (None, TUNE_LAM):
+    for (method, lam), everyone in groups(runs, "table").items():
+        group = finished(everyone)[0]
+        if lam not in (None, TUNE_LAM) or not group:
             continue
         for ax, key in zip(axes, ("train_acc", "test_acc")):
             rounds, values = series(group, key)
