@@ -35,7 +35,10 @@ on the training splits at the run's lambda (``TUNE_LAM`` for the methods without
   higher value of its own objective as the rate rises): FedDRO with each momentum of ``BETAS``
   besides the config's 0.5 (the tuning's runs), at the rates of ``LRS`` from 0.01 up, lambda = 2,
   seed 0. ``beta = 1`` drops the momentum: the estimate is the 8 clients' fresh average, the
-  paper's "modified FedAvg".
+  paper's "modified FedAvg";
+* ``length`` (the test of the hypothesis that FedDRO is only slower, and catches up in a run closer
+  to the paper's length): FedDRO and the centralized DRO baselines at their chosen rates, lambda 2,
+  seed 0, for ``LONG_EPOCHS`` epochs with the drop at the same fraction of the run.
 
 The ``table`` and ``local_steps`` runs are planned once the tuning is complete in the document's
 result file.
@@ -71,14 +74,19 @@ LOCAL_STEPS = (1, 2, 4, 8, 16, 32)
 SWEEP_SEEDS = (0, 1, 2)
 #: the model-averaging rounds of the ``local_steps`` study: 20 epochs at its largest I
 SWEEP_ROUNDS = EPOCHS * STEPS_PER_EPOCH // LOCAL_STEPS[-1]
+#: the ``length`` study's run length, and its methods
+LONG_EPOCHS = 60
+LONG_METHODS = ("feddro", "fastdro", "pdsgd")
 #: FedDRO's momenta of the ``beta`` study, besides the config's 0.5
 BETAS = (0.1, 1.0)
 
 
 def run(study: str, method: str, lr: float, seed: int, lam: Optional[float] = None, local_steps: int = 1,
-        rounds: Optional[int] = None, centralized: bool = False, beta: Optional[float] = None) -> Run:
+        rounds: Optional[int] = None, centralized: bool = False, beta: Optional[float] = None,
+        epochs: int = EPOCHS) -> Run:
     """``method`` at rate ``lr`` (and ``lam`` if it has one) with ``local_steps`` steps per round, for
-    ``rounds`` rounds (None: ``EPOCHS`` epochs), evaluated every epoch (or ten times, if shorter);
+    ``rounds`` rounds (None: ``epochs`` epochs, the rate's drop after ``DROP_EPOCH / EPOCHS`` of them),
+    evaluated every epoch (or ten times, if shorter);
     ``centralized``: on one client holding the training data, batch 128 (the centralized baselines' setting);
     ``beta``: FedDRO's momentum (None: the config's)."""
     args = ["--config", BASE]
@@ -91,16 +99,17 @@ def run(study: str, method: str, lr: float, seed: int, lam: Optional[float] = No
         args += [LAM_ARGUMENT[method], repr(lam)]
     if beta is not None:
         args += ["--model.init_args.beta", repr(beta)]
-    rounds = EPOCHS * STEPS_PER_EPOCH // local_steps if rounds is None else rounds
+    rounds = epochs * STEPS_PER_EPOCH // local_steps if rounds is None else rounds
     every = max(1, min(STEPS_PER_EPOCH // local_steps, rounds // 10))
     args += ["--model.init_args.client.init_args.lr", repr(lr), "--model.init_args.local_steps", str(local_steps),
-             "--model.init_args.lr_drop_epochs", f"[{DROP_EPOCH}]", "--seed_everything", str(seed),
+             "--model.init_args.lr_drop_epochs", f"[{DROP_EPOCH * epochs // EPOCHS}]", "--seed_everything", str(seed),
              "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds),
              "--trainer.limit_val_batches", "0"]
     params = dict(study=study, method=method, lr=lr, lam=lam, local_steps=local_steps, seed=seed, rounds=rounds,
-                  **({"centralized": True} if centralized else {}), **({"beta": beta} if beta is not None else {}))
+                  **({"centralized": True} if centralized else {}), **({"beta": beta} if beta is not None else {}),
+                  **({"epochs": epochs} if epochs != EPOCHS else {}))
     name = (f"{study}/{method}_lr{lr:g}" + ("" if lam is None else f"_lam{lam:g}") + f"_I{local_steps}"
-            + ("" if beta is None else f"_beta{beta:g}") + f"_s{seed}")
+            + ("" if beta is None else f"_beta{beta:g}") + ("" if epochs == EPOCHS else f"_e{epochs}") + f"_s{seed}")
     return Run(name, args, params, every=every, at_start=True, train=True, classes=True,
                dro_lam=TUNE_LAM if lam is None else lam)
 
@@ -132,6 +141,8 @@ def runs() -> list[Run]:
     for seed in SEEDS:
         for method, lr in chosen.items():
             plan += [run("table", method, lr, seed, lam) for lam in (LAMS if method in LAM_ARGUMENT else (None,))]
+    plan += [run("length", method, chosen[method], 0, TUNE_LAM if method in LAM_ARGUMENT else None, epochs=LONG_EPOCHS)
+             for method in LONG_METHODS if method in chosen]
     if "feddro" in chosen:
         plan += [run("local_steps", "feddro", chosen["feddro"], seed, TUNE_LAM, i, SWEEP_ROUNDS)
                  for seed in SWEEP_SEEDS for i in LOCAL_STEPS]
