@@ -23,10 +23,12 @@ def series(runs: list[results.Run], key: str) -> tuple[np.ndarray, np.ndarray]:
     return rounds, np.array([[h[key] for h in r["history"]] for r in runs])
 
 
-def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2) -> str:
-    """``mean ± std (min–max)`` over seeds."""
+def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2, style: str = "f") -> str:
+    """``mean ± std (min–max)`` over seeds, each with ``digits`` after the point (``style`` "f") or
+    significant (``style`` "g": for figures that can span orders of magnitude)."""
     v = np.asarray(values) * scale
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.{digits}f} ({v.min():.{digits}f}–{v.max():.{digits}f})"
+    spec = f".{digits}{style}"
+    return f"{v.mean():{spec}} ± {v.std(ddof=1) if len(v) > 1 else 0.0:{spec}} ({v.min():{spec}}–{v.max():{spec}})"
 
 
 def last_cell(run: Optional[results.Run], key: str) -> str:

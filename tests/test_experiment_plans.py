@@ -178,6 +178,12 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     with_gone = report.tables(done)
     assert "| PDSGD (centralized), λ 1 | 0.05 | 4 (seed 0 diverged (round 2110)) | 62.50 ± 1.29" in with_gone[1]
     assert "| PDSGD (centralized), λ 1 (FedDRO λ 1) | +17.50 ± 1.29" in with_gone[2]
+    # the long runs beside the comparison's seed 0, at the same drop fraction
+    long = [r for r in feddro.runs() if r.params["study"] == "length"]
+    assert [r.params["method"] for r in long] == list(feddro.LONG_METHODS)
+    assert all(r.params["rounds"] == feddro.LONG_EPOCHS * feddro.STEPS_PER_EPOCH and "[45]" in r.args for r in long)
+    length = report.tables(done + feddro_runs(long, lambda r: 0.99))[-1].splitlines()
+    assert length[2:4] == ["| FedDRO, λ 2 | 20 | 80.00 | 80.00 | 80.00 | 0.8 |", "| FedDRO, λ 2 | 60 | 99.00 | 99.00 | 99.00 | 0.99 |"]
     # the momentum table sets the beta runs beside the tuning's FedDRO runs (beta 0.5)
     beta_table = report.tables(done + feddro_runs(momenta, lambda r: r.params["beta"] * r.params["lr"]))[-1].splitlines()
     assert beta_table[2:5] == ["| 0.1 | 0.01 | 0.10 | 0.10 | 0.10 | 0.0010 |", "| 0.1 | 0.05 | 0.50 | 0.50 | 0.50 | 0.0050 |",

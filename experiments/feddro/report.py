@@ -14,6 +14,8 @@ diverge (a table names the others and the round each stopped in).
 * the local-steps study (``local_steps``): FedDRO's figures after the study's rounds, per I;
 * the centralized test (``centralized``): FedDRO's balanced validation accuracy per rate on 8 clients
   (batch 16; the tuning's runs) and on one client (batch 128);
+* the length test (``length``): each method's figures after ``LONG_EPOCHS`` epochs beside its
+  ``EPOCHS``-epoch run of the comparison (seed 0, lambda 2);
 * the momentum test (``beta``): FedDRO's balanced validation accuracy, training accuracy (overall and
   worst class) and training KL-DRO objective after the last epoch per momentum and rate (beta 0.5:
   the tuning's runs).
@@ -30,7 +32,7 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.feddro.plan import BETAS, LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
+from experiments.feddro.plan import BETAS, EPOCHS, LONG_EPOCHS, LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
 from experiments.seed_stats import best_validation, final, finished, fmt, last_cell, paired, series
 
 NAMES = {"feddro": "FedDRO", "compfedavg": "MBSGD (Alg. 1 case I)", "fastdro": "FastDRO (CVaR 0.1, centralized)",
@@ -84,7 +86,7 @@ def comparison_table(runs: list[results.Run]) -> str:
         lines.append(f"| {label(method, lam)} | {group[0]['params']['lr']:g} | {seeds} | "
                      f"{fmt(final(group, 'train_acc'), 100)} | {fmt(final(group, 'test_acc'), 100)} | "
                      f"{fmt(final(group, 'test_acc_balanced'), 100)} | {fmt(final(group, 'test_acc_worst_class'), 100)} | "
-                     f"{fmt(minority(group), 100)} | {fmt(final(group, 'train_kl_dro'), 1, 4)} | "
+                     f"{fmt(minority(group), 100)} | {fmt(final(group, 'train_kl_dro'), 1, 4, 'g')} | "
                      f"{fmt(best_validation(group, 'val_acc_balanced')[0], 100)} |")
     return "\n".join(lines)
 
@@ -148,6 +150,21 @@ def beta_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
+def length_table(runs: list[results.Run]) -> str:
+    """Per method (seed 0, lambda 2 where it has one), after the last epoch of its comparison run and of its long run."""
+    keys = ("train_acc", "test_acc", "test_acc_worst_class")
+    lines = ["| method, seed 0 | epochs | train acc | test acc | test worst class | train KL-DRO objective |",
+             "|---|---|---|---|---|---|"]
+    for long in results.select(runs, study="length"):
+        method, lam = long["params"]["method"], long["params"]["lam"]
+        short = results.select(runs, study="table", method=method, lam=lam, seed=0)
+        for run, epochs in ((short[0] if short else None, EPOCHS), (long, LONG_EPOCHS)):
+            objective = "–" if run is None or "diverged" in run else f"{results.last(run, 'train_kl_dro'):.4g}"
+            lines.append(f"| {label(method, lam)} | {epochs} | " + " | ".join(last_cell(run, k) for k in keys)
+                         + f" | {objective} |")
+    return "\n".join(lines)
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every MNIST-ST table of the document, in order (none before the runs exist)."""
     out = []
@@ -159,6 +176,8 @@ def tables(runs: list[results.Run]) -> list[str]:
         out.append(local_steps_table(runs))
     if results.select(runs, study="centralized"):
         out.append(centralized_table(runs))
+    if results.select(runs, study="length"):
+        out.append(length_table(runs))
     if results.select(runs, study="beta"):
         out.append(beta_table(runs))
     return out
