@@ -124,7 +124,8 @@ def measures(losses: torch.Tensor, right: torch.Tensor, labels: torch.Tensor, cl
     """``loss`` and ``acc`` of per-sample figures (:func:`per_sample`); with ``classes``, the mean
     per-class accuracy ``acc_balanced``, the lowest ``acc_worst_class`` and each ``acc_class<c>``
     (classes present in ``labels``); with ``dro_lam``, the KL-DRO objective
-    ``kl_dro = lam log mean_i exp(loss_i / lam)`` (the exact inner maximum of the KL-regularized DRO problem)."""
+    ``kl_dro = lam log mean_i exp(loss_i / lam)`` (the exact inner maximum of the KL-regularized DRO problem;
+    NaN or inf where a loss is)."""
     out = {"loss": float(losses.mean()), "acc": float(right.double().mean())}
     if classes:
         present = labels.unique()
@@ -132,7 +133,9 @@ def measures(losses: torch.Tensor, right: torch.Tensor, labels: torch.Tensor, cl
         out["acc_balanced"] = sum(per_class.values()) / len(per_class)
         out["acc_worst_class"] = min(per_class.values())
         out.update({f"acc_class{c}": v for c, v in per_class.items()})
-    if dro_lam is not None:
+    if dro_lam is not None and not torch.isfinite(losses).all():  # an overflowing model: NaN, or inf
+        out["kl_dro"] = float("nan") if losses.isnan().any() else float("inf")
+    elif dro_lam is not None:
         shift = float(losses.max()) / dro_lam  # exp(loss / lam - shift) <= 1: no overflow at any lambda
         out["kl_dro"] = float(objective_value(KLDRO(dro_lam, scale_by_lambda=True, shift=shift), losses))
     return out
@@ -147,9 +150,8 @@ class Recorder(pl.Callback):
     ``metrics`` when a validation ran in that round. Test figures are measured here, whatever the
     Trainer validates on. A method without a global model (PeFLL, pFedHN, Local only) has only
     the ``metrics``: its clients' own models are what its callbacks (``ClientMetrics``) evaluate.
-    A global model whose losses hold NaN or Inf has diverged: ``FloatingPointError``, which
-    :func:`fit` records as such (a round whose only update is NaN leaves it unchanged, yet it can
-    overflow on an input; before this check such a run went on, recording NaN losses)."""
+    A model that overflows is measured as it is (NaN or infinite losses, the accuracy of its
+    predictions): only the errors of :data:`DIVERGED` stop a run."""
 
     def __init__(self, every: int, at_start: bool = False, train: bool = False, metrics: Sequence[str] = (),
                  classes: bool = False, dro_lam: Optional[float] = None) -> None:
@@ -177,10 +179,8 @@ class Recorder(pl.Callback):
                 sets["train"] = Subset(dm.pool, np.concatenate(dm.splits["train"]).tolist())
         point: dict[str, float] = {"round": round_number}
         for name, dataset in sets.items():
-            losses, right, labels = per_sample(module.client, dataset, dm.eval_batch_size)
-            if not torch.isfinite(losses).all():
-                raise FloatingPointError(f"the global model's {name} losses hold NaN or Inf")
-            figures = measures(losses, right, labels, self.classes, self.dro_lam if name == "train" else None)
+            figures = measures(*per_sample(module.client, dataset, dm.eval_batch_size), self.classes,
+                               self.dro_lam if name == "train" else None)
             if name == "train" and not self.train:
                 figures = {"kl_dro": figures["kl_dro"]}
             if name != "test":  # each class's accuracy on the test set only
