@@ -31,14 +31,14 @@ def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2, style: str = "f
     return f"{v.mean():{spec}} ± {v.std(ddof=1) if len(v) > 1 else 0.0:{spec}} ({v.min():{spec}}–{v.max():{spec}})"
 
 
-def last_cell(run: Optional[results.Run], key: str) -> str:
-    """A table cell: ``key`` (%) at the last evaluation of ``run``, ``diverged (round r)`` for a run
-    that diverged, ``–`` for a run not there yet."""
+def last_cell(run: Optional[results.Run], key: str, scale: float = 100.0, spec: str = ".2f") -> str:
+    """A table cell: ``key`` (times ``scale``: %, by default) at the last evaluation of ``run`` in
+    format ``spec``, ``diverged (round r)`` for a run that diverged, ``–`` for a run not there yet."""
     if run is None:
         return "–"
     if "diverged" in run:
         return f"diverged ({run['diverged'].split(':')[0]})"
-    return f"{100 * results.last(run, key):.2f}"
+    return f"{scale * results.last(run, key):{spec}}"
 
 
 def finished(group: list[results.Run]) -> tuple[list[results.Run], str]:

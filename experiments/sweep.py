@@ -133,11 +133,12 @@ def measures(losses: torch.Tensor, right: torch.Tensor, labels: torch.Tensor, cl
         out["acc_balanced"] = sum(per_class.values()) / len(per_class)
         out["acc_worst_class"] = min(per_class.values())
         out.update({f"acc_class{c}": v for c, v in per_class.items()})
-    if dro_lam is not None and not torch.isfinite(losses).all():  # an overflowing model: NaN, or inf
-        out["kl_dro"] = float("nan") if losses.isnan().any() else float("inf")
-    elif dro_lam is not None:
-        shift = float(losses.max()) / dro_lam  # exp(loss / lam - shift) <= 1: no overflow at any lambda
-        out["kl_dro"] = float(objective_value(KLDRO(dro_lam, scale_by_lambda=True, shift=shift), losses))
+    if dro_lam is not None:
+        if torch.isfinite(losses).all():
+            shift = float(losses.max()) / dro_lam  # exp(loss / lam - shift) <= 1: no overflow at any lambda
+            out["kl_dro"] = float(objective_value(KLDRO(dro_lam, scale_by_lambda=True, shift=shift), losses))
+        else:  # an overflowing model: NaN, or inf
+            out["kl_dro"] = float("nan") if losses.isnan().any() else float("inf")
     return out
 
 

@@ -157,6 +157,12 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     central = [r for r in feddro.runs() if r.params["study"] == "centralized"]
     assert all(r.params["method"] == "feddro" and "--data.init_args.batch_size" in r.args for r in central)
     momenta = [r for r in feddro.runs() if r.params["study"] == "beta"]
+    from pathlib import Path
+
+    import yaml
+
+    base = yaml.safe_load((Path(__file__).resolve().parents[1] / feddro.BASE).read_text())
+    assert base["model"]["init_args"]["beta"] == feddro.CONFIG_BETA  # the beta table's row for the tuning's runs
     assert {(r.params["beta"], r.args[r.args.index("--model.init_args.beta") + 1]) for r in momenta} == {(0.1, "0.1"), (1.0, "1.0")}
     results.save(path, records)
     planned = feddro.runs()

@@ -77,7 +77,8 @@ SWEEP_ROUNDS = EPOCHS * STEPS_PER_EPOCH // LOCAL_STEPS[-1]
 #: the ``length`` study's run length, and its methods
 LONG_EPOCHS = 60
 LONG_METHODS = ("feddro", "fastdro", "pdsgd")
-#: FedDRO's momenta of the ``beta`` study, besides the config's 0.5
+#: FedDRO's momentum in ``BASE``, and those the ``beta`` study tries besides it
+CONFIG_BETA = 0.5
 BETAS = (0.1, 1.0)
 
 

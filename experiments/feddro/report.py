@@ -32,7 +32,7 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.feddro.plan import BETAS, EPOCHS, LONG_EPOCHS, LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
+from experiments.feddro.plan import BETAS, CONFIG_BETA, EPOCHS, LONG_EPOCHS, LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
 from experiments.seed_stats import best_validation, final, finished, fmt, last_cell, paired, series
 
 NAMES = {"feddro": "FedDRO", "compfedavg": "MBSGD (Alg. 1 case I)", "fastdro": "FastDRO (CVaR 0.1, centralized)",
@@ -137,16 +137,14 @@ def beta_table(runs: list[results.Run]) -> str:
     """FedDRO (lambda 2, seed 0) after the last epoch per momentum and rate; beta 0.5 is the tuning's."""
     lines = ["| FedDRO, λ 2, seed 0: beta | lr | balanced val acc | train acc | train worst class | train KL-DRO objective |",
              "|---|---|---|---|---|---|"]
-    config = 0.5
-    for beta in sorted(BETAS + (config,)):
+    for beta in sorted(BETAS + (CONFIG_BETA,)):
         for lr in LRS[1:]:
-            found = (results.select(runs, study="tune", method="feddro", lr=lr) if beta == config
+            found = (results.select(runs, study="tune", method="feddro", lr=lr) if beta == CONFIG_BETA
                      else results.select(runs, study="beta", beta=beta, lr=lr))
             run = found[0] if found else None
-            objective = "–" if run is None or "diverged" in run else f"{results.last(run, 'train_kl_dro'):.4f}"
             cells = [last_cell(run, key) for key in ("val_acc_balanced", "train_acc", "train_acc_worst_class")]
-            lines.append(f"| {beta:g}{' (the config)' if beta == config else ''} | {lr:g} | " + " | ".join(cells)
-                         + f" | {objective} |")
+            cells.append(last_cell(run, "train_kl_dro", 1, ".4f"))
+            lines.append(f"| {beta:g}{' (the config)' if beta == CONFIG_BETA else ''} | {lr:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -159,9 +157,8 @@ def length_table(runs: list[results.Run]) -> str:
         method, lam = long["params"]["method"], long["params"]["lam"]
         short = results.select(runs, study="table", method=method, lam=lam, seed=0)
         for run, epochs in ((short[0] if short else None, EPOCHS), (long, LONG_EPOCHS)):
-            objective = "–" if run is None or "diverged" in run else f"{results.last(run, 'train_kl_dro'):.4g}"
-            lines.append(f"| {label(method, lam)} | {epochs} | " + " | ".join(last_cell(run, k) for k in keys)
-                         + f" | {objective} |")
+            cells = [last_cell(run, k) for k in keys] + [last_cell(run, "train_kl_dro", 1, ".4g")]
+            lines.append(f"| {label(method, lam)} | {epochs} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
