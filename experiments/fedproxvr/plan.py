@@ -49,7 +49,7 @@ TABLE1 = {"fedavg": ("FedAvg", ["table1_mnist_logreg.yaml", "table1/fedavg.yaml"
 #: and up to 1.5 (FedAvg's best rate was the largest, 0.15, of the first six)
 LR_GRID = (0.0005, 0.0015, 0.005, 0.015, 0.05, 0.15, 0.5, 1.5)
 TUNE_ROUNDS = 100
-TABLE1_ROUNDS = 300
+TABLE1_ROUNDS = 1000
 TABLE1_SEEDS = (0, 1, 2, 3, 4)
 #: Fig. 2's settings: name -> (beta, tau, the authors' step size)
 FIG2 = {"beta5_tau10": (5, 10, 0.005), "beta7_tau20": (7, 20, 0.003), "beta7_tau40": (7, 40, 0.003)}
