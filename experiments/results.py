@@ -17,6 +17,8 @@ One file per paper holds every run its document reports::
 * ``summary`` (optional): figures measured once per run (data sizes, final evaluations...).
 * ``diverged`` (only where the run diverged): the round it stopped in and the error; its history
   holds the evaluations before.
+* ``stopped`` (only where a sweep's time limit stopped the run): the round it stopped after, of how
+  many; its history ends there.
 
 Files are written one run per line, so that a changed run is a one-line diff.
 """
@@ -24,6 +26,7 @@ Files are written one run per line, so that a changed run is a one-line diff.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -35,7 +38,14 @@ def commit() -> str:
     """The project commit a run ran on (``git rev-parse HEAD``; ``+`` marks uncommitted changes to
     tracked files other than the result documents, ``docs/results/``, which runs only read)."""
     root = Path(__file__).resolve().parents[1]  # whatever the working directory
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=root).stdout.strip()
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=root).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as error:  # a copy of the tree without its history
+        if os.environ.get("FL_LIGHTNING_COMMIT"):
+            return os.environ["FL_LIGHTNING_COMMIT"]
+        raise RuntimeError(f"{root} is not a git checkout: set FL_LIGHTNING_COMMIT to the commit its files are "
+                           "(a clean copy's, as runs record it)") from error
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results"],
                            capture_output=True, text=True, cwd=root).stdout
     return head + ("+" if dirty.strip() else "")

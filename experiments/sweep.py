@@ -24,6 +24,12 @@ With ``--jobs N`` the pending runs are dealt round-robin (in plan order, so that
 come first) to N worker processes, each a sweep of its own runs writing its own part file beside
 the result file (``<out>.part<k>.json``, its output in ``<out>.part<k>.log``); the parts are merged
 into the result file when the workers end, and at the start of the next sweep if they were stopped.
+
+With ``--time-limit S`` (a machine lent for a while) each run stops at its first evaluated round after
+``S`` seconds from the sweep's start, and a run not begun by then is not started. A run so stopped is
+recorded with its evaluations so far and ``"stopped"`` (the round it stopped after, of how many); a
+later sweep runs it again (resuming from its checkpoint where that is still there) and replaces it.
+A run records the project commit it ran on (:func:`experiments.results.commit`).
 """
 
 from __future__ import annotations
@@ -221,6 +227,22 @@ class Recorder(pl.Callback):
                            for k, v in self.history[-1].items() if "_acc_class" not in k), flush=True)
 
 
+class TimeLimit(pl.Callback):
+    """Stops the run at its first evaluated round (every ``every`` rounds, as the recorder and the
+    resume checkpoint) at or after the wall-clock time ``stop_at`` (``time.time()``)."""
+
+    def __init__(self, stop_at: float, every: int) -> None:
+        self.stop_at, self.every = stop_at, every
+        #: the round the run stopped after (None: it ran to its end)
+        self.stopped_after: Optional[int] = None
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        round_number = trainer.current_epoch + 1
+        if round_number % self.every == 0 and round_number < trainer.max_epochs and time.time() >= self.stop_at:
+            trainer.should_stop = True
+            self.stopped_after = round_number
+
+
 def split_sizes(cli: Any) -> dict[str, int]:
     """The federation's pooled training and validation split sizes (a plan's ``summary`` part)."""
     dm = cli.datamodule
@@ -233,10 +255,11 @@ def resume_dir(paper: str, name: str) -> Path:
     return Path("runs") / paper / name / "resume"
 
 
-def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
+def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] = None) -> results.Run:
     """Train ``run`` and return its record for the result file (``commit``: the code it runs). A run
     that diverges (:data:`DIVERGED`) is recorded with its evaluations so far and ``"diverged"``: the
-    error and the round it stopped in."""
+    error and the round it stopped in; one stopped by the time limit ``stop_at`` (:class:`TimeLimit`)
+    with ``"stopped"``."""
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
              "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
              "--trainer.default_root_dir", f"runs/{paper}/{run.name}"]
@@ -248,6 +271,9 @@ def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
     # resume checkpoint: the checkpoint of a round holds that round's evaluation
     cli.trainer.callbacks = [c for c in cli.trainer.callbacks if not isinstance(c, Checkpoint)]
     cli.trainer.callbacks += [recorder, RoundCheckpoint(str(resume), every_n_rounds=run.every, asynchronous=False)]
+    limit = None if stop_at is None else TimeLimit(stop_at, run.every)
+    if limit is not None:
+        cli.trainer.callbacks.append(limit)
     last = resume / "last.ckpt"
     if last.exists():
         print(f"{run.name}: resuming from {last}", flush=True)
@@ -263,6 +289,8 @@ def fit(run: Run, paper: str, plan: Any, commit: str) -> results.Run:
         record["commits"] = recorder.commits
     if diverged is not None:
         record["diverged"] = diverged
+    if limit is not None and limit.stopped_after is not None:
+        record["stopped"] = f"time limit, after round {limit.stopped_after} of {cli.trainer.max_epochs}"
     if hasattr(plan, "summary"):
         record["summary"] = plan.summary(cli)
     return record
@@ -293,8 +321,10 @@ def deal(names: Sequence[str], jobs: int) -> list[list[str]]:
     return [list(names[k::jobs]) for k in range(min(jobs, len(names)))]
 
 
-def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads: int) -> None:
-    """Run the plan's runs ``names`` in ``jobs`` worker processes and merge their results into ``out``."""
+def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads: int,
+                 stop_at: Optional[float] = None) -> None:
+    """Run the plan's runs ``names`` in ``jobs`` worker processes and merge their results into ``out``
+    (``stop_at``: the sweep's time limit, see :class:`TimeLimit`)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     out.parent.mkdir(parents=True, exist_ok=True)
     workers = []
@@ -302,6 +332,8 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
         log = part_path(out, k).with_suffix(".log")
         command = [sys.executable, "-m", "experiments.sweep", paper, "--only", *map(glob.escape, share),
                    "--out", str(part_path(out, k)), "--threads", str(threads)]
+        if stop_at is not None:
+            command += ["--stop-at", repr(stop_at)]
         with log.open("a") as stream:
             workers.append((subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=env), log))
         print(f"worker {k}: {len(share)} runs, output in {log}", flush=True)
@@ -319,9 +351,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--out", type=Path, help="result file (default: runs/<paper>.json)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the documented runs used 1)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time, one worker process each")
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                        help="stop every run at its first evaluated round after this many seconds (recorded as "
+                             "stopped; a later sweep runs it again); start no run after it")
+    parser.add_argument("--stop-at", type=float, help=argparse.SUPPRESS)  # a worker's: the sweep's limit, as time.time()
     opts = parser.parse_args(argv)
     if opts.jobs < 1 or opts.threads < 1:
         parser.error(f"--jobs and --threads must be >= 1, got --jobs {opts.jobs} --threads {opts.threads}")
+    if opts.time_limit is not None and not opts.time_limit > 0:
+        parser.error(f"--time-limit must be > 0 seconds, got {opts.time_limit}")
+    stop_at = time.time() + opts.time_limit if opts.time_limit is not None else opts.stop_at
     plan = importlib.import_module(f"experiments.{opts.paper}.plan")
     runs = plan.runs()
     if opts.only:
@@ -335,19 +374,24 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     out = opts.out or Path("runs") / f"{opts.paper}.json"
     merge_parts(out)  # the finished runs of a parallel sweep that was stopped
-    done = {r["name"] for r in results.load(out)}
+    done = {r["name"] for r in results.load(out) if "stopped" not in r}
     pending = [run.name for run in runs if run.name not in done]
     if opts.jobs > 1 and len(pending) > 1:
-        run_parallel(opts.paper, pending, out, opts.jobs, opts.threads)
+        run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, stop_at)
         return
     torch.set_num_threads(opts.threads)
     commit = results.commit()  # the code imported now, which every run of this process runs
     for run in runs:
         if run.name in done:
             continue
+        if stop_at is not None and time.time() >= stop_at:
+            print(f"time limit: {run.name} and the runs after it are not started", flush=True)
+            break
         print(f"== {run.name}: {run.command()}", flush=True)
-        results.add(out, fit(run, opts.paper, plan, commit))
-        shutil.rmtree(resume_dir(opts.paper, run.name), ignore_errors=True)  # recorded: no resuming any more
+        record = fit(run, opts.paper, plan, commit, stop_at)
+        results.add(out, record)
+        if "stopped" not in record:  # recorded for good: no resuming any more
+            shutil.rmtree(resume_dir(opts.paper, run.name), ignore_errors=True)
 
 
 if __name__ == "__main__":

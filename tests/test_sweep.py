@@ -156,3 +156,48 @@ def test_a_stopped_run_resumes_from_its_last_evaluation_as_if_it_had_not_stopped
     assert (resumed["commit"], resumed["commits"]) == ("def", ["abc", "def"]) and "commits" not in whole
     assert [p["round"] for p in resumed["history"]] == [0, 5, 10]
     assert resumed["history"] == whole["history"]
+
+
+def test_a_run_stopped_by_the_time_limit_is_recorded_as_such_and_finished_by_the_next_sweep(tmp_path, monkeypatch):
+    """``--time-limit``: a run past the limit stops at its next evaluated round and is recorded as
+    stopped there; runs not begun are not started; the next sweep resumes it from its checkpoint and
+    replaces the record with one equal to an uninterrupted run's. A copy without git history records
+    the commit it is given."""
+    from pathlib import Path
+
+    from experiments import results
+    from experiments.sweep import main
+
+    import subprocess
+    import types
+
+    from experiments import sweep
+
+    (tmp_path / "configs").symlink_to(Path(__file__).resolve().parents[1] / "configs")
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        main(["quickstart", "--only", "fedavg_lr0.05_s0", "--out", "whole.json"])
+        monkeypatch.setattr(results, "subprocess", types.SimpleNamespace(
+            run=_no_git, CalledProcessError=subprocess.CalledProcessError))
+        monkeypatch.setenv("FL_LIGHTNING_COMMIT", "abc123")
+        # the sweep's clock: the limit set and the first run begun at 0 s, every later reading at 100 s
+        readings = iter([0.0, 0.0])
+        monkeypatch.setattr(sweep, "time", types.SimpleNamespace(time=lambda: next(readings, 100.0),
+                                                                 perf_counter=sweep.time.perf_counter))
+        main(["quickstart", "--only", "fedavg_lr0.05_s[01]", "--time-limit", "10", "--out", "r.json"])
+        monkeypatch.undo()
+        monkeypatch.chdir(tmp_path)
+        (stopped,) = results.load("r.json")  # s1 was not started
+        assert stopped["stopped"] == "time limit, after round 5 of 10" and stopped["commit"] == "abc123"
+        assert [p["round"] for p in stopped["history"]] == [5]
+        main(["quickstart", "--only", "fedavg_lr0.05_s0", "--out", "r.json"])
+    finally:
+        torch.set_num_threads(threads)
+    (finished,) = results.load("r.json")
+    (whole,) = results.load("whole.json")
+    assert "stopped" not in finished and finished["history"] == whole["history"]
+
+
+def _no_git(*args, **kwargs):
+    raise FileNotFoundError("git")
