@@ -10,7 +10,13 @@
   differences between methods, paired by seed, with their 95 % confidence intervals (Student's t
   over the seeds), and for the mu studies the stability of the training loss;
 * ``table1_same_work``: Table 1's methods and FedAvg at SVRG's local work after the rounds it ran,
-  with the differences to it paired by seed.
+  with the differences to it paired by seed;
+* ``table2``: as ``table1``, at the last round every run reached (a sweep's time limit stopped them),
+  and each row at the last round all of its seeds reached;
+* ``table2_sarah_lr``: SARAH at smaller step sizes beside Table 2's rows, at the last round all of
+  its runs reached, with the differences to FedAvg paired by seed.
+
+A study whose runs stopped at different rounds is reported at the last round all of them reached.
 
 Spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds. ``--figures DIR`` draws
 ``fedproxvr_<study>.png`` (mean over seeds, band: min–max).
@@ -33,14 +39,77 @@ from experiments.seed_stats import Groups, best_validation, curve_table, final, 
 PAIRS = (("FedProxVR (SVRG)", "FedAvg"), ("FedProxVR (SARAH)", "FedAvg"), ("FedProxVR (SARAH)", "FedProxVR (SVRG)"))
 
 
-def studies(runs: list[results.Run]) -> dict[str, Groups]:
-    """study (``fig2/<setting>`` for the settings of Fig. 2) -> row label -> runs (seeds, in seed order)."""
+def studies(runs: list[results.Run], cut: bool = True) -> dict[str, Groups]:
+    """study (``fig2/<setting>`` for the settings of Fig. 2) -> row label -> runs (seeds, in seed order),
+    with ``cut`` each study's runs cut to the last round all of them reached (:func:`common`)."""
     out: dict[str, Groups] = defaultdict(lambda: defaultdict(list))
     for run in sorted(runs, key=lambda r: r["params"]["seed"]):
         p = run["params"]
         if p["study"] != "table1_tune":
             out[p["study"] + (f"/{p['setting']}" if "setting" in p else "")][p["label"]].append(run)
+    if cut:
+        for groups in out.values():
+            end = common_round([r for group in groups.values() for r in group])
+            for label, group in groups.items():
+                groups[label] = [until(r, end) for r in group]
     return out
+
+
+def common_round(runs: list[results.Run]) -> int:
+    """The last evaluated round that every one of ``runs`` reached (a sweep's time limit stops runs
+    at different rounds)."""
+    return min(r["history"][-1]["round"] for r in runs)
+
+
+def until(run: results.Run, end: int) -> results.Run:
+    """``run`` with its evaluations up to round ``end``."""
+    return {**run, "history": [p for p in run["history"] if p["round"] <= end]}
+
+
+def reached_table(groups: Groups) -> str:
+    """Runs that a time limit stopped: per row, the rounds its seeds reached, and its figures at the
+    last round all of its seeds reached."""
+    lines = ["| algorithm | step size | seeds | rounds reached (of planned) | common round | test acc (%) there | "
+             "test acc at best val (%), up to there | train loss there | wall s / run |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, runs in groups.items():
+        reached = [r["history"][-1]["round"] for r in runs]
+        end = min(reached)
+        cut = [until(r, end) for r in runs]
+        at_best, _ = best_validation(cut)
+        lines.append(
+            f"| {label} | {runs[0]['params']['lr']} | {len(runs)} | {min(reached)}–{max(reached)} "
+            f"(of {runs[0]['params']['rounds']}) | {end} | {fmt(final(cut), 100)} | {fmt(at_best, 100)} | "
+            f"{fmt(final(cut, 'train_loss'), digits=4)} | {np.mean([r['wall_s'] for r in runs]):.0f} |")
+    return "\n".join(lines)
+
+
+def sarah_lr_table(runs: list[results.Run]) -> str:
+    """Table 2's setting at the last round every ``table2_sarah_lr`` run reached: SARAH at the smaller
+    step sizes, beside Table 2's rows (their step sizes from beta) on the same seeds; test-accuracy
+    differences to FedAvg paired by seed."""
+    extra = results.select(runs, study="table2_sarah_lr")
+    end = common_round(extra)
+    seeds = sorted({r["params"]["seed"] for r in extra})
+    rows = {label: [r for r in group if r["params"]["seed"] in seeds]
+            for label, group in studies(runs, cut=False)["table2"].items()}
+    rows |= studies(extra, cut=False)["table2_sarah_lr"]
+    lines = [f"| after round {end}, seeds {', '.join(map(str, seeds))} | step size | test acc (%) | train loss | "
+             "largest rise of the train loss between evaluations | test acc − FedAvg (points): mean ± std [95 % CI] |",
+             "|---|---|---|---|---|---|"]
+    reference = np.array([results.at_round(r, "test_acc", end) for r in rows["FedAvg"]])
+    for label, group in rows.items():
+        acc = np.array([results.at_round(r, "test_acc", end) for r in group])
+        loss = np.array([results.at_round(r, "train_loss", end) for r in group])
+        rise = np.array([np.diff([p["train_loss"] for p in until(r, end)["history"]]).max() for r in group])
+        cell = "-"
+        if label != "FedAvg":
+            diff = 100 * (acc - reference)
+            low, high = paired_interval(diff)
+            cell = f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
+        lines.append(f"| {label} | {group[0]['params']['lr']} | {fmt(acc, 100)} | {fmt(loss, digits=4, style='g')} | "
+                     f"{fmt(rise, digits=3, style='g')} | {cell} |")
+    return "\n".join(lines)
 
 
 def tune_table(runs: list[results.Run]) -> str:
@@ -62,7 +131,7 @@ def tune_table(runs: list[results.Run]) -> str:
 def summary_table(groups: Groups) -> str:
     first = next(iter(groups.values()))[0]
     lines = [
-        f"rounds={first['params']['rounds']} clients={first['summary']['train_sizes']['clients']} "
+        f"rounds={first['history'][-1]['round']} clients={first['summary']['train_sizes']['clients']} "
         f"train samples={first['summary']['train_sizes']['total']} test samples={first['summary']['test_samples']}",
         "",
         "| algorithm | step size | seeds | final test acc (%) | test acc at best val (%) | round of best val | "
@@ -151,12 +220,18 @@ def same_work_table(runs: list[results.Run]) -> str:
 def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
     out = [tune_table(runs)] if results.select(runs, study="table1_tune") else []
+    whole = studies(runs, cut=False)
     for study, groups in studies(runs).items():
         if study == "table1_same_work":
             out += [same_work_table(runs)]
             continue
+        if study == "table2_sarah_lr":
+            out += [sarah_lr_table(runs)]
+            continue
         out += [summary_table(groups)]
-        if study == "table1":
+        if any("stopped" in r for group in whole[study].values() for r in group):
+            out += [reached_table(whole[study])]
+        if study in ("table1", "table2"):
             out += [differences_table(groups)]
         if study.startswith("mu"):
             out += [stability_table(groups)]
@@ -191,7 +266,7 @@ def main(argv: Any = None) -> None:
     print("\n\n".join(tables(runs)))
     if opts.figures:
         for study, groups in studies(runs).items():
-            if study == "table1_same_work":
+            if study in ("table1_same_work", "table2_sarah_lr"):
                 continue
             plot(groups, study, opts.figures / f"fedproxvr_{study.replace('/', '_')}.png")
 
