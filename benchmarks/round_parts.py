@@ -16,6 +16,9 @@ On a GPU the device is synchronized at each part's end (``--sync``, the default 
 each part is charged with its own device work; that adds a sync per part.
 
     python benchmarks/round_parts.py --workload a1000 --block 1000 [--accelerator gpu] [--compile-step] [--out parts.json]
+
+``--count-ops`` counts each part's tensor operations instead (each a kernel launch or more on a GPU):
+on a CPU, what the parts will cost a GPU in launches.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytorch_lightning as pl
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import frameworks  # noqa: E402  (the workloads and their fl_lightning path)
@@ -50,15 +54,35 @@ PARTS: dict[str, tuple[Any, str]] = {
 }
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the tensor operations dispatched while it is active (on a GPU, each is a kernel
+    launch or more): what a part costs the device in launches, measurable on any machine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 def timed(totals: collections.Counter, counting: dict[str, bool], name: str, function: Callable[..., Any],
-          sync: bool) -> Callable[..., Any]:
+          sync: bool, ops: Optional[collections.Counter] = None) -> Callable[..., Any]:
     """``function``, adding its wall time (after a device sync, with ``sync``) to ``totals[name]``
-    while ``counting["on"]``."""
+    while ``counting["on"]``; with ``ops``, the number of tensor operations it dispatched to
+    ``ops[name]`` instead (:class:`OpCounter`; its wall time then includes the counting)."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not counting["on"]:
             return function(*args, **kwargs)
+        if ops is not None:
+            with OpCounter() as counter:
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    ops[name] += counter.count
         start = time.perf_counter()
         try:
             return function(*args, **kwargs)
@@ -92,6 +116,8 @@ def main() -> None:
                         help="synchronize the device at each part's end (auto: on a GPU)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads")
     parser.add_argument("--mnist", default="../shared/data", help="MNIST root (random data of its shape if absent)")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="count each part's tensor operations (a GPU's kernel launches) instead of timing it")
     parser.add_argument("--out", default=None, help="JSON file for the results")
     args = parser.parse_args()
     if args.accelerator == "gpu" and not torch.cuda.is_available():
@@ -104,13 +130,24 @@ def main() -> None:
     dm = w.datamodule()
 
     totals: collections.Counter = collections.Counter()
+    ops: Optional[collections.Counter] = collections.Counter() if args.count_ops else None
     counting = {"on": False}
     for name, (owner, attribute) in PARTS.items():
         original = owner.__dict__[attribute]
-        wrapped = timed(totals, counting, name, getattr(original, "__func__", original), sync)
+        wrapped = timed(totals, counting, name, getattr(original, "__func__", original), sync, ops)
         setattr(owner, attribute, staticmethod(wrapped) if isinstance(original, staticmethod) else wrapped)
     seconds = frameworks.fl_lightning(w, dm, args.rounds, "batched", block, "gpu" if args.accelerator == "gpu" else "cpu",
                                       compile_step=args.compile_step, callbacks=[Counting(counting)])
+    if ops is not None:
+        print(f"{args.workload}, block {block}, {'compiled' if args.compile_step else 'eager'} step: tensor operations a round")
+        for name in PARTS:
+            print(f"  {name:<36} {ops[name] / args.rounds:9.0f}")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"workload": args.workload, "block": block, "compile_step": args.compile_step,
+                           "rounds": args.rounds, "operations_per_round": {n: ops[n] / args.rounds for n in PARTS},
+                           "torch": torch.__version__}, f, indent=1)
+        return
     per_round = {name: totals[name] / args.rounds for name in PARTS}
     per_round["rest (Lightning's loop, callbacks)"] = seconds - sum(per_round.values())
     device = torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu"

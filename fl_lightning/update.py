@@ -19,7 +19,7 @@ spirit of torchmetrics' ``add_state(name, default, dist_reduce_fx)``:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -112,28 +112,61 @@ def finite_flags(groups: Sequence[Iterable[Tensor]]) -> list[bool]:
 
     The minimum and the maximum propagate NaN and hold any -Inf / +Inf, so one reduction per
     tensor decides it (and, unlike a sum, it cannot overflow); all the extremes are then checked
-    by one operation (one kernel each, not five, per tensor: on a GPU each is a launch).
+    by one operation. Tensors that are rows of one stacked tensor (the uploads a batched block
+    computes for all its clients at once) are reduced with one operation per stacked tensor, row
+    by row: on a GPU each operation is a launch, and a block of a thousand clients would cost a
+    thousand.
     """
     owners: list[int] = []
     lows: list[Tensor] = []
     highs: list[Tensor] = []
+    stacked: dict[int, tuple[Tensor, list[int], list[int]]] = {}  # id(base) -> (base, rows, their groups)
     for group, tensors in enumerate(groups):
         for t in tensors:
-            if t.numel():
-                low, high = torch.aminmax(t.detach())
-                owners.append(group)
-                lows.append(low)
-                highs.append(high)
+            if not t.numel():
+                continue
+            row = row_of(t)
+            if row is not None:
+                base, i = row
+                entry = stacked.setdefault(id(base), (base, [], []))
+                entry[1].append(i)
+                entry[2].append(group)
+                continue
+            low, high = torch.aminmax(t.detach())
+            owners.append(group)
+            lows.append(low.reshape(1))
+            highs.append(high.reshape(1))
+    for base, rows, members in stacked.values():
+        low, high = torch.aminmax(base.detach().reshape(len(base), -1), dim=1)
+        index = torch.tensor(rows, device=base.device)
+        owners.extend(members)
+        lows.append(low.index_select(0, index))
+        highs.append(high.index_select(0, index))
     flags = [True] * len(groups)
     if not owners:
         return flags
     device = lows[0].device
-    extremes = torch.stack([x if x.device == device else x.to(device) for x in (*lows, *highs)])  # dtypes promote
+    extremes = torch.cat([x if x.device == device else x.to(device) for x in (*lows, *highs)])  # dtypes promote
     finite = torch.isfinite(extremes).tolist()
     n = len(owners)
     for i, group in enumerate(owners):
         flags[group] = flags[group] and finite[i] and finite[n + i]
     return flags
+
+
+def row_of(t: Tensor) -> Optional[tuple[Tensor, int]]:
+    """``(base, i)`` where ``t`` is row ``i`` of a contiguous tensor ``base`` (``base.unbind(0)[i]``,
+    ``base[i]``), else None."""
+    base = t._base
+    if (base is None or base.dim() != t.dim() + 1 or not base.is_contiguous() or len(base) == 0
+            or tuple(base.shape[1:]) != tuple(t.shape) or not t.is_contiguous()):
+        return None
+    offset = t.storage_offset() - base.storage_offset()
+    step = base.stride(0)
+    if step == 0 or offset % step:
+        return None
+    i = offset // step
+    return (base, i) if 0 <= i < len(base) else None
 
 
 def linear_sums(

@@ -373,3 +373,27 @@ def test_two_processes_equal_one(name, tmp_path):
         trainer(2, devices=devices, strategy=strategy, callbacks=[Snapshot(path)]).fit(module, synthetic(6))
         results.append(torch.load(path))
     assert_close(*results, atol=1e-5)
+
+
+def test_a_block_copies_and_checks_its_clients_with_operations_that_do_not_grow_with_them():
+    """On a GPU each tensor operation is a launch: a block's round copies no client's start model
+    of its own (without ``client_init``) and checks the block's uploads for NaN/Inf with one
+    reduction, so the copies and checks of a round are as many for 12 clients as for 4."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counted(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    def copies_and_checks(clients: int) -> int:
+        module = FedAvg(mlp(), clients_per_round=clients, **common("batched", clients))
+        with Counted() as counted:
+            trainer(2).fit(module, synthetic(clients))
+        return sum(name.startswith(("aten.clone", "aten.aminmax")) for name in counted.names)
+
+    assert copies_and_checks(12) == copies_and_checks(4)

@@ -22,3 +22,30 @@ def test_each_group_is_flagged_with_one_read(monkeypatch):
 
 def test_all_finite_is_one_group():
     assert all_finite([torch.zeros(2), torch.ones(1)]) and not all_finite([torch.tensor([float("inf")])])
+
+
+def test_rows_of_a_stacked_tensor_are_checked_with_one_reduction_per_stacked_tensor(monkeypatch):
+    """A batched block's uploads are rows of one stacked tensor: one reduction for all of them (on a
+    GPU, one launch, not one per client), the same flags as checking each row, with the other
+    tensors and one device read."""
+    calls = []
+    aminmax = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda t, **kw: calls.append(tuple(t.shape)) or aminmax(t, **kw))
+    stacked = torch.arange(12.0).reshape(4, 3).clone()  # a tensor of its own (not a view)
+    stacked[2, 1] = float("nan")
+    scalars = torch.tensor([1.0, float("inf"), 2.0])
+    rows, values = stacked.unbind(0), scalars.unbind(0)
+    groups = [[rows[i], values[i % 3]] for i in range(4)] + [[torch.ones(2)], [rows[3][1:]]]
+    expected = [all(bool(torch.isfinite(t).all()) for t in g) for g in groups]
+    assert expected == [True, False, False, True, True, True]
+    assert finite_flags(groups) == expected
+    assert sorted(calls) == [(2,), (2,), (3, 1), (4, 3)]  # a row's slice is checked alone
+
+
+def test_row_of_finds_only_whole_rows():
+    from fl_lightning.update import row_of
+
+    base = torch.zeros(5, 2, 3)
+    assert row_of(base[3])[1] == 3 and row_of(base[3])[0] is base
+    assert row_of(base[1, 1]) is None and row_of(base[:, 0]) is None and row_of(base.transpose(0, 1)[0]) is None
+    assert row_of(torch.zeros(3)) is None and row_of(base.reshape(10, 3)[2]) is None

@@ -169,15 +169,20 @@ class BatchedBackend(ClientBackend[Block]):
         return super().evaluate(context, client_ids, state_of, split, hook)
 
     # ------------------------------------------------------------ runs
-    def new_run(self, context: ClientContext, client_id: int, function: Optional[FunctionalSGD] = None
-                ) -> FunctionalRun:
+    def new_run(self, context: ClientContext, client_id: int, function: Optional[FunctionalSGD] = None,
+                copy: bool = True) -> FunctionalRun:
         """A run of ``client_id`` from the global model, with its state and ``function``, the round's
         local optimizer as a function (default: made from the client's; the same for every client
-        of a round, since it holds no state)."""
+        of a round, since it holds no state). Without ``copy`` the run's tensors are views of its
+        start: for a run that nothing writes before its block stacks it (no ``client_init``), which
+        saves a copy per client (on a GPU, a launch each)."""
         if function is None:
             function = functional_optimizer(context.algorithm.local_optimizer(), context.global_model.params)
         run = context.new_run(FunctionalRun, client_id, context, function, [])
-        run.restart(run.start)
+        if copy:
+            run.restart(run.start)
+        else:
+            run.tensors = run.layout.split(run.start)
         return run
 
     def _start_runs(self, context: ClientContext, clients: list[int]) -> list[FunctionalRun]:
@@ -190,7 +195,7 @@ class BatchedBackend(ClientBackend[Block]):
             if not context.lockstep and context.is_forged(cid):
                 context.skip_forged(cid)
                 continue
-            run = self.new_run(context, cid, function)
+            run = self.new_run(context, cid, function, copy=context.prepares_rounds)
             if context.prepares_rounds:
                 with context.local_work(cid, "round", run.round):
                     algorithm.client_init(run)
