@@ -9,7 +9,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from fl_lightning.backends.batched.stacking import plain_leaves, stack_carries
+from fl_lightning.backends.batched.stacking import plain_leaves, plain_unflattener, stack_carries
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
 
 
@@ -68,3 +68,14 @@ def test_the_collector_is_paused_for_a_block_and_restored_after():
         assert not gc.isenabled()  # a collector the user had turned off stays off
     finally:
         gc.enable()
+
+
+def test_plain_unflattener_rebuilds_what_tree_unflatten_does_and_declines_other_nodes():
+    plain = [{"tensors": [torch.ones(2), torch.zeros(1)], "opt": [], "start": torch.ones(3), "state": {},
+              "scratch": {"a": (1, None, [torch.ones(1)]), "b": []}}, [1, 2, (3,)], torch.ones(1), ()]
+    for tree in plain:
+        leaves, spec = tree_flatten(tree)
+        rebuilt, expected = plain_unflattener(spec)(leaves), tree_unflatten(leaves, spec)
+        assert repr(rebuilt) == repr(expected) and type(rebuilt) is type(expected)
+        assert [x is y for x, y in zip(tree_flatten(rebuilt)[0], leaves)] == [True] * len(leaves)
+    assert plain_unflattener(tree_flatten({"x": OrderedDict(a=torch.ones(1))})[1]) is None

@@ -19,7 +19,7 @@ from fl_lightning.backends.batched.batches import IndexGroup, StepGroup, fixed_g
 from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
-from fl_lightning.backends.batched.stacking import merge_leaves, split_leaves, stack_carries
+from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
@@ -50,8 +50,9 @@ class Block:
         """Give every run its values back, and the mean of each of its step outputs over its steps
         (all clients' means read with one device sync)."""
         rows = [t.unbind(0) for t in self.tensors]  # every client's views of a leaf at once
+        rebuild = plain_unflattener(self.spec) or (lambda leaves: tree_unflatten(leaves, self.spec))
         for i, run in enumerate(self.runs):
-            run.load_carry(tree_unflatten(merge_leaves([r[i] for r in rows], self.static), self.spec))
+            run.load_carry(rebuild(merge_leaves([r[i] for r in rows], self.static)))
         names = sorted({name for _, outputs in self.outputs for name in outputs})
         if not names:
             return

@@ -3,7 +3,7 @@ client dimension, and its non-tensor leaves, which must agree over the block).""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -78,3 +78,28 @@ def _walk(tree: Any, leaves: list[Any], structure: list[Any]) -> bool:
 def _same_leaves(a: list[Any], b: list[Any]) -> bool:
     """Whether two leaf lists hold the same objects (the walk agrees with ``tree_flatten`` here)."""
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def plain_unflattener(spec: Any) -> Optional[Callable[[Sequence[Any]], Any]]:
+    """A function that rebuilds ``tree_unflatten(leaves, spec)`` from ``leaves``, for a spec of plain
+    dicts, lists and tuples (None for any other node): built once per block, it spares each of a
+    thousand clients the generic unflatten's per-node dispatch (:func:`plain_leaves`' counterpart)."""
+    build = _builder(spec)
+    return None if build is None else (lambda leaves: build(iter(leaves)))
+
+
+def _builder(spec: Any) -> Optional[Callable[[Iterator[Any]], Any]]:
+    if spec.is_leaf():
+        return next
+    children = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
+    builders = [_builder(child) for child in children]
+    if any(b is None for b in builders):
+        return None
+    if spec.type is dict:
+        keys = list(spec.context)
+        return lambda it: {key: build(it) for key, build in zip(keys, builders)}
+    if spec.type is list:
+        return lambda it: [build(it) for build in builders]
+    if spec.type is tuple:
+        return lambda it: tuple(build(it) for build in builders)
+    return None
