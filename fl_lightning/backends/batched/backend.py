@@ -171,19 +171,20 @@ class BatchedBackend(ClientBackend[Block]):
 
     # ------------------------------------------------------------ runs
     def new_run(self, context: ClientContext, client_id: int, function: Optional[FunctionalSGD] = None,
-                copy: bool = True) -> FunctionalRun:
+                views: Optional[list[Tensor]] = None) -> FunctionalRun:
         """A run of ``client_id`` from the global model, with its state and ``function``, the round's
         local optimizer as a function (default: made from the client's; the same for every client
-        of a round, since it holds no state). Without ``copy`` the run's tensors are views of its
-        start: for a run that nothing writes before its block stacks it (no ``client_init``), which
-        saves a copy per client (on a GPU, a launch each)."""
+        of a round, since it holds no state). Its tensors are a copy of the start of its own, or
+        ``views`` of the round's start that the block's runs share: for runs that nothing writes
+        before their block stacks them (no ``client_init``), which saves a copy per client (on a GPU,
+        a launch each) and a split."""
         if function is None:
             function = functional_optimizer(context.algorithm.local_optimizer(), context.global_model.params)
         run = context.new_run(FunctionalRun, client_id, context, function, [])
-        if copy:
+        if views is None:
             run.restart(run.start)
         else:
-            run.tensors = run.layout.split(run.start)
+            run.tensors = list(views)
         return run
 
     def _start_runs(self, context: ClientContext, clients: list[int]) -> list[FunctionalRun]:
@@ -192,11 +193,13 @@ class BatchedBackend(ClientBackend[Block]):
         algorithm = context.algorithm
         runs = []
         function = functional_optimizer(algorithm.local_optimizer(), context.global_model.params)
+        assert algorithm.round_start is not None, "the round has not started"
+        views = None if context.prepares_rounds else context.global_model.layout.split(algorithm.round_start)
         for cid in clients:
             if not context.lockstep and context.is_forged(cid):
                 context.skip_forged(cid)
                 continue
-            run = self.new_run(context, cid, function, copy=context.prepares_rounds)
+            run = self.new_run(context, cid, function, views)
             if context.prepares_rounds:
                 with context.local_work(cid, "round", run.round):
                     algorithm.client_init(run)
