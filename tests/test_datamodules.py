@@ -97,12 +97,34 @@ def test_step_indices_are_passes_of_fresh_permutations_without_the_remainder():
     assert ClientData(data, indices, batch_size=8).step_indices(3, g).shape == (3, 5)  # a batch is at most the split
 
 
+def test_stacked_step_positions_are_each_splits_passes_drawn_from_its_generator():
+    """Splits of several sizes (one step batch size) at once: for each, the passes of fresh
+    permutations of its own generator, cut into batches without the remainder."""
+    from fl_lightning.datamodules.client_data import stacked_step_positions
+
+    def alone(n: int, b: int, steps: int, g: torch.Generator) -> torch.Tensor:
+        per_pass = n // b
+        orders = [torch.randperm(n, generator=g)[: per_pass * b] for _ in range(-(-steps // per_pass))]
+        return torch.cat(orders).view(-1, b)[:steps]
+
+    data = TensorDataset(torch.arange(100))
+    splits = [ClientData(data, torch.arange(size), batch_size=3) for size in (7, 12, 3, 9)]
+    stacked = stacked_step_positions(splits, 5, [torch.Generator().manual_seed(i) for i in range(4)])
+    expected = [alone(len(s), 3, 5, torch.Generator().manual_seed(i)) for i, s in enumerate(splits)]
+    assert torch.equal(stacked, torch.stack(expected))
+    with pytest.raises(ValueError, match="step batch sizes differ"):
+        stacked_step_positions([splits[0], ClientData(data, torch.arange(2), batch_size=3)], 5,
+                               [torch.Generator(), torch.Generator()])
+    with pytest.raises(ValueError, match="empty"):
+        ClientData(data, torch.arange(0), batch_size=3).step_positions(2, torch.Generator())
+
+
 def test_stacked_indices_equal_each_split_indexed_on_its_own():
     """Splits of different sizes, their tables drawn at once (one gather) as each would be alone."""
     data = TensorDataset(torch.arange(100))
     splits = [ClientData(data, torch.arange(start, start + size), batch_size=3)
               for start, size in ((0, 7), (40, 12), (70, 3))]
-    positions = [split.step_positions(4, torch.Generator().manual_seed(i)) for i, split in enumerate(splits)]
+    positions = torch.stack([split.step_positions(4, torch.Generator().manual_seed(i)) for i, split in enumerate(splits)])
     alone = [split.step_indices(4, torch.Generator().manual_seed(i)) for i, split in enumerate(splits)]
     assert torch.equal(stacked_indices(splits, positions), torch.stack(alone))
 

@@ -91,14 +91,12 @@ class ClientData:
 
     def step_positions(self, steps: int, generator: torch.Generator) -> Tensor:
         """:meth:`step_indices`' positions within the split, drawn on the host (``[steps, b]``)."""
-        n = len(self)
-        if n == 0:
-            raise ValueError("the client split is empty")
-        b = min(self.batch_size, n)
-        per_pass = n // b
-        passes = max(1, -(-steps // per_pass))
-        orders = [torch.randperm(n, generator=generator)[: per_pass * b] for _ in range(passes)]
-        return torch.cat(orders).view(-1, b)[:steps]
+        return stacked_step_positions([self], steps, [generator])[0]
+
+    @property
+    def step_batch_size(self) -> int:
+        """The size of a local step's batch, ``min(batch_size, len)``."""
+        return min(self.batch_size, len(self))
 
     def step_batches(self, steps: int, generator: torch.Generator) -> Iterator[Any]:
         """``steps`` batches of ``min(batch_size, len)`` samples, reshuffling at each pass."""
@@ -130,11 +128,35 @@ class ClientData:
         return self.fetch(torch.arange(len(self)))
 
 
-def stacked_indices(splits: Sequence[ClientData], positions: Sequence[Tensor]) -> Tensor:
-    """``splits[i].indices[positions[i]]`` for every ``i``, stacked (the positions of one shape, on
-    the host): one copy to the splits' device and one gather there for all of them, where indexing
-    each split would cost a copy and a gather per split (on a GPU, launches and syncs per client)."""
+def stacked_step_positions(splits: Sequence[ClientData], steps: int, generators: Sequence[torch.Generator]) -> Tensor:
+    """Each split's positions of ``steps`` batches of ``b`` samples, ``[len(splits), steps, b]``, for
+    splits of one step batch size ``b`` (:attr:`ClientData.step_batch_size`), each from its generator
+    (on the host): each pass over a split is a fresh permutation cut into ``len // b`` batches (the
+    remainder left out), the next pass starting when a batch would not fit. The permutations are
+    drawn split by split, then put in place for all splits with a few operations (a block of a
+    thousand clients would otherwise cost a slice per permutation and a concatenation per client)."""
+    sizes = [len(split) for split in splits]
+    if 0 in sizes:
+        raise ValueError("the client split is empty")
+    b = splits[0].step_batch_size
+    if any(split.step_batch_size != b for split in splits):
+        raise ValueError(f"the splits' step batch sizes differ: {[split.step_batch_size for split in splits]}")
+    per_pass = [n // b for n in sizes]
+    passes = [max(1, -(-steps // k)) for k in per_pass]
+    drawn = torch.cat([torch.randperm(n, generator=g) for n, k, g in zip(sizes, passes, generators) for _ in range(k)])
+    n, k, p = (torch.tensor(values).view(-1, 1) for values in (sizes, per_pass, passes))
+    first = (p * n).cumsum(0) - p * n  # where each split's permutations start in ``drawn``
+    step = torch.arange(steps).view(1, -1)
+    start = first + (step // k) * n + (step % k) * b  # [splits, steps]: where each batch starts in ``drawn``
+    return drawn[start.unsqueeze(-1) + torch.arange(b)]
+
+
+def stacked_indices(splits: Sequence[ClientData], positions: Tensor) -> Tensor:
+    """``splits[i].indices[positions[i]]`` for every ``i`` (``positions``: stacked on the host, one
+    row per split): one copy to the splits' device and one gather there for all of them, where
+    indexing each split would cost a copy and a gather per split (on a GPU, launches and syncs per
+    client)."""
     sizes = torch.tensor([0] + [len(split) for split in splits[:-1]]).cumsum(0)
     flat = torch.cat([split.indices for split in splits])
-    shifted = torch.stack(list(positions)) + sizes.view(-1, *[1] * positions[0].dim())
+    shifted = positions + sizes.view(-1, *[1] * (positions.dim() - 1))
     return flat[shifted.to(flat.device)]

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from fl_lightning.backends.batched.run import FunctionalRun
 from fl_lightning.backends.context import ClientContext
-from fl_lightning.datamodules.client_data import stacked_indices
+from fl_lightning.datamodules.client_data import stacked_indices, stacked_step_positions
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
 
 #: one client's step: its batch (or its indices) and those of the algorithm's extra streams
@@ -85,14 +85,19 @@ def fixed_groups(context: ClientContext, runs: list[FunctionalRun]) -> Optional[
         return None
     streams = _streams(context)
     splits = [context.client_data(run.client_id) for run in runs]
-    positions = [{stream: split.step_positions(run.num_steps, context.batch_order(run.client_id, stream))
-                  for stream in streams} for run, split in zip(runs, splits)]
-    members: dict[tuple, list[int]] = {}
-    for i, drawn in enumerate(positions):
-        members.setdefault(tuple(drawn[s].shape for s in streams), []).append(i)
-    return [IndexGroup(group, {s: stacked_indices([splits[i] for i in group], [positions[i][s] for i in group])
-                               for s in streams})
-            for group in members.values()]
+    members: dict[tuple[int, int], list[int]] = {}  # the shape of a step's batch indices -> its clients
+    for i, (run, split) in enumerate(zip(runs, splits)):
+        if not len(split):
+            raise ValueError(f"client {run.client_id}'s training split is empty")
+        members.setdefault((run.num_steps, split.step_batch_size), []).append(i)
+    groups = []
+    for (steps, _), group in members.items():
+        chosen = [splits[i] for i in group]
+        groups.append(IndexGroup(group, {
+            s: stacked_indices(chosen, stacked_step_positions(
+                chosen, steps, [context.batch_order(runs[i].client_id, s) for i in group]))
+            for s in streams}))
+    return groups
 
 
 def steps_of(groups: list[IndexGroup]) -> Iterator[list[IndexGroup]]:
