@@ -34,7 +34,7 @@ import numpy as np
 
 from experiments import results
 from experiments.fedproxvr.plan import LR_GRID, RESULTS, TABLE1, tuned_lrs
-from experiments.seed_stats import Groups, best_validation, curve_table, final, fmt, paired_interval, series
+from experiments.seed_stats import Groups, best_validation, curve_table, final, fmt, paired, paired_interval, series
 
 #: the paired differences the document reports: (row, against)
 PAIRS = (("FedProxVR (SVRG)", "FedAvg"), ("FedProxVR (SARAH)", "FedAvg"), ("FedProxVR (SARAH)", "FedProxVR (SVRG)"))
@@ -98,16 +98,14 @@ def sarah_lr_table(runs: list[results.Run]) -> str:
     lines = [f"| after round {end}, seeds {', '.join(map(str, seeds))} | step size | test acc (%) | train loss | "
              "largest rise of the train loss between evaluations | test acc − FedAvg (points): mean ± std [95 % CI] |",
              "|---|---|---|---|---|---|"]
-    reference = np.array([results.at_round(r, "test_acc", end) for r in rows["FedAvg"]])
+    def accuracy(group: list[results.Run]) -> np.ndarray:
+        return np.array([results.at_round(r, "test_acc", end) for r in group])
+
     for label, group in rows.items():
-        acc = np.array([results.at_round(r, "test_acc", end) for r in group])
         loss = np.array([results.at_round(r, "train_loss", end) for r in group])
         rise = np.array([np.diff([p["train_loss"] for p in until(r, end)["history"]]).max() for r in group])
-        cell = "-"
-        if label != "FedAvg":
-            diff = 100 * (acc - reference)
-            low, high = paired_interval(diff)
-            cell = f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
+        cell = "-" if label == "FedAvg" else paired(group, rows["FedAvg"], accuracy)
+        acc = accuracy(group)
         lines.append(f"| {label} | {group[0]['params']['lr']} | {fmt(acc, 100)} | {fmt(loss, digits=4, style='g')} | "
                      f"{fmt(rise, digits=3, style='g')} | {cell} |")
     return "\n".join(lines)
@@ -206,16 +204,16 @@ def same_work_table(runs: list[results.Run]) -> str:
     seeds = [r["params"]["seed"] for r in extra]
     lines = [f"| after round {rounds} | seeds | test acc (%) | train loss | test acc − FedAvg at tau 20, B 32 (points): "
              "mean ± std [95 % CI] |", "|---|---|---|---|---|"]
-    reference = np.array([results.at_round(r, "test_acc", rounds) for r in sorted(extra, key=lambda r: r["params"]["seed"])])
+    reference = sorted(extra, key=lambda r: r["params"]["seed"])
+
+    def accuracy(group: list[results.Run]) -> np.ndarray:
+        return np.array([results.at_round(r, "test_acc", rounds) for r in group])
+
     for label, group in groups.items():
         group = [r for r in group if r["params"]["seed"] in seeds]
-        acc = np.array([results.at_round(r, "test_acc", rounds) for r in group])
+        acc = accuracy(group)
         loss = np.array([results.at_round(r, "train_loss", rounds) for r in group])
-        cell = "-"
-        if label != extra[0]["params"]["label"] and len(acc) == len(reference):
-            diff = 100 * (acc - reference)
-            low, high = paired_interval(diff)
-            cell = f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f} [{low:+.2f}, {high:+.2f}]"
+        cell = "-" if label == extra[0]["params"]["label"] else paired(group, reference, accuracy)
         lines.append(f"| {label} (step size {group[0]['params']['lr']}) | {len(group)} | {fmt(acc, 100)} | "
                      f"{fmt(loss, digits=4)} | {cell} |")
     return "\n".join(lines)
