@@ -28,6 +28,7 @@ from fl_lightning.algorithms import (
 from fl_lightning.backends import BatchedBackend
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import MLP
+from fl_lightning.optim.prox_sgd import ProxSGD
 from tests.helpers import TWO_PROCESSES, synthetic, trainer
 from tests.test_contract import outcome
 
@@ -60,6 +61,11 @@ SUPPORTED = {
     "FastDRO-cvar": lambda b, k: FastDRO(mlp(), alpha=0.3, clients_per_round=5, **common(b, k)),
     "FastDRO-chi-square": lambda b, k: FastDRO(mlp(), robust_loss="chi_square", lam=0.5, clients_per_round=5,
                                                **common(b, k)),
+    "FedProxVR-svrg-last": lambda b, k: FedProxVR(mlp(), mu=0.1, lr=0.05, output_iterate="last", **common(b, k)),
+    "FedProxVR-sarah-random": lambda b, k: FedProxVR(mlp(), estimator="sarah", mu=0.1, lr=0.05, clients_per_round=5,
+                                                     **common(b, k)),
+    "FedProxVR-sgd-client-rate": lambda b, k: FedProxVR(mlp(), estimator="sgd", mu=0.5, clients_per_round=5,
+                                                        **common(b, k)),
 }
 
 
@@ -85,12 +91,15 @@ def assert_close(a: dict, b: dict, atol: float) -> None:
 
 @pytest.mark.parametrize("name", list(SUPPORTED))
 def test_batched_equals_sequential(name):
-    """Three rounds, blocks of 4 (a block and a remainder): the global model, server state and
-    every client's state equal the sequential backend's to 1e-5 (fp32, CPU)."""
-    sequential, _ = fitted(SUPPORTED[name], "sequential")
-    batched, _ = fitted(SUPPORTED[name], "batched")
+    """Three rounds, blocks of 4 (a block and a remainder): the global model, server state, every
+    client's state and the logged metrics equal the sequential backend's to 1e-5 (fp32, CPU)."""
+    sequential, logged = fitted(SUPPORTED[name], "sequential")
+    batched, logged_batched = fitted(SUPPORTED[name], "batched")
     assert isinstance(batched.backend, BatchedBackend)
     assert_close(outcome(sequential), outcome(batched), atol=1e-5)
+    # the client's logs too, those of client_init's and client_final's eager work included (FedProxVR's
+    # full gradient)
+    assert_close(dict(logged.callback_metrics), dict(logged_batched.callback_metrics), atol=1e-5)
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -311,6 +320,20 @@ class AdamClient(DropoutClient):
         return torch.optim.Adam(self.parameters(), lr=1e-3)
 
 
+class _OwnOptimizer(FedAvg):
+    """Sets an optimizer of its own in ``client_init``: Adam, or proximal SGD at a rate per client."""
+
+    def __init__(self, client, per_client_rate: bool = False, **kwargs) -> None:
+        super().__init__(client, **kwargs)
+        self.per_client_rate = per_client_rate
+
+    def client_init(self, run) -> None:
+        if self.per_client_rate:
+            run.optimizer = ProxSGD(run.params, lr=0.1 * (1 + run.client_id), mu=0.1)
+        else:
+            run.optimizer = torch.optim.Adam(run.params)
+
+
 @pytest.mark.parametrize(
     "make, match",
     [
@@ -326,8 +349,11 @@ class AdamClient(DropoutClient):
          r"FedAvg.client_step cannot be vectorized over clients.*\.item\(\).*client_backend='sequential'"),
         (lambda: FedAvg(AdamClient(), clients_per_round=2, local_steps=2, client_backend="batched"),
          r"supports \['SGD'\].*returned Adam: use client_backend='sequential'"),
-        (lambda: FedProxVR(mlp(), local_steps=2, client_backend="batched"),
-         "FedProxVR's local rule cannot run in the batched client backend"),
+        (lambda: _OwnOptimizer(mlp(), clients_per_round=2, local_steps=2, client_backend="batched"),
+         r"client_init sets a torch optimizer of its own, Adam; .*knows SGD and ProxSGD"),
+        (lambda: _OwnOptimizer(mlp(), per_client_rate=True, clients_per_round=2, local_steps=2,
+                               client_backend="batched"),
+         r"gives the clients of a round different local optimizers"),
         (lambda: ByrdSAGA(mlp(), clients_per_round=2, client_backend="batched"),
          "ByrdSAGA's local rule cannot run in the batched client backend"),
     ],

@@ -317,3 +317,23 @@ def test_the_step_size_follows_the_client_schedule_unless_fixed():
     fixed = RecordStepSize(scheduled(), estimator="svrg", local_steps=2, lr=0.3, output_iterate="last")
     trainer(3).fit(fixed, synthetic(3))
     assert {r: sorted(v) for r, v in fixed.step_sizes.items()} == {0: [0.3], 1: [0.3], 2: [0.3]}
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.7])
+def test_prox_sgd_as_a_function_takes_the_same_steps(mu):
+    """``ProxSGD.functional``: the same parameters after each step, bit for bit (the batched backend's
+    form), a frozen parameter left as it is; one parameter group only."""
+    torch.manual_seed(0)
+    params = [torch.randn(3, 2, requires_grad=True), torch.randn(4, requires_grad=True)]
+    optimizer = ProxSGD(params, lr=0.3, mu=mu)
+    function, anchors = optimizer.functional([False, True])
+    tensors = [p.detach().clone() for p in params]
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in params]
+        params[0].grad, params[1].grad = grads[0], None  # frozen: no gradient, as set_grads leaves it
+        optimizer.step()
+        anchors = function.step_(tensors, grads, anchors)
+        assert all(torch.equal(p.detach(), t) for p, t in zip(params, tensors))
+    assert (function.lr, function.mu) == (0.3, mu)
+    with pytest.raises(ValueError, match="one parameter group"):
+        ProxSGD([{"params": [params[0]]}, {"params": [params[1]]}], lr=0.1).functional([False, False])

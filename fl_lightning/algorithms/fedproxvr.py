@@ -17,6 +17,12 @@ so a step takes its two gradients without moving the trained model.
 
 ``estimator="sgd"`` is proximal SGD (tau minibatch steps, no full-gradient step); with
 ``mu=0`` and ``output_iterate="last"`` it is exactly FedAvg.
+
+Both client backends run it: the batched one runs ``ProxSGD`` as a function
+(:class:`~fl_lightning.optim.prox_sgd.FunctionalProxSGD`) and each client's full gradient eagerly
+in ``client_init``; its steps are vectorized over the clients whose batches have one shape (clients
+smaller than the batch size step as blocks of their own, so a federation of many small clients of
+different sizes gains little).
 """
 
 from __future__ import annotations
@@ -62,7 +68,6 @@ class FedProxVR(FederatedModule):
         **kwargs: the other ``FederatedModule`` arguments (``seed``, ``nonfinite_updates``...).
     """
 
-    batchable = False  # its own proximal optimizer and a per-client number of steps
 
     def __init__(
         self,

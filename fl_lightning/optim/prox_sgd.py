@@ -2,12 +2,15 @@
 
 :class:`ProxSGD` applies ``p <- prox(p - lr * p.grad)`` with the closed-form proximal map of
 ``mu/2 ||w - anchor||^2`` (:func:`fl_lightning.functional.prox.prox_step`), so the proximal term
-is an optimizer step, never a gradient term.
+is an optimizer step, never a gradient term. :class:`FunctionalProxSGD` is the same step as a
+function of the parameters, their gradients and the anchors, for backends that step many clients
+at once (:meth:`ProxSGD.functional`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -52,3 +55,36 @@ class ProxSGD(torch.optim.Optimizer):
                 if mu != 0:
                     p.copy_(prox_step(p, self.state[p]["anchor"], lr, mu))
         return loss
+
+    def functional(self, frozen: Sequence[bool]) -> tuple["FunctionalProxSGD", list[Tensor]]:
+        """This optimizer as a function and its state, the anchors (one parameter group; ``frozen``:
+        whether each parameter is frozen, which a step then leaves as it is, as this optimizer does
+        with a parameter without gradient)."""
+        if len(self.param_groups) != 1:
+            raise ValueError(f"ProxSGD as a function takes one parameter group, got {len(self.param_groups)}")
+        group = self.param_groups[0]
+        if len(frozen) != len(group["params"]):
+            raise ValueError(f"frozen has {len(frozen)} entries, the optimizer {len(group['params'])} parameters")
+        anchors = [self.state[p]["anchor"] for p in group["params"]]
+        return FunctionalProxSGD(float(group["lr"]), float(group["mu"]), tuple(frozen)), anchors
+
+
+@dataclass(frozen=True)
+class FunctionalProxSGD:
+    """:class:`ProxSGD`'s step as a function: ``p <- prox_step(p - lr * g, anchor, lr, mu)`` in place
+    on each parameter, with the same arithmetic (``state``: the anchors, unchanged by a step)."""
+
+    lr: float
+    mu: float
+    #: per parameter: frozen (``requires_grad=False``), left as it is
+    frozen: tuple[bool, ...]
+
+    def step_(self, params: Sequence[Tensor], grads: Sequence[Tensor], state: Sequence[Tensor]) -> list[Tensor]:
+        """One step, in place on ``params``; returns the state (the anchors)."""
+        for p, g, anchor, frozen in zip(params, grads, state, self.frozen):
+            if frozen:
+                continue
+            p.add_(g.to(p.dtype), alpha=-self.lr)
+            if self.mu != 0:
+                p.copy_(prox_step(p, anchor, self.lr, self.mu))
+        return list(state)

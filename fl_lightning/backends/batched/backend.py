@@ -203,10 +203,15 @@ class BatchedBackend(ClientBackend[Block]):
             if context.prepares_rounds:
                 with context.local_work(cid, "round", run.round):
                     algorithm.client_init(run)
+                run.flush_logs()
             if run.optimizer is not None:
-                raise ValueError(f"{type(algorithm).__name__}.client_init sets a torch optimizer of its own; the "
-                                 "batched backend runs the client's optimizer as a function: use "
-                                 "client_backend='sequential'")
+                raise ValueError(f"{type(algorithm).__name__}.client_init sets a torch optimizer of its own, "
+                                 f"{type(run.optimizer).__name__}; the batched backend runs the local optimizer as a "
+                                 "function and knows SGD and ProxSGD: use client_backend='sequential'")
+            if runs and run.function != runs[0].function:
+                raise ValueError(f"{type(algorithm).__name__}.client_init gives the clients of a round different local "
+                                 f"optimizers ({run.function} and {runs[0].function}); a block steps its clients with "
+                                 "one: use client_backend='sequential'")
             if run.num_steps == 0 and not context.lockstep:  # no step to take (LocalOnly's spent budget): done now
                 self._finish_runs(context, [run])
                 continue
@@ -223,6 +228,7 @@ class BatchedBackend(ClientBackend[Block]):
             if uploads is None:
                 with context.local_work(run.client_id, "final", run.round) if context.finalizes_rounds else nullcontext():
                     uploads = context.algorithm.client_final(run)
+                run.flush_logs()
             context.finish(run, uploads)
 
     # ------------------------------------------------------------ lock-step group operations (a block each)

@@ -14,6 +14,7 @@ from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.stateless import training_loss
 from fl_lightning.lightning_compat import routed_log
 from fl_lightning.local_logging import call_options
+from fl_lightning.optim.prox_sgd import FunctionalProxSGD, ProxSGD
 from fl_lightning.optim.sgd_function import FunctionalSGD
 from fl_lightning.run import ClientRun, Model
 
@@ -32,9 +33,10 @@ class FunctionalRun(ClientRun):
         **fields: the :class:`~fl_lightning.run.ClientRun` fields.
     """
 
-    def __init__(self, context: ClientContext, function: FunctionalSGD, tensors: list[Tensor], **fields: Any) -> None:
-        super().__init__(**fields)
+    def __init__(self, context: ClientContext, function: FunctionalSGD | FunctionalProxSGD, tensors: list[Tensor],
+                 **fields: Any) -> None:
         self.context = context
+        super().__init__(**fields)
         self.function = function
         self.tensors = tensors
         self.opt_state: list[Tensor] = []
@@ -48,6 +50,21 @@ class FunctionalRun(ClientRun):
     @property
     def params(self) -> list[Tensor]:
         return self.tensors[: self.layout.num_param_tensors]
+
+    @property
+    def optimizer(self) -> Optional[torch.optim.Optimizer]:
+        """An optimizer of its own that ``client_init`` set and this backend cannot run (None: the run's
+        ``function``). One it runs as a function (:class:`~fl_lightning.optim.prox_sgd.ProxSGD`)
+        becomes the run's ``function`` and optimizer state when it is set."""
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
+        self._optimizer = optimizer
+        if isinstance(optimizer, ProxSGD):
+            frozen = [not p.requires_grad for p in self.context.global_model.params]
+            self.function, self.opt_state = optimizer.functional(frozen)  # type: ignore[assignment]
+            self._optimizer = None
 
     @property
     def lr(self) -> float:
@@ -90,6 +107,13 @@ class FunctionalRun(ClientRun):
             self.logs[name] = total + self.logs[name] if name in self.logs else total
             self.log_sizes[name] = self.log_sizes.get(name, 0) + sizes[name]
         return ((loss, aux), list(grads)) if has_aux else (loss, list(grads))
+
+    def flush_logs(self) -> None:
+        """Hand the round the client's ``self.log`` values of this run's eager work (``client_init``,
+        ``client_final``: a full-gradient pass, say), as the sequential backend counts them."""
+        for name, total in self.logs.items():
+            self.context.logs.add(name, total, self.log_sizes[name], self.log_options.get(name, {}))
+        self.logs, self.log_sizes = {}, {}
 
     def _collector(self, logs: dict[str, Tensor], sizes: dict[str, int], batch: Any) -> Callable[..., None]:
         """The client's ``self.log`` inside a gradient: values times the call's batch size are
