@@ -57,7 +57,7 @@ def fitted(make, compiler: Optional[str], rounds: int = 3):
 #: models and named outputs, a lock-step share. ``aot_eager`` captures the step as ``compile_step`` does
 #: (Dynamo's graph and guards, AOT autograd) without generating code, which takes seconds per graph on
 #: two cores; one test runs the real compiler.
-CAPTURED = ["FedAvg-momentum-wd", "SCAFFOLD", "FedDeper", "FedDRO"]
+CAPTURED = ["FedAvg-momentum-wd", "SCAFFOLD", "FedDeper", "FedDRO", "FedProxVR-svrg-last"]
 
 
 @pytest.mark.parametrize("name", CAPTURED)
