@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -148,11 +148,12 @@ def summary_table(groups: Groups) -> str:
     return "\n".join(lines)
 
 
-def differences_table(groups: Groups) -> str:
+def differences_table(groups: Groups) -> Optional[str]:
     """Paired (same seed) differences of test accuracy, in points, with 95 % confidence intervals, over
-    the seeds both rows ran (a pair with fewer than two is left out)."""
-    lines = ["| difference (points) | seeds | final test acc: mean ± std | 95 % CI | at best val: mean ± std | 95 % CI |",
-             "|---|---|---|---|---|---|"]
+    the seeds both rows ran (a pair with fewer than two is left out; None without a pair)."""
+    header = ["| difference (points) | seeds | final test acc: mean ± std | 95 % CI | at best val: mean ± std | 95 % CI |",
+              "|---|---|---|---|---|---|"]
+    lines = []
     for row, against in PAIRS:
         if row not in groups or against not in groups:
             continue
@@ -166,7 +167,7 @@ def differences_table(groups: Groups) -> str:
             low, high = paired_interval(diff)
             cells += [f"{diff.mean():+.2f} ± {diff.std(ddof=1):.2f}", f"[{low:+.2f}, {high:+.2f}]"]
         lines.append(f"| {row} − {against} | {len(a)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(header + lines) if lines else None
 
 
 def fluctuation(losses: np.ndarray, start: int) -> np.ndarray:
@@ -233,8 +234,9 @@ def tables(runs: list[results.Run]) -> list[str]:
         out += [summary_table(groups)]
         if any("stopped" in r for group in whole[study].values() for r in group):
             out += [reached_table(whole[study])]
-        if study in ("table1", "table1_long", "table2"):
-            out += [differences_table(groups)]
+        differences = differences_table(groups) if study in ("table1", "table1_long", "table2") else None
+        if differences:
+            out += [differences]
         if study.startswith("mu"):
             out += [stability_table(groups)]
         out += [curve_table(groups, "train_loss", 1.0), curve_table(groups, "test_acc", 100.0)]
