@@ -31,7 +31,8 @@ paper's Fashion-MNIST, every client every round.
 * ``table2_sarah_lr``: SARAH in Table 2's setting at the authors' smaller step sizes
   (``TABLE2_SARAH_LRS``), seeds 0-2: whether its divergence at 1 / (beta L) is the step size's.
 
-The last two are planned, not run on today's engine yet (the document says so).
+``mu_n100_r400`` is planned, not run on today's engine yet; ``table1_long`` and ``table2`` ran in part
+(the document says how far).
 """
 
 from __future__ import annotations

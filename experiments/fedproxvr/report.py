@@ -42,7 +42,7 @@ PAIRS = (("FedProxVR (SVRG)", "FedAvg"), ("FedProxVR (SARAH)", "FedAvg"), ("FedP
 
 def studies(runs: list[results.Run], cut: bool = True) -> dict[str, Groups]:
     """study (``fig2/<setting>`` for the settings of Fig. 2) -> row label -> runs (seeds, in seed order),
-    with ``cut`` each study's runs cut to the last round all of them reached (:func:`common`)."""
+    with ``cut`` each study's runs cut to the last round all of them reached (:func:`common_round`)."""
     out: dict[str, Groups] = defaultdict(lambda: defaultdict(list))
     for run in sorted(runs, key=lambda r: r["params"]["seed"]):
         p = run["params"]
@@ -75,7 +75,7 @@ def reached_table(groups: Groups) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for label, runs in groups.items():
         reached = [r["history"][-1]["round"] for r in runs]
-        end = min(reached)
+        end = common_round(runs)
         cut = [until(r, end) for r in runs]
         at_best, _ = best_validation(cut)
         lines.append(
@@ -98,6 +98,7 @@ def sarah_lr_table(runs: list[results.Run]) -> str:
     lines = [f"| after round {end}, seeds {', '.join(map(str, seeds))} | step size | test acc (%) | train loss | "
              "largest rise of the train loss between evaluations | test acc − FedAvg (points): mean ± std [95 % CI] |",
              "|---|---|---|---|---|---|"]
+
     def accuracy(group: list[results.Run]) -> np.ndarray:
         return np.array([results.at_round(r, "test_acc", end) for r in group])
 

@@ -68,7 +68,6 @@ class FedProxVR(FederatedModule):
         **kwargs: the other ``FederatedModule`` arguments (``seed``, ``nonfinite_updates``...).
     """
 
-
     def __init__(
         self,
         client: pl.LightningModule,

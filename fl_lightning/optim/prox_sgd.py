@@ -47,13 +47,9 @@ class ProxSGD(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, mu = group["lr"], group["mu"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                p.add_(p.grad, alpha=-lr)  # the same arithmetic as torch.optim.SGD
-                if mu != 0:
-                    p.copy_(prox_step(p, self.state[p]["anchor"], lr, mu))
+            params = [p for p in group["params"] if p.grad is not None]
+            step = FunctionalProxSGD(group["lr"], group["mu"], (False,) * len(params))
+            step.step_(params, [p.grad for p in params], [self.state[p]["anchor"] for p in params])
         return loss
 
     def functional(self, frozen: Sequence[bool]) -> tuple["FunctionalProxSGD", list[Tensor]]:
@@ -84,7 +80,7 @@ class FunctionalProxSGD:
         for p, g, anchor, frozen in zip(params, grads, state, self.frozen):
             if frozen:
                 continue
-            p.add_(g.to(p.dtype), alpha=-self.lr)
+            p.add_(g.to(p.dtype), alpha=-self.lr)  # the same arithmetic as torch.optim.SGD
             if self.mu != 0:
                 p.copy_(prox_step(p, anchor, self.lr, self.mu))
         return list(state)

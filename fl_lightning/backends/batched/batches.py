@@ -87,8 +87,6 @@ def fixed_groups(context: ClientContext, runs: list[FunctionalRun]) -> Optional[
     splits = [context.client_data(run.client_id) for run in runs]
     members: dict[tuple[int, int], list[int]] = {}  # the shape of a step's batch indices -> its clients
     for i, (run, split) in enumerate(zip(runs, splits)):
-        if not len(split):
-            raise ValueError(f"client {run.client_id}'s training split is empty")
         members.setdefault((run.num_steps, split.step_batch_size), []).append(i)
     groups = []
     for (steps, _), group in members.items():

@@ -35,8 +35,8 @@ class FunctionalRun(ClientRun):
 
     def __init__(self, context: ClientContext, function: FunctionalSGD | FunctionalProxSGD, tensors: list[Tensor],
                  **fields: Any) -> None:
-        self.context = context
         super().__init__(**fields)
+        self.context = context
         self.function = function
         self.tensors = tensors
         self.opt_state: list[Tensor] = []
