@@ -31,31 +31,68 @@ def test_feddeper_grids_give_every_method_the_same_budget():
         assert any(in_grid.items() <= s.items() for s in plan.grid(method)), method
 
 
-def test_feddeper_tuning_chooses_on_the_mean_of_the_last_five_evaluations():
+def confirm(m: int, method: str, scores: dict[str, float]) -> list[dict]:
+    """The ``confirm`` runs of ``method``'s shortlisted settings ``scores`` (name -> the validation
+    accuracy of seeds 1 and 2 at every evaluation)."""
+    return [{"name": f"confirm/m{m}/{method}_{name}_s{seed}", "params": dict(study="confirm", m=m, method=method, seed=seed),
+             "history": [{"round": 10 * (i + 1), "val_acc": value} for i in range(20)]}
+            for name, value in scores.items() for seed in plan.CONFIRM_SEEDS]
+
+
+def test_feddeper_screening_ranks_on_the_mean_of_the_last_five_evaluations():
     # the best last value (0.99) has a worse last-five mean than the steadier setting
     spiky = [0.5] * 15 + [0.6, 0.6, 0.6, 0.6, 0.99]
     steady = [0.5] * 15 + [0.8] * 5
     runs = screened(5, "fedavg", {"lr0.0316_b32": spiky, "lr0.01_b10": steady})
-    assert plan.tuned(runs) == {(5, "fedavg"): {"lr": 0.01, "batch": 10}}
+    assert plan.shortlist(runs, 5, "fedavg") == [{"lr": 0.01, "batch": 10}, {"lr": 0.0316, "batch": 32},
+                                                 {"lr": 0.01, "batch": 32}]  # ties (0.5): grid order
     assert plan.screen_score(next(r for r in runs if r["name"] == "screen/m5/fedavg_lr0.0316_b32_s0")) == pytest.approx(0.678)
+
+
+def test_feddeper_choice_is_the_best_three_seed_mean_of_the_shortlist(monkeypatch, tmp_path):
+    from experiments import results
+
+    runs = screened(5, "fedavg", {"lr0.464_b64": [0.95] * 20, "lr0.316_b64": [0.94] * 20, "lr0.316_b32": [0.93] * 20})
+    assert plan.shortlist(runs, 5, "fedavg") == [{"lr": 0.464, "batch": 64}, {"lr": 0.316, "batch": 64},
+                                                 {"lr": 0.316, "batch": 32}]
+    assert plan.tuned(runs) == {}  # waits for its confirm runs
+    monkeypatch.setattr(plan, "RESULTS", tmp_path / "feddeper.json")
+    results.save(plan.RESULTS, runs)
+    with pytest.warns(UserWarning, match="m5/fedavg"):  # its table waits for the confirm runs
+        planned = [r for r in plan.runs() if r.name.startswith("confirm/")]
+    assert [r.name for r in planned] == [f"confirm/m5/fedavg_{name}_s{seed}" for name in ("lr0.464_b64", "lr0.316_b64", "lr0.316_b32")
+                                         for seed in plan.CONFIRM_SEEDS]
+    assert planned[0].args[-2:] == ["--trainer.limit_val_batches", "0"]
+    assert planned[0].args[planned[0].args.index("--trainer.max_epochs") + 1] == str(plan.SCREEN_ROUNDS)
+    # the seed-0 best diverges on seed 1: the steadier second setting wins on the three-seed mean
+    diverged = confirm(5, "fedavg", {"lr0.464_b64": 0.95, "lr0.316_b64": 0.94, "lr0.316_b32": 0.93})
+    diverged[0]["history"] = [{"round": 10 * (i + 1), "val_acc": 0.1} for i in range(20)]
+    assert plan.tuned(runs + diverged) == {(5, "fedavg"): {"lr": 0.316, "batch": 64}}
+    assert plan.tuned(runs + diverged[1:]) == {}  # one run missing
+    steady = confirm(5, "fedavg", {"lr0.464_b64": 0.95, "lr0.316_b64": 0.94, "lr0.316_b32": 0.93})
+    assert plan.tuned(runs + steady) == {(5, "fedavg"): {"lr": 0.464, "batch": 64}}
 
 
 def test_feddeper_rate_is_searched_in_a_second_stage_with_rho_scaled():
     first = screened(5, "feddeper", {"rho0.02_lam0.7_b32": [0.8] * 20})
     assert plan.first_stage(first) == {(5, "feddeper"): dict(rho=0.02, lam=0.7, batch=32)}
-    assert plan.tuned(first) == {}  # FedDeper waits for its second stage
+    assert plan.shortlist(first, 5, "feddeper") is None  # FedDeper waits for its second stage
     second = plan.lr_stage(dict(rho=0.02, lam=0.7, batch=32))
     assert [s["lr"] for s in second] == [lr for lr in plan.LRS if 0.01 < lr < 0.5]  # rho = 2 lr < 1
     assert all(s["rho"] == pytest.approx(2 * s["lr"], rel=5e-3) and (s["lam"], s["batch"]) == (0.7, 32) for s in second)
     worse = screened(5, "feddeper", {}, "screen_lr", second)
-    assert plan.tuned(first + worse) == {(5, "feddeper"): dict(lr=0.01, rho=0.02, lam=0.7, batch=32)}
+    assert plan.shortlist(first + worse, 5, "feddeper")[0] == dict(lr=0.01, rho=0.02, lam=0.7, batch=32)
     better = screened(5, "feddeper", {"lr0.1_rho0.2_lam0.7_b32": [0.9] * 20}, "screen_lr", second)
-    assert plan.tuned(first + better) == {(5, "feddeper"): dict(lr=0.1, rho=0.2, lam=0.7, batch=32)}
+    top = plan.shortlist(first + better, 5, "feddeper")
+    assert top[:2] == [dict(lr=0.1, rho=0.2, lam=0.7, batch=32), dict(lr=0.01, rho=0.02, lam=0.7, batch=32)]
+    again = confirm(5, "feddeper", {plan.settings_name(s): 0.85 for s in top})
+    assert plan.tuned(first + better + again) == {(5, "feddeper"): dict(lr=0.1, rho=0.2, lam=0.7, batch=32)}
 
 
 def test_feddeper_table_is_planned_only_for_complete_screenings(monkeypatch, tmp_path):
     runs = screened(5, "fedavg", {"lr0.0316_b32": [0.9] * 20}) + screened(5, "feddeper", {})[:-1]
-    assert plan.tuned(runs) == {(5, "fedavg"): {"lr": 0.0316, "batch": 32}}
+    assert plan.shortlist(runs, 5, "fedavg")[0] == {"lr": 0.0316, "batch": 32}
+    assert plan.shortlist(runs, 5, "feddeper") is None
     monkeypatch.setattr(plan, "RESULTS", tmp_path / "absent.json")  # no screening: no second stages
     monkeypatch.setattr(plan, "tuned", lambda runs=None: {(5, "fedavg"): {"lr": 0.0316, "batch": 32},
                                                 (5, "feddeper"): dict(plan.PAPER["feddeper"])})
@@ -278,7 +315,8 @@ def test_pefll_report_puts_each_row_at_its_chosen_rate_and_pairs_pefll_with_it(m
     assert differences[3].startswith("| FedAvg + 50 finetuning steps | -3.00 ± 2.00")
 
 
-def test_feddeper_cnn_and_n100_cells_run_the_paper_setting_and_the_transferred_tuned_one(monkeypatch):
+def test_feddeper_cnn_and_n100_cells_run_the_paper_setting_and_the_transferred_tuned_one(monkeypatch, tmp_path):
+    monkeypatch.setattr(plan, "RESULTS", tmp_path / "absent.json")
     monkeypatch.setattr(plan, "tuned", lambda runs=None: {(5, "fedavg"): {"lr": 0.1, "batch": 32},
                                                           (5, "scaffold"): dict(plan.PAPER["scaffold"])})
     monkeypatch.setattr(plan, "first_stage", lambda runs: {})

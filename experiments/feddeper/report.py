@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from experiments import results
-from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, first_stage,
-                                      grid, lr_stage, screen_score, screened, settings_name, tuned)
+from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, confirmed,
+                                      first_stage, grid, lr_stage, screen_score, screened, settings_name, tuned)
 from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
 
@@ -121,21 +121,49 @@ def fixed_rho_table(runs: list[results.Run], m: int) -> str:
     return "\n".join(lines)
 
 
+#: the ``table`` runs at the setting seed 0's screening alone chose, before the ``confirm`` stage
+#: (a pseudo-study of :func:`cell_groups`; ``"table"`` there means the runs at the confirmed setting)
+SEED0 = "table_seed0"
+
+
 def cell_groups(runs: list[results.Run], m: int, study: str) -> Groups:
-    """Method -> its runs of ``study`` in the cell (seed order), in the paper's row order."""
+    """Method -> its runs of ``study`` in the cell (seed order), in the paper's row order. For
+    ``"table"`` only the runs at the method's tuned setting (:func:`~experiments.feddeper.plan.tuned`:
+    none while its confirm runs are missing); ``SEED0``: the table runs at any other setting."""
+    chosen = tuned(runs) if study in ("table", SEED0) else {}
     groups: Groups = {}
     for method in LABELS:
-        group = sorted(results.select(runs, study=study, m=m, method=method), key=lambda r: r["params"]["seed"])
+        group = sorted(results.select(runs, study="table" if study == SEED0 else study, m=m, method=method),
+                       key=lambda r: r["params"]["seed"])
+        if study in ("table", SEED0):
+            setting = chosen.get((m, "feddeper" if method == "feddeper_star" else method))
+            group = [r for r in group if (setting is not None and setting.items() <= r["params"].items()) == (study == "table")]
         if group:
             groups[method] = group
     return groups
+
+
+def confirm_table(runs: list[results.Run], m: int) -> str:
+    """The ``confirm`` stage in the cell: each method's shortlisted settings, their validation
+    score (%) on seeds 0-2 and its mean; the chosen setting in bold."""
+    lines = [f"| m = {m}: method | setting | seed 0 (screening) | seed 1 | seed 2 | mean |", "|---|---|---|---|---|---|"]
+    chosen = tuned(runs)
+    for method in GRIDS:
+        scored = confirmed(runs, m, method)
+        for settings, scores in scored or []:
+            text = ", ".join(f"{SYMBOLS[k]} {v}" for k, v in settings.items())
+            mean = f"{100 * sum(scores) / len(scores):.2f}"
+            lines.append(f"| {LABELS[method]} | {text} | " + " | ".join(f"{100 * v:.2f}" for v in scores) +
+                         f" | {f'**{mean}**' if chosen.get((m, method)) == settings else mean} |")
+    return "\n".join(lines)
 
 
 def accuracy_table(runs: list[results.Run], m: int) -> str:
     """Final, best-validation, best and last-5 test accuracy of each method, tuned and at the paper's setting."""
     lines = ["| method | setting | paper | seeds | final | at best val | best | last 5 | final − paper |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for study, suffix in (("table", ""), ("table_fixed_rho", ", rate searched with ρ kept"), ("paper", " (paper's setting)")):
+    for study, suffix in (("table", ""), (SEED0, " (seed 0's choice)"), ("table_fixed_rho", ", rate searched with ρ kept"),
+                          ("paper", " (paper's setting)")):
         for method, group in cell_groups(runs, m, study).items():
             _, acc = series(group, "test_acc")
             at_best, _ = best_validation(group)
@@ -190,7 +218,10 @@ def personal_table(runs: list[results.Run], m: int) -> str:
 def isolation_table(runs: list[results.Run]) -> str:
     """FedDeper (m = 5, tuned) and its :data:`~experiments.feddeper.plan.ISOLATION` variants: test
     accuracy, and each variant's difference to FedDeper paired by seed with its 95 % confidence interval."""
-    base = cell_groups(runs, 5, "table")["feddeper"]
+    variants = results.select(runs, study="isolation")
+    setting = {k: variants[0]["params"][k] for k in ("lr", *GRIDS["feddeper"])}
+    base = sorted((r for r in results.select(runs, study="table", m=5, method="feddeper") if setting.items() <= r["params"].items()),
+                  key=lambda r: r["params"]["seed"])
     lines = ["| FedDeper, m = 5 | seeds | final | at best val | last 5 | final − FedDeper: mean ± std [95 % CI] |",
              "|---|---|---|---|---|---|"]
     rows = {"as in the table (Jacobi order, v kept)": base}
@@ -235,9 +266,12 @@ def tables(runs: list[results.Run]) -> list[str]:
     out = [screen_table(runs, method) for method in GRIDS]
     out += [lr_stage_table(runs, m) for m in CELLS if (m, "feddeper") in first_stage(runs)]
     out += [fixed_rho_table(runs, m) for m in CELLS if results.select(runs, study="screen_lr_fixed", m=m)]
+    out += [confirm_table(runs, m) for m in CELLS if results.select(runs, study="confirm", m=m)]
     for m in CELLS:
+        if cell_groups(runs, m, "table") or cell_groups(runs, m, SEED0):
+            out.append(accuracy_table(runs, m))
         if cell_groups(runs, m, "table"):
-            out += [accuracy_table(runs, m), differences_table(runs, m), curve_table(runs, m), personal_table(runs, m)]
+            out += [differences_table(runs, m), curve_table(runs, m), personal_table(runs, m)]
     if results.select(runs, study="isolation"):
         out += [isolation_table(runs)]
     if results.select(runs, study="digits"):
