@@ -100,9 +100,10 @@ def test_feddeper_table_is_planned_only_for_complete_screenings(monkeypatch, tmp
         names = [r.name for r in plan.runs() if not r.name.startswith(("screen", "cnn", "n100"))]
     assert sorted(names) == sorted(
         [f"table/m5/fedavg_lr0.0316_b32_s{s}" for s in plan.SEEDS] + [f"paper/m5/fedavg_lr0.01_b64_s{s}" for s in plan.SEEDS]
-        + [f"{study}/m5/{run}_lr0.01_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS
-           for study, run in (("table", "feddeper"), ("table", "feddeper_star"), ("isolation", "gauss_seidel"),
-                              ("isolation", "reset_personal"))])
+        + [f"table/m5/{run}_lr0.01_rho0.03_lam0.5_b64_s{s}" for s in plan.SEEDS for run in ("feddeper", "feddeper_star")]
+        # the isolation variants and their baseline, at the setting they ran at
+        + [f"{study}/m5/{run}_lr0.01_rho0.04_lam0.5_b32_s{s}" for s in plan.SEEDS
+           for study, run in (("table", "feddeper"), ("isolation", "gauss_seidel"), ("isolation", "reset_personal"))])
 
 
 def test_feddeper_rate_with_rho_kept_is_taken_only_when_it_beats_the_first_stage():
