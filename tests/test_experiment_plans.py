@@ -334,16 +334,15 @@ def test_feddeper_cnn_and_n100_cells_run_the_paper_setting_and_the_transferred_t
     assert all(r.args[r.args.index("--data.init_args.num_clients") + 1] == "100" for r in n100)
 
 
-def test_feddeper_lower_rate_follows_a_diverged_table_run(monkeypatch):
+def test_feddeper_lower_rate_follows_a_diverged_table_run():
     def table_run(seed: int, final: float) -> dict:
         return {"name": f"table/m5/fedavg_lr0.316_b64_s{seed}", "params": dict(study="table", m=5, method="fedavg", lr=0.316,
                                                                                 batch=64, seed=seed, rounds=500),
                 "history": [{"round": 500, "test_acc": final}]}
 
-    monkeypatch.setattr(plan, "tuned", lambda runs=None: {(5, "fedavg"): {"lr": 0.316, "batch": 64},
-                                                          (5, "feddeper"): dict(plan.PAPER["feddeper"])})
+    tuned = {"lr": 0.316, "batch": 64}
     stable = [table_run(0, 0.97), table_run(1, 0.96)]
-    assert plan.lower_rate(stable, 5, "fedavg") is None
-    assert plan.lower_rate(stable + [table_run(2, 0.098)], 5, "fedavg") == {"lr": 0.215, "batch": 64}  # one grid step down
-    assert plan.lower_rate(stable + [table_run(2, 0.098)], 5, "feddeper") is None  # baselines only
-    assert plan.lower_rate([], 10, "fedavg") is None  # not tuned
+    assert plan.lower_rate(stable, 5, "fedavg", tuned) is None
+    assert plan.lower_rate(stable + [table_run(2, 0.098)], 5, "fedavg", tuned) == {"lr": 0.215, "batch": 64}  # one step down
+    assert plan.lower_rate(stable + [table_run(2, 0.098)], 5, "feddeper", dict(plan.PAPER["feddeper"])) is None  # baselines only
+    assert plan.lower_rate(stable + [table_run(2, 0.098)], 10, "fedavg", tuned) is None  # another cell's runs

@@ -30,10 +30,11 @@ splits (what the tuning chooses on).
 * ``table_fixed_rho``: FedDeper at the best of those rates (if better than 0.01), seeds 0-2,
   500 rounds;
 * ``table``: each method at its tuned (confirmed) setting, seeds 0-2, 500 rounds (the runs at the
-  settings seed 0 alone chose, before the ``confirm`` stage, stay in the result file and the report); FedDeper* is FedDeper's
-  tuned setting with tau = 5; the base config's ``PersonalizedAccuracy`` measures the personal
-  models (FedDeper) and the global model on the clients' local test sets every 10 rounds, for
-  FedDeper also with 1 and 3 classes the client does not hold added (``EXTRA_CLASSES``, Fig. 5b);
+  settings seed 0 alone chose, before the ``confirm`` stage, stay in the result file and the
+  report); FedDeper* is FedDeper's tuned setting with tau = 5; the base config's
+  ``PersonalizedAccuracy`` measures the personal models (FedDeper) and the global model on the
+  clients' local test sets every 10 rounds, for FedDeper also with 1 and 3 classes the client does
+  not hold added (``EXTRA_CLASSES``, Fig. 5b);
 * ``table_lower``: a baseline whose tuned rate diverged in the table on some seed (final test
   accuracy under ``DIVERGED``), at the next lower rate of its grid, the rest of its setting kept,
   seeds 0-2, 500 rounds: whether one grid step gives the stability that the 200-round ``confirm``
@@ -249,17 +250,15 @@ def tuned(runs: Optional[list[results.Run]] = None) -> dict[tuple[int, str], dic
     return chosen
 
 
-def lower_rate(runs: list[results.Run], m: int, method: str) -> Optional[dict[str, Any]]:
-    """A baseline's tuned setting at the next lower rate of its grid, if a ``table`` run at its tuned
+def lower_rate(runs: list[results.Run], m: int, method: str, setting: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A baseline's tuned ``setting`` at the next lower rate of its grid, if a ``table`` run at that
     setting diverged (final test accuracy under ``DIVERGED``); None otherwise."""
-    setting = tuned(runs).get((m, method))
-    if method == "feddeper" or setting is None:
+    if method == "feddeper":
         return None
-    group = [r for r in results.select(runs, study="table", m=m, method=method) if setting.items() <= r["params"].items()]
+    group = results.select(runs, study="table", m=m, method=method, **setting)
     if not any(results.last(r, "test_acc") < DIVERGED for r in group):
         return None
-    rates = sorted(GRIDS[method]["lr"])
-    below = [lr for lr in rates if lr < setting["lr"]]
+    below = [lr for lr in sorted(GRIDS[method]["lr"]) if lr < setting["lr"]]
     return dict(setting, lr=below[-1]) if below else None
 
 
@@ -300,13 +299,13 @@ def runs() -> list[Run]:
                       f"and confirm runs, which {RESULTS} lacks (python -m experiments.sweep feddeper --only 'screen*', "
                       "then --only 'confirm/*')")
     for (m, method), settings in chosen.items():
+        lower = lower_rate(found, m, method, settings)
         for seed in SEEDS:
             plan.append(run("table", m, method, settings, seed, TABLE_ROUNDS))
             if method == "feddeper":
                 plan.append(run("table", m, "feddeper_star", settings, seed, TABLE_ROUNDS, local_steps=5))
             if settings != PAPER[method]:
                 plan.append(run("paper", m, method, PAPER[method], seed, TABLE_ROUNDS))
-            lower = lower_rate(found, m, method)
             if lower is not None:
                 plan.append(run("table_lower", m, method, lower, seed, TABLE_ROUNDS))
             if method == "feddeper" and m == 5:

@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from experiments import results
-from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, PAPER, PAPER_LR, RESULTS, confirmed,
-                                      first_stage, grid, lr_stage, screen_score, screened, settings_name, tuned)
+from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, ISOLATION_SETTING, PAPER, PAPER_LR,
+                                      RESULTS, confirmed, first_stage, grid, lr_stage, screen_score, screened,
+                                      settings_name, tuned)
 from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
 
@@ -222,11 +223,10 @@ def personal_table(runs: list[results.Run], m: int) -> str:
 
 
 def isolation_table(runs: list[results.Run]) -> str:
-    """FedDeper (m = 5, tuned) and its :data:`~experiments.feddeper.plan.ISOLATION` variants: test
-    accuracy, and each variant's difference to FedDeper paired by seed with its 95 % confidence interval."""
-    variants = results.select(runs, study="isolation")
-    at = {k: variants[0]["params"][k] for k in ("lr", *GRIDS["feddeper"])}
-    base = sorted((r for r in results.select(runs, study="table", m=5, method="feddeper") if at.items() <= r["params"].items()),
+    """FedDeper (m = 5, at ``ISOLATION_SETTING``) and its :data:`~experiments.feddeper.plan.ISOLATION` variants:
+    test accuracy, and each variant's difference to FedDeper paired by seed with its 95 % confidence
+    interval."""
+    base = sorted(results.select(runs, study="table", m=5, method="feddeper", **ISOLATION_SETTING),
                   key=lambda r: r["params"]["seed"])
     lines = ["| FedDeper, m = 5 | seeds | final | at best val | last 5 | final − FedDeper: mean ± std [95 % CI] |",
              "|---|---|---|---|---|---|"]
