@@ -346,3 +346,33 @@ def test_feddeper_lower_rate_follows_a_diverged_table_run():
     assert plan.lower_rate(stable + [table_run(2, 0.098)], 5, "fedavg", tuned) == {"lr": 0.215, "batch": 64}  # one step down
     assert plan.lower_rate(stable + [table_run(2, 0.098)], 5, "feddeper", dict(plan.PAPER["feddeper"])) is None  # baselines only
     assert plan.lower_rate(stable + [table_run(2, 0.098)], 10, "fedavg", tuned) is None  # another cell's runs
+
+
+def test_feddeper_star_factors_follow_a_diverged_feddeper_star_table_run():
+    def star_run(seed: int, final: float, m: int = 10) -> dict:
+        return {"name": f"table/m{m}/feddeper_star_lr0.01_rho0.05_lam0.3_b64_s{seed}",
+                "params": dict(study="table", m=m, method="feddeper_star", lr=0.01, rho=0.05, lam=0.3, batch=64, seed=seed,
+                               rounds=500),
+                "history": [{"round": 500, "test_acc": final}]}
+
+    tuned = dict(lr=0.01, rho=0.05, lam=0.3, batch=64)
+    assert plan.star_factors([star_run(0, 0.90), star_run(1, 0.91)], 10, tuned) == []
+    diverged = [star_run(0, 0.90), star_run(1, 0.19)]
+    # each of rho and lambda back at the paper's value, the rest of the tuned setting kept
+    assert plan.star_factors(diverged, 10, tuned) == [dict(lr=0.01, rho=0.03, lam=0.3, batch=64),
+                                                      dict(lr=0.01, rho=0.05, lam=0.5, batch=64)]
+    assert plan.star_factors(diverged, 10, dict(tuned, lam=0.5)) == []  # no run at that setting
+    assert plan.star_factors(diverged, 5, tuned) == []  # another cell's runs
+    assert plan.star_factors([star_run(0, 0.19)], 10, dict(tuned, rho=0.03)) == []  # a setting that is not the runs'
+
+
+def test_feddeper_star_runs_at_the_paper_setting_where_the_tuned_one_differs(monkeypatch, tmp_path):
+    monkeypatch.setattr(plan, "RESULTS", tmp_path / "absent.json")
+    monkeypatch.setattr(plan, "tuned", lambda runs=None: {(10, "feddeper"): dict(lr=0.01, rho=0.05, lam=0.3, batch=64)})
+    monkeypatch.setattr(plan, "first_stage", lambda runs: {})
+    with pytest.warns(UserWarning):
+        planned = [r for r in plan.runs() if r.params["study"] == "paper"]
+    assert sorted(r.name for r in planned) == sorted(f"paper/m10/{method}_lr0.01_rho0.03_lam0.5_b64_s{s}"
+                                                     for s in plan.SEEDS for method in ("feddeper", "feddeper_star"))
+    star = next(r for r in planned if r.params["method"] == "feddeper_star")
+    assert star.args[star.args.index("--model.init_args.local_steps") + 1] == "5"

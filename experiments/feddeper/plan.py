@@ -45,8 +45,13 @@ splits (what the tuning chooses on).
   ``v_j``, and the personal model restarted from ``x`` every round instead of kept; m = 5,
   seeds 0-2, 500 rounds, beside FedDeper's ``table`` runs at that setting: whether either closes
   the gap to the paper;
+* ``star_factors``: FedDeper* where its ``table`` runs diverged (final test accuracy under
+  ``DIVERGED``; at m = 10 it settles at about 19-45 % from round 40 on, while FedDeper with tau = 10 at
+  the same setting reaches 91 %), at that setting with one of rho, lambda at the paper's value
+  (each that differs), seeds 0-2, 500 rounds: which of the two makes tau = 5 fail (a hypothesis
+  test, added after the table, not part of the tuning);
 * ``paper``: each method at the paper's setting (lr 0.01, batch 64, rho 0.03, lambda 0.5, FedProx
-  mu 1) where it differs from the tuned one, seeds 0-2, 500 rounds;
+  mu 1) where it differs from the tuned one, FedDeper* too, seeds 0-2, 500 rounds;
 * ``cnn`` (Table I (a)'s CNN cell: ``configs/feddeper/mnist_cnn.yaml``, n = 10, m = 5) and ``n100``
   (Table I (b)'s MNIST MLP cells: n = 100, m = 5 and 10), seeds 0-2, 500 rounds: each method at the
   paper's setting and, once the MLP cell with the same m is tuned, at that cell's tuned setting (a
@@ -262,6 +267,17 @@ def lower_rate(runs: list[results.Run], m: int, method: str, setting: dict[str, 
     return dict(setting, lr=below[-1]) if below else None
 
 
+def star_factors(runs: list[results.Run], m: int, setting: dict[str, Any]) -> list[dict[str, Any]]:
+    """FedDeper's tuned ``setting`` with one of rho, lambda at the paper's value (each that differs),
+    if a ``table`` run of FedDeper* (tau = 5) at that setting diverged (final test accuracy under
+    ``DIVERGED``); [] otherwise."""
+    group = results.select(runs, study="table", m=m, method="feddeper_star", **setting)
+    if not any(results.last(r, "test_acc") < DIVERGED for r in group):
+        return []
+    paper = PAPER["feddeper"]
+    return [dict(setting, **{key: paper[key]}) for key in ("rho", "lam") if setting[key] != paper[key]]
+
+
 def fixed_rho_choice(runs: list[results.Run], m: int) -> Optional[dict[str, Any]]:
     """FedDeper's ``screen_lr_fixed`` setting with the highest score, if it beats the first stage's
     choice at lr 0.01; None otherwise or while a run is missing."""
@@ -300,12 +316,16 @@ def runs() -> list[Run]:
                       "then --only 'confirm/*')")
     for (m, method), settings in chosen.items():
         lower = lower_rate(found, m, method, settings)
+        factors = star_factors(found, m, settings) if method == "feddeper" else []
         for seed in SEEDS:
             plan.append(run("table", m, method, settings, seed, TABLE_ROUNDS))
             if method == "feddeper":
                 plan.append(run("table", m, "feddeper_star", settings, seed, TABLE_ROUNDS, local_steps=5))
+                plan += [run("star_factors", m, "feddeper_star", s, seed, TABLE_ROUNDS, local_steps=5) for s in factors]
             if settings != PAPER[method]:
                 plan.append(run("paper", m, method, PAPER[method], seed, TABLE_ROUNDS))
+                if method == "feddeper":
+                    plan.append(run("paper", m, "feddeper_star", PAPER[method], seed, TABLE_ROUNDS, local_steps=5))
             if lower is not None:
                 plan.append(run("table_lower", m, method, lower, seed, TABLE_ROUNDS))
             if method == "feddeper" and m == 5:

@@ -14,7 +14,8 @@ Accuracies in %; the paper's numbers (Table I (a)) are constants here, beside ou
 * per cell (m = 5, m = 10), over seeds: the final test accuracy, the test accuracy at the best
   validation, the best and the mean of the last five evaluations, of each method at its tuned
   setting (``table``), at the setting seed 0 alone chose where that differs, at the next lower rate
-  where the tuned one diverged (``table_lower``) and at the paper's (``paper``); the differences
+  where the tuned one diverged (``table_lower``), FedDeper* with one of rho, lambda at the paper's
+  value where its tuned runs diverged (``star_factors``) and at the paper's setting (``paper``); the differences
   between FedDeper and each baseline, paired by seed, with 95 % confidence intervals; the test
   accuracy every 50 rounds; the personal and global models on the clients' local test sets after
   the last round;
@@ -148,6 +149,14 @@ def cell_groups(runs: list[results.Run], m: int, study: str) -> Groups:
     return groups
 
 
+def factor_groups(runs: list[results.Run], m: int) -> dict[str, list[results.Run]]:
+    """FedDeper*'s ``star_factors`` runs in the cell: a label naming the setting -> its runs (seed order)."""
+    groups: dict[str, list[results.Run]] = {}
+    for r in sorted(results.select(runs, study="star_factors", m=m), key=lambda r: r["params"]["seed"]):
+        groups.setdefault(f"{LABELS['feddeper_star']}, {setting(r['params'], 'feddeper_star')}", []).append(r)
+    return groups
+
+
 def confirm_table(runs: list[results.Run], m: int) -> str:
     """The ``confirm`` stage in the cell: each method's shortlisted settings, their validation
     score (%) on seeds 0-2 and its mean; the chosen setting in bold."""
@@ -169,11 +178,15 @@ def accuracy_table(runs: list[results.Run], m: int) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for study, suffix in (("table", ""), (SEED0, " (seed 0's choice)"), ("table_lower", ", next lower rate"),
                           ("table_fixed_rho", ", rate searched with ρ kept"), ("paper", " (paper's setting)")):
-        for method, group in cell_groups(runs, m, study).items():
+        rows = [(f"{LABELS[method]}{suffix}", method, group) for method, group in cell_groups(runs, m, study).items()]
+        if study == "table":  # FedDeper*'s single-factor runs right below its diverged tuned row
+            rows += [(f"{LABELS['feddeper_star']}, one of ρ, λ at the paper's value", "feddeper_star", group)
+                     for group in factor_groups(runs, m).values()]
+        for label, method, group in rows:
             _, acc = series(group, "test_acc")
             at_best, _ = best_validation(group)
             gap = 100 * acc[:, -1].mean() - PAPER_TABLE[m][method]
-            lines.append(f"| {LABELS[method]}{suffix} | {setting(group[0]['params'], method)} | {PAPER_TABLE[m][method]:.2f} | "
+            lines.append(f"| {label} | {setting(group[0]['params'], method)} | {PAPER_TABLE[m][method]:.2f} | "
                          f"{len(group)} | {fmt(acc[:, -1], 100)} | {fmt(at_best, 100)} | {fmt(acc.max(axis=1), 100)} | "
                          f"{fmt(acc[:, -5:].mean(axis=1), 100)} | {gap:+.2f} |")
     return "\n".join(lines)
@@ -205,6 +218,7 @@ def curve_table(runs: list[results.Run], m: int) -> str:
     groups = {LABELS[k]: g for k, g in cell_groups(runs, m, "table").items()}
     groups.update({f"{LABELS[k]}, next lower rate": g for k, g in cell_groups(runs, m, "table_lower").items()})
     groups.update({f"{LABELS[k]}, ρ kept": g for k, g in cell_groups(runs, m, "table_fixed_rho").items()})
+    groups.update(factor_groups(runs, m))
     return seed_curve_table(groups, "test_acc", 100, rounds=EVERY_50, digits=2)
 
 
