@@ -8,7 +8,9 @@ client and with a Lightning client, when ``flwr[simulation]`` is installed
 (``pip install -e ".[bench]"``; skipped with a message otherwise). Every path trains the same
 client module with plain SGD on the same clients' data (the same mini-batch size and number of
 local steps), with the same number of intra-op threads (``--threads``; Flower runs one client per
-core, each with ``threads / cores`` threads).
+core, each with ``threads / cores`` threads). With ``--compile-step``: the batched backend's compiled
+step, and the limit it could reach, one ``vmap(grad(loss))`` step over the stacked clients with plain
+SGD in place compiled by ``torch.compile`` (see ``--accelerator gpu``).
 
 Workloads:
   a      the quickstart's logistic regression (60 -> 10) on Synthetic(1, 1): 30 clients, all 30 per
@@ -30,7 +32,8 @@ the device, one client after another); fl_lightning's sequential backend (not fo
 slow as the loop); its batched backend in blocks, in fp32 and, at the largest block, bf16-mixed
 (and with ``--compile-step`` the compiled step, where the installed ``BatchedBackend`` has that
 option); and the limit of the approach, one ``vmap(grad(loss))`` step over the stacked clients with
-plain SGD in place, the data on the device, run eagerly and replayed as a captured CUDA graph. It
+plain SGD in place, the data on the device, run eagerly, replayed as a captured CUDA graph and (with
+``--compile-step``) compiled by ``torch.compile``. It
 prints ms per round, the speed-up over the hand-written loop, the achieved TFLOP/s (the FLOPs that
 ``FlopCounterMode`` counts in a local step's forward and backward: matrix products and
 convolutions) and their fraction of the card's fp32 matrix-product rate, measured in the same run
@@ -72,6 +75,8 @@ MNIST_ENV = "FL_LIGHTNING_MNIST"
 HAS_COMPILE_STEP = "compile_step" in inspect.signature(BatchedBackend.__init__).parameters
 
 HAND = "hand-written PyTorch"
+#: the limit of the batched approach with its step compiled: what ``compile_step`` could reach
+LIMIT_COMPILED = "limit: vmap(grad) step, compiled"
 
 
 class RandomMNIST(FederatedDataModule):
@@ -396,14 +401,17 @@ def captured(step: Callable[[], None]) -> Callable[[], None]:
     return graph.replay
 
 
-def limit(w: Workload, dm: FederatedDataModule, rounds: int, device: str, capture: bool) -> float:
+def limit(w: Workload, dm: FederatedDataModule, rounds: int, device: str, capture: bool = False,
+          compiled: bool = False) -> float:
     """Seconds per round of :func:`stacked_sgd_step`, ``w.local_steps`` steps a round, each the copy
-    of its indices and the step: eager, or (``capture``) a captured CUDA graph's replay."""
+    of its indices and the step: eager, (``capture``) a captured CUDA graph's replay, or
+    (``compiled``) the step compiled by ``torch.compile`` (two warm-up rounds: the compile)."""
     step, index, table = stacked_sgd_step(w, dm, device)
-    run = captured(step) if capture else step
-    for s in range(w.local_steps):  # warm-up round
-        index.copy_(table[s])
-        run()
+    run = captured(step) if capture else torch.compile(step) if compiled else step
+    for _ in range(2 if compiled else 1):  # warm-up
+        for s in range(w.local_steps):
+            index.copy_(table[s])
+            run()
     synchronize()
     start = time.perf_counter()
     for _ in range(rounds):
@@ -453,7 +461,9 @@ def gpu_paths(w: Workload, dm: FederatedDataModule, device: str, compile_step: b
             w, dm, w.gpu_rounds, "batched", top, accelerator, compile_step=True)
         paths[f"fl_lightning batched, block {top}, bf16-mixed, compiled step"] = lambda: fl_lightning(
             w, dm, w.gpu_rounds, "batched", top, accelerator, precision="bf16-mixed", compile_step=True)
-    paths["limit: vmap(grad) step, eager"] = lambda: limit(w, dm, w.gpu_rounds, device, capture=False)
+    paths["limit: vmap(grad) step, eager"] = lambda: limit(w, dm, w.gpu_rounds, device)
+    if compile_step:
+        paths[LIMIT_COMPILED] = lambda: limit(w, dm, w.gpu_rounds, device, compiled=True)
     if device == "cuda":
         paths["limit: vmap(grad) step, CUDA graph"] = lambda: limit(w, dm, w.gpu_rounds, device, capture=True)
     return paths
@@ -532,6 +542,7 @@ def run_cpu(args: argparse.Namespace, results: dict[str, Any], save: Callable[[]
         if args.compile_step:
             fast[f"fl_lightning batched, block {top}, compiled step"] = lambda: fl_lightning(
                 w, dm, w.rounds, "batched", top, compile_step=True)
+            fast[LIMIT_COMPILED] = lambda: limit(w, dm, w.rounds, "cpu", compiled=True)
         times = interleaved(fast, args.repeats)
         entry["runs"] = times
         report(HAND, min(times[HAND]))
@@ -543,6 +554,7 @@ def run_cpu(args: argparse.Namespace, results: dict[str, Any], save: Callable[[]
         if args.compile_step:
             name = f"fl_lightning batched, block {top}, compiled step"
             report(name, min(times[name]))
+            report(LIMIT_COMPILED, min(times[LIMIT_COMPILED]))
         if "trainer" not in args.skip:
             report("Trainer per client per round", trainer_per_client(w, dm, w.slow_rounds))
         if "flower" not in args.skip:
