@@ -137,7 +137,8 @@ def finite_flags(groups: Sequence[Iterable[Tensor]]) -> list[bool]:
             lows.append(low.reshape(1))
             highs.append(high.reshape(1))
     for base, rows, members in stacked.values():
-        low, high = torch.aminmax(base.detach().reshape(len(base), -1), dim=1)
+        flat = base.detach().reshape(len(base), -1)
+        low, high = flat.amin(dim=1), flat.amax(dim=1)  # aminmax along a dim: ~20x slower on the CPU
         index = torch.tensor(rows, device=base.device)
         owners.extend(members)
         lows.append(low.index_select(0, index))

@@ -29,8 +29,9 @@ def test_rows_of_a_stacked_tensor_are_checked_with_one_reduction_per_stacked_ten
     GPU, one launch, not one per client), the same flags as checking each row, with the other
     tensors and one device read."""
     calls = []
-    aminmax = torch.aminmax
+    aminmax, amin = torch.aminmax, torch.Tensor.amin
     monkeypatch.setattr(torch, "aminmax", lambda t, **kw: calls.append(tuple(t.shape)) or aminmax(t, **kw))
+    monkeypatch.setattr(torch.Tensor, "amin", lambda t, *a, **kw: calls.append(tuple(t.shape)) or amin(t, *a, **kw))
     stacked = torch.arange(12.0).reshape(4, 3).clone()  # a tensor of its own (not a view)
     stacked[2, 1] = float("nan")
     scalars = torch.tensor([1.0, float("inf"), 2.0])
@@ -39,7 +40,7 @@ def test_rows_of_a_stacked_tensor_are_checked_with_one_reduction_per_stacked_ten
     expected = [all(bool(torch.isfinite(t).all()) for t in g) for g in groups]
     assert expected == [True, False, False, True, True, True]
     assert finite_flags(groups) == expected
-    assert sorted(calls) == [(2,), (2,), (3, 1), (4, 3)]  # a row's slice is checked alone
+    assert sorted(calls) == [(2,), (2,), (3, 1), (4, 3)]  # one per stacked tensor; a row's slice is checked alone
 
 
 def test_row_of_finds_only_whole_rows():
