@@ -255,13 +255,19 @@ def tuned(runs: Optional[list[results.Run]] = None) -> dict[tuple[int, str], dic
     return chosen
 
 
+def table_diverged(runs: list[results.Run], m: int, method: str, setting: dict[str, Any]) -> bool:
+    """Whether a ``table`` run of ``method`` at ``setting`` in the cell diverged (final test accuracy
+    under ``DIVERGED``)."""
+    group = results.select(runs, study="table", m=m, method=method, **setting)
+    return any(results.last(r, "test_acc") < DIVERGED for r in group)
+
+
 def lower_rate(runs: list[results.Run], m: int, method: str, setting: dict[str, Any]) -> Optional[dict[str, Any]]:
     """A baseline's tuned ``setting`` at the next lower rate of its grid, if a ``table`` run at that
     setting diverged (final test accuracy under ``DIVERGED``); None otherwise."""
     if method == "feddeper":
         return None
-    group = results.select(runs, study="table", m=m, method=method, **setting)
-    if not any(results.last(r, "test_acc") < DIVERGED for r in group):
+    if not table_diverged(runs, m, method, setting):
         return None
     below = [lr for lr in sorted(GRIDS[method]["lr"]) if lr < setting["lr"]]
     return dict(setting, lr=below[-1]) if below else None
@@ -271,8 +277,7 @@ def star_factors(runs: list[results.Run], m: int, setting: dict[str, Any]) -> li
     """FedDeper's tuned ``setting`` with one of rho, lambda at the paper's value (each that differs),
     if a ``table`` run of FedDeper* (tau = 5) at that setting diverged (final test accuracy under
     ``DIVERGED``); [] otherwise."""
-    group = results.select(runs, study="table", m=m, method="feddeper_star", **setting)
-    if not any(results.last(r, "test_acc") < DIVERGED for r in group):
+    if not table_diverged(runs, m, "feddeper_star", setting):
         return []
     paper = PAPER["feddeper"]
     return [dict(setting, **{key: paper[key]}) for key in ("rho", "lam") if setting[key] != paper[key]]
