@@ -13,6 +13,7 @@
 # The copy of the tree on that machine has no git history: FL_LIGHTNING_COMMIT names the clean commit it
 # is. MNIST's idx files are read from data/MNIST/raw (a copy carried with the tree) through ../shared/data,
 # the configs' root; wheels of packages the machine lacks (jsonargparse and its needs) from .whl.
+# BACKEND=batched (or sequential) runs every client on that backend (experiments/sweep.py --backend).
 set -u
 out=${1:?OUT_DIR}
 paper=${2:?PAPER}
@@ -38,7 +39,8 @@ nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >
 sampler=$!
 work=/tmp/gpu_sweep
 mkdir -p "$work"
-python3 -m experiments.sweep "$paper" --only "$@" --jobs "$jobs" --time-limit "$limit" --out "$work/$paper.json" \
+python3 -m experiments.sweep "$paper" --only "$@" --jobs "$jobs" --time-limit "$limit" ${BACKEND:+--backend "$BACKEND"} \
+  --out "$work/$paper.json" \
   > "$out/sweep.log" 2>&1
 echo "sweep: rc $?" >> "$out/sweep.log"
 kill "$sampler" 2>/dev/null

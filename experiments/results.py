@@ -15,6 +15,8 @@ One file per paper holds every run its document reports::
 * ``history``: the evaluations in round order, each the round (1-based; 0 is before training) and
   the metrics measured then;
 * ``summary`` (optional): figures measured once per run (data sizes, final evaluations...).
+* ``device`` (runs made since it was recorded): what the run trained on, ``cpu`` or ``cuda: <the
+  card>``; ``backend`` (only where the sweep chose it, ``--backend``): the clients' backend.
 * ``diverged`` (only where the run diverged): the round it stopped in and the error; its history
   holds the evaluations before.
 * ``stopped`` (only where a sweep's time limit stopped the run): the round it stopped after, of how

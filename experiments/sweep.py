@@ -57,6 +57,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from experiments import results
 from fl_lightning.callbacks.checkpoint import RoundCheckpoint
+from fl_lightning.backends import BACKENDS
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.functional.dro import KLDRO, objective_value
 from fl_lightning.module import NonFiniteUpdateError
@@ -255,15 +256,19 @@ def resume_dir(paper: str, name: str) -> Path:
     return Path("runs") / paper / name / "resume"
 
 
-def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] = None) -> results.Run:
-    """Train ``run`` and return its record for the result file (``commit``: the code it runs). A run
-    that diverges (:data:`DIVERGED`) is recorded with its evaluations so far and ``"diverged"``: the
-    error and the round it stopped in; one stopped by the time limit ``stop_at`` (:class:`TimeLimit`)
-    with ``"stopped"``."""
+def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] = None,
+        backend: Optional[str] = None) -> results.Run:
+    """Train ``run`` and return its record for the result file (``commit``: the code it runs;
+    ``backend``: the clients' backend where it is not the configs'). A run that diverges
+    (:data:`DIVERGED`) is recorded with its evaluations so far and ``"diverged"``: the error and the
+    round it stopped in; one stopped by the time limit ``stop_at`` (:class:`TimeLimit`) with
+    ``"stopped"``. The record names the device the run trained on (``"device"``) and the backend
+    where it was given (``"backend"``)."""
+    chosen = [] if backend is None else ["--model.init_args.client_backend", backend]
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
              "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
              "--trainer.default_root_dir", f"runs/{paper}/{run.name}"]
-    cli = FederatedCLI(args=[*run.args, *quiet], run=False)
+    cli = FederatedCLI(args=[*run.args, *chosen, *quiet], run=False)
     recorder = Recorder(run.every, run.at_start, run.train, run.metrics, run.classes, run.dro_lam)
     recorder.commits = [commit]
     resume = resume_dir(paper, run.name)
@@ -284,7 +289,9 @@ def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] =
         diverged = f"round {cli.trainer.current_epoch + 1}: {type(error).__name__}: {error}"
         print(f"{run.name} diverged in {diverged}", flush=True)
     record = {"name": run.name, "commit": commit, "params": run.params,
-              "wall_s": round(recorder.elapsed(), 1), "history": recorder.history}
+              "wall_s": round(recorder.elapsed(), 1), "history": recorder.history, "device": device_name(cli.trainer)}
+    if backend is not None:
+        record["backend"] = backend
     if len(recorder.commits) > 1:  # stopped and resumed on other code: every commit it ran on
         record["commits"] = recorder.commits
     if diverged is not None:
@@ -294,6 +301,12 @@ def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] =
     if hasattr(plan, "summary"):
         record["summary"] = plan.summary(cli)
     return record
+
+
+def device_name(trainer: pl.Trainer) -> str:
+    """The device ``trainer`` trains on, as a reader would name it: ``cpu`` or ``cuda: NVIDIA H100 80GB HBM3``."""
+    device = trainer.strategy.root_device
+    return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
 
 
 def part_path(out: Path, k: int) -> Path:
@@ -322,9 +335,9 @@ def deal(names: Sequence[str], jobs: int) -> list[list[str]]:
 
 
 def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads: int,
-                 stop_at: Optional[float] = None) -> None:
+                 stop_at: Optional[float] = None, backend: Optional[str] = None) -> None:
     """Run the plan's runs ``names`` in ``jobs`` worker processes and merge their results into ``out``
-    (``stop_at``: the sweep's time limit, see :class:`TimeLimit`)."""
+    (``stop_at``: the sweep's time limit, see :class:`TimeLimit`; ``backend``: see :func:`fit`)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     out.parent.mkdir(parents=True, exist_ok=True)
     workers = []
@@ -334,6 +347,8 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
                    "--out", str(part_path(out, k)), "--threads", str(threads)]
         if stop_at is not None:
             command += ["--stop-at", repr(stop_at)]
+        if backend is not None:
+            command += ["--backend", backend]
         with log.open("a") as stream:
             workers.append((subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=env), log))
         print(f"worker {k}: {len(share)} runs, output in {log}", flush=True)
@@ -354,6 +369,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--time-limit", type=float, metavar="SECONDS",
                         help="stop every run at its first evaluated round after this many seconds (recorded as "
                              "stopped; a later sweep runs it again); start no run after it")
+    parser.add_argument("--backend", choices=sorted(BACKENDS),
+                        help="the clients' backend of every run (default: the configs'); recorded with each run")
     parser.add_argument("--stop-at", type=float, help=argparse.SUPPRESS)  # a worker's: the sweep's limit, as time.time()
     opts = parser.parse_args(argv)
     if opts.jobs < 1 or opts.threads < 1:
@@ -377,7 +394,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     done = {r["name"] for r in results.load(out) if "stopped" not in r}
     pending = [run.name for run in runs if run.name not in done]
     if opts.jobs > 1 and len(pending) > 1:
-        run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, stop_at)
+        run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, stop_at, opts.backend)
         return
     torch.set_num_threads(opts.threads)
     commit = results.commit()  # the code imported now, which every run of this process runs
@@ -388,7 +405,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             print(f"time limit: {run.name} and the runs after it are not started", flush=True)
             break
         print(f"== {run.name}: {run.command()}", flush=True)
-        record = fit(run, opts.paper, plan, commit, stop_at)
+        record = fit(run, opts.paper, plan, commit, stop_at, opts.backend)
         results.add(out, record)
         if "stopped" not in record:  # recorded for good: no resuming any more
             shutil.rmtree(resume_dir(opts.paper, run.name), ignore_errors=True)

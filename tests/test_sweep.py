@@ -86,6 +86,25 @@ def test_a_run_that_diverges_is_recorded_as_such_and_loses_the_tuning(tmp_path, 
     assert results.best_named([wild, calm], ["wild", "calm"], lambda r: -results.last(r, "test_loss")) == 1
 
 
+def test_a_sweep_given_a_backend_runs_every_client_on_it_and_records_it(tmp_path, monkeypatch):
+    """``--backend batched`` (how a GPU sweep runs a plan written for the sequential backend) trains
+    on the batched backend, records it and the device, and gives the sequential run's figures."""
+    from pathlib import Path
+
+    from experiments.sweep import Run, fit
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    monkeypatch.chdir(tmp_path)
+    args = ["--config", str(config), "--trainer.max_epochs", "3", "--trainer.callbacks", "[]"]
+    plain = fit(Run("plain", args, {}, every=1), "test", object(), "abc")
+    batched = fit(Run("batched", args, {}, every=1), "test", object(), "abc", backend="batched")
+    assert "backend" not in plain and batched["backend"] == "batched"
+    assert plain["device"] == batched["device"] == "cpu"
+    for ours, theirs in zip(batched["history"], plain["history"], strict=True):
+        assert ours.keys() == theirs.keys()
+        assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-5)
+
+
 def test_deal_and_merge_parts(tmp_path):
     from experiments import results
     from experiments.sweep import deal, merge_parts, part_path
