@@ -37,8 +37,8 @@ import numpy as np
 
 from experiments import results
 from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, ISOLATION_SETTING, PAPER, PAPER_LR,
-                                      RESULTS, confirmed, first_stage, grid, lr_stage, screen_score, screened,
-                                      settings_name, tuned)
+                                      RESULTS, TRANSFER, confirmed, first_stage, grid, lr_stage, screen_score,
+                                      screened, settings_name, tuned)
 from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
 
@@ -47,6 +47,12 @@ LABELS = {"feddeper": "FedDeper", "feddeper_star": "FedDeper\\*", "scaffold": "S
 #: Table I (a), MNIST MLP, n = 10: m -> method -> accuracy (%)
 PAPER_TABLE = {5: {"feddeper": 94.92, "feddeper_star": 94.67, "scaffold": 94.52, "fedavg": 89.19, "fedprox": 86.19},
                10: {"feddeper": 95.28, "feddeper_star": 95.23, "scaffold": 95.32, "fedavg": 89.86, "fedprox": 88.77}}
+#: Table I's other MNIST cells, those the ``cnn`` and ``n100`` studies run: (study, m) -> method -> accuracy (%)
+PAPER_TRANSFER = {
+    ("cnn", 5): {"feddeper": 96.13, "feddeper_star": 95.10, "scaffold": 94.20, "fedavg": 90.34, "fedprox": 86.83},
+    ("n100", 5): {"feddeper": 92.17, "feddeper_star": 92.08, "scaffold": 93.04, "fedavg": 87.64, "fedprox": 82.94},
+    ("n100", 10): {"feddeper": 93.70, "feddeper_star": 93.42, "scaffold": 92.86, "fedavg": 87.88, "fedprox": 84.02}}
+CELL_NAMES = {"cnn": "(a) MNIST CNN, n = 10", "n100": "(b) MNIST MLP, n = 100"}
 VARIANTS = {"gauss_seidel": "Gauss-Seidel order: the y-step pulls toward 2x − v_{j+1}",
             "reset_personal": "v restarted from x every round (v_0 = x)"}
 SYMBOLS = {"rho": "ρ", "lam": "λ", "batch": "B", "lr": "lr", "mu": "μ"}
@@ -239,6 +245,68 @@ def personal_table(runs: list[results.Run], m: int) -> str:
     return "\n".join(lines)
 
 
+def transfer_groups(runs: list[results.Run], study: str, m: int) -> dict[tuple[str, bool], list[results.Run]]:
+    """(method, at the paper's setting) -> its runs of the transfer ``study`` (``cnn``, ``n100``) in
+    the cell (seed order), the paper's setting before the transferred one, in the paper's row order."""
+    groups: dict[tuple[str, bool], list[results.Run]] = {}
+    for method in LABELS:
+        for at_paper in (True, False):
+            group = [r for r in results.select(runs, study=study, m=m, method=method)
+                     if (PAPER[method].items() <= r["params"].items()) == at_paper]
+            if group:
+                groups[method, at_paper] = sorted(group, key=lambda r: r["params"]["seed"])
+    return groups
+
+
+def stopped_cell(group: list[results.Run]) -> str:
+    """The seeds of ``group`` that a sweep's time limit stopped: the round each reached and its test
+    accuracy (%) there; "" when none was."""
+    return "; ".join(f"seed {r['params']['seed']}: round {r['history'][-1]['round']}, "
+                     f"{100 * results.last(r, 'test_acc'):.2f}" for r in group if "stopped" in r)
+
+
+def transfer_table(runs: list[results.Run], study: str, m: int) -> str:
+    """A cell of Table I beyond (a)'s MLP: each method at the paper's setting and at the tuned setting of
+    the MLP cell with the same m (transferred, not tuned here), over the seeds that ran all their
+    rounds: final, best-validation and last-5 test accuracy beside the paper's; the seeds a time limit
+    stopped with the round they reached."""
+    paper = PAPER_TRANSFER[study, m]
+    lines = [f"| {CELL_NAMES[study]}, m = {m}: method | setting | paper | seeds finished | final | at best val | last 5 | "
+             "final − paper | stopped |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (method, at_paper), group in transfer_groups(runs, study, m).items():
+        label = LABELS[method] + (" (paper's setting)" if at_paper else f" (m = {m} MLP cell's tuned setting)")
+        done = [r for r in group if "stopped" not in r]
+        cells = ["–"] * 4
+        if done:
+            _, acc = series(done, "test_acc")
+            cells = [fmt(acc[:, -1], 100), fmt(best_validation(done)[0], 100), fmt(acc[:, -5:].mean(axis=1), 100),
+                     f"{100 * acc[:, -1].mean() - paper[method]:+.2f}"]
+        lines.append(f"| {label} | {setting(group[0]['params'], method)} | {paper[method]:.2f} | {len(done)} | "
+                     + " | ".join(cells) + f" | {stopped_cell(group) or '–'} |")
+    return "\n".join(lines)
+
+
+def transfer_differences_table(runs: list[results.Run], study: str, m: int) -> str:
+    """FedDeper minus each baseline in a transfer cell, both at the paper's setting and both at the
+    transferred one, paired over the seeds both finished, in points, with 95 % confidence intervals."""
+    groups = {key: [r for r in group if "stopped" not in r] for key, group in transfer_groups(runs, study, m).items()}
+    lines = ["| difference (points) | seeds | final: mean ± std [95 % CI] | at best val: mean ± std [95 % CI] |",
+             "|---|---|---|---|"]
+    for at_paper in (True, False):
+        ours = groups.get(("feddeper", at_paper))
+        where = "paper's setting" if at_paper else "transferred setting"
+        for method in ("scaffold", "fedavg", "fedprox"):
+            theirs = groups.get((method, at_paper))
+            if not ours or not theirs:
+                continue
+            seeds = len({r["params"]["seed"] for r in ours} & {r["params"]["seed"] for r in theirs})
+            if seeds:
+                lines.append(f"| FedDeper − {LABELS[method]} ({where}) | {seeds} | {paired(ours, theirs, final)} | "
+                             f"{paired(ours, theirs, lambda g: best_validation(g)[0])} |")
+    return "\n".join(lines)
+
+
 def isolation_table(runs: list[results.Run]) -> str:
     """FedDeper (m = 5, at ``ISOLATION_SETTING``) and its :data:`~experiments.feddeper.plan.ISOLATION` variants:
     test accuracy, and each variant's difference to FedDeper paired by seed with its 95 % confidence
@@ -295,6 +363,13 @@ def tables(runs: list[results.Run]) -> list[str]:
             out.append(accuracy_table(runs, m))
         if cell_groups(runs, m, "table"):
             out += [differences_table(runs, m), curve_table(runs, m), personal_table(runs, m)]
+    for study, (_, _, cells) in TRANSFER.items():
+        for m in cells:
+            if results.select(runs, study=study, m=m):
+                out.append(transfer_table(runs, study, m))
+                differences = transfer_differences_table(runs, study, m)
+                if differences.count("\n") > 1:  # a row: FedDeper and a baseline both finished a seed
+                    out.append(differences)
     if results.select(runs, study="isolation"):
         out += [isolation_table(runs)]
     if results.select(runs, study="digits"):
