@@ -52,6 +52,8 @@ SUPPORTED = {
     "FedDeper-independent": lambda b, k: FedDeper(mlp(), rho=0.1, independent_batches=True, update_order="gauss_seidel",
                                                   clients_per_round=5, **common(b, k)),
     "FedDeper-reset": lambda b, k: FedDeper(mlp(), rho=0.1, reset_personal=True, clients_per_round=5, **common(b, k)),
+    "FedDeper-first-round": lambda b, k: FedDeper(mlp(), rho=0.1, personal_init="first_round", clients_per_round=5,
+                                                  **common(b, k)),
     "RAGA": lambda b, k: RAGA(mlp(), clients_per_round=5, **common(b, k)),
     "RFA": lambda b, k: RFA(mlp(), clients_per_round=5, **common(b, k)),
     "FedDRO": lambda b, k: FedDRO(mlp(), KLDRO(lam=2.0), beta=0.5, clients_per_round=6, **common(b, k)),

@@ -208,6 +208,41 @@ def test_reset_personal_starts_v_from_the_global_model():
     assert not torch.allclose(ends[True], ends[False], atol=1e-4)
 
 
+def test_personal_init_first_round_starts_a_new_client_from_that_rounds_global_model():
+    """``personal_init="first_round"``: a client first sampled in round 1 starts v from x^1 (with
+    ``"x0"``, from x^0), so its y-step pulls toward ``2x^1 - v``; a client sampled again resumes its v_i."""
+    lr, rho, lam, seed = 0.1, 0.2, 0.7, 5
+
+    def grad(w, batch):
+        w = w.clone().requires_grad_(True)
+        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
+        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
+
+    ends = {}
+    for init in ("first_round", "x0"):
+        recorder = Recorder()
+        module = FedDeper(tiny_client(lr=lr), rho=rho, lam=lam, clients_per_round=1, local_steps=2, seed=seed,
+                          personal_init=init)
+        x0 = global_vector(module)
+        dm = synthetic(6)
+        trainer(2, callbacks=[recorder]).fit(module, dm)
+        (first,), (cid,) = recorder.rounds[0]["uploads"], recorder.rounds[1]["uploads"]
+        assert cid != first  # round 1's client is new (seeded draw)
+        x1 = recorder.rounds[1]["start"]
+        y, v = x1.clone(), (x1 if init == "first_round" else x0).clone()
+        for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 1, cid)):
+            y, v = y - lr * grad(y, batch) - rho * (v + y - 2 * x1), v - lr * grad(v, batch)
+        assert torch.allclose(global_vector(module), y, atol=1e-6)
+        assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+        ends[init] = global_vector(module)
+    assert not torch.allclose(ends["first_round"], ends["x0"], atol=1e-4)
+
+
+def test_personal_init_is_checked():
+    with pytest.raises(ValueError, match="personal_init must be 'x0' or 'first_round', got 'x1'"):
+        FedDeper(tiny_client(), personal_init="x1")
+
+
 def test_lam_one_restarts_personal_from_upload_and_others_keep_theirs():
     recorder = Recorder()
     module = make(lam=1.0)

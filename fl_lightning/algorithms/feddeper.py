@@ -13,8 +13,9 @@ The server averages the uploads uniformly over the round's clients ``U`` (Algori
 spec A5): ``x <- x + (1/|U|) sum_{i in U} (y_i - x)``; ``weighting="num_samples"`` weighs them by
 sample count. Parameters the local optimizer does not move (frozen, or left out of
 ``configure_optimizers``) stay put in ``y`` and in ``v``. ``v_i`` persists in the client state store
-(lazily ``x^0``, the global model of round 0), so a client never sampled keeps ``x^0`` and a
-client sampled again resumes its own ``v_i``. During a client's round ``y`` is the run's trained
+(lazily ``x^0``, the global model of round 0: Algorithm 1's input), so a client never sampled keeps
+``x^0`` and a client sampled again resumes its own ``v_i``; ``personal_init="first_round"`` starts
+each ``v_i`` instead from the global model of the round its client is first sampled in. During a client's round ``y`` is the run's trained
 model and ``v`` a second model of the run (``run.loss_and_grad(batch, model=v)``).
 ``FedDeper*`` is FedDeper with half the local steps (a config, not a class).
 """
@@ -38,6 +39,7 @@ from fl_lightning.vectors import Layout
 PERSONAL = "personal"
 PERSONAL_BATCHES = "personal_batches"
 UpdateOrder = Literal["jacobi", "gauss_seidel"]
+PersonalInit = Literal["x0", "first_round"]
 
 
 def sgd_step(
@@ -81,6 +83,12 @@ class FedDeper(FederatedModule):
         reset_personal: start every round's personal model from the global model (``v_0 = x``)
             instead of the stored ``v_i``: the initialization the paper sets aside for eq. (6),
             as an ablation (the stored ``v_i`` is still mixed and kept for evaluation).
+        personal_init: each client's personal model before its first round: ``"x0"``, the
+            global model of round 0 (Algorithm 1's input, ``v_i^0 = x^0``), or ``"first_round"``,
+            the global model ``x^k`` of the round the client is first sampled in (``v_i = x^k``
+            then; a client never sampled is evaluated with the last round's start). With many
+            clients and few per round, ``"x0"`` leaves a client's first round pulling ``y`` toward
+            ``2x^k - x^0``, away from the start, however far the global model has moved.
         **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps``,
             ``weighting``...).
     """
@@ -95,6 +103,7 @@ class FedDeper(FederatedModule):
         independent_batches: bool = False,
         update_order: UpdateOrder = "jacobi",
         reset_personal: bool = False,
+        personal_init: PersonalInit = "x0",
         **kwargs: Any,
     ) -> None:
         if not 0.0 <= rho < 1.0:
@@ -103,6 +112,8 @@ class FedDeper(FederatedModule):
             raise ValueError(f"lam must be in [0, 1], got {lam}")
         if update_order not in ("jacobi", "gauss_seidel"):
             raise ValueError(f"update_order must be 'jacobi' or 'gauss_seidel', got {update_order!r}")
+        if personal_init not in ("x0", "first_round"):
+            raise ValueError(f"personal_init must be 'x0' or 'first_round', got {personal_init!r}")
         if lam < 0.5:
             warnings.warn(f"lam={lam} is below 0.5, outside FedDeper's convergence theory (lam in [0.5, 1])", stacklevel=2)
         super().__init__(client, **kwargs)
@@ -111,9 +122,11 @@ class FedDeper(FederatedModule):
         self.independent_batches = independent_batches
         self.update_order = update_order
         self.reset_personal = reset_personal
-        #: x^0, the global model of round 0: every personal model's value before its first round.
+        self.personal_init = personal_init
+        #: x^0, the global model of round 0: every personal model's value before its first round
+        #: (``personal_init="x0"``).
         self.register_buffer("initial_state", self.global_model.flatten())
-        self.add_client_state(PERSONAL, default=self.initial_model)
+        self.add_client_state(PERSONAL, default=self.initial_model if personal_init == "x0" else self.round_start_model)
         if independent_batches:
             self.extra_batch_streams = (PERSONAL_BATCHES,)
 
