@@ -29,7 +29,9 @@ With ``--time-limit S`` (a machine lent for a while) each run stops at its first
 ``S`` seconds from the sweep's start, and a run not begun by then is not started. A run so stopped is
 recorded with its evaluations so far and ``"stopped"`` (the round it stopped after, of how many); a
 later sweep runs it again (resuming from its checkpoint where that is still there) and replaces it.
-A run records the project commit it ran on (:func:`experiments.results.commit`).
+A run records the project commit it ran on (:func:`experiments.results.commit`) and the device it
+trained on. ``--backend batched`` runs every client of the plan on the batched backend (a GPU sweep
+of plans written for the sequential one: the same figures to float tolerance), recorded with each run.
 """
 
 from __future__ import annotations
