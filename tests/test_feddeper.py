@@ -109,6 +109,13 @@ def test_aggregate_is_the_uniform_mean_by_default(weighting):
     assert torch.allclose(global_vector(module), expected, atol=1e-6)
 
 
+def tiny_grad(w: torch.Tensor, batch) -> torch.Tensor:
+    """The gradient of ``tiny_client``'s mean cross-entropy on ``batch`` at its flat parameters ``w``."""
+    w = w.clone().requires_grad_(True)
+    logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
+    return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
+
+
 def test_one_round_matches_the_equations():
     """Two local steps of one client on a linear model, computed by hand (Jacobi order: y uses v_j)."""
     lr, rho, lam, seed = 0.1, 0.2, 0.7, 5
@@ -118,14 +125,9 @@ def test_one_round_matches_the_equations():
     trainer(1).fit(module, dm)
     (cid,) = module.round_clients
 
-    def grad(w, batch):
-        w = w.clone().requires_grad_(True)
-        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
-        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
-
     y, v = x0.clone(), x0.clone()
     for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 0, cid)):
-        y, v = y - lr * grad(y, batch) - rho * (v + y - 2 * x0), v - lr * grad(v, batch)
+        y, v = y - lr * tiny_grad(y, batch) - rho * (v + y - 2 * x0), v - lr * tiny_grad(v, batch)
     assert torch.allclose(global_vector(module), y, atol=1e-6)
     assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
 
@@ -140,15 +142,10 @@ def test_gauss_seidel_order_uses_the_stepped_personal_model():
     trainer(1).fit(module, dm)
     (cid,) = module.round_clients
 
-    def grad(w, batch):
-        w = w.clone().requires_grad_(True)
-        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
-        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
-
     y, v = x0.clone(), x0.clone()
     for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 0, cid)):
-        v = v - lr * grad(v, batch)
-        y = y - lr * grad(y, batch) - rho * (v + y - 2 * x0)
+        v = v - lr * tiny_grad(v, batch)
+        y = y - lr * tiny_grad(y, batch) - rho * (v + y - 2 * x0)
     assert torch.allclose(global_vector(module), y, atol=1e-6)
     assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
 
@@ -163,18 +160,13 @@ def test_independent_batches_step_v_on_its_own_stream():
     trainer(1).fit(module, dm)
     (cid,) = module.round_clients
 
-    def grad(w, batch):
-        w = w.clone().requires_grad_(True)
-        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
-        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
-
     data = dm.client_data(cid, "train")
     y_batches = data.step_batches(2, generator(seed, "batches", 0, cid))
     v_batches = data.step_batches(2, generator(seed, "personal_batches", 0, cid))
     y, v = x0.clone(), x0.clone()
     for by, bv in zip(y_batches, v_batches):
         assert not torch.equal(by[1], bv[1])  # the two streams differ
-        y, v = y - lr * grad(y, by) - rho * (v + y - 2 * x0), v - lr * grad(v, bv)
+        y, v = y - lr * tiny_grad(y, by) - rho * (v + y - 2 * x0), v - lr * tiny_grad(v, bv)
     assert torch.allclose(global_vector(module), y, atol=1e-6)
     assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
 
@@ -183,11 +175,6 @@ def test_reset_personal_starts_v_from_the_global_model():
     """``reset_personal``: the second round's personal model starts from x^1, not from the stored
     v_i (which the same client's first round left elsewhere), and the stored v_i is still mixed."""
     lr, rho, lam, seed = 0.1, 0.2, 0.7, 5
-
-    def grad(w, batch):
-        w = w.clone().requires_grad_(True)
-        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
-        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
 
     ends = {}
     for reset in (True, False):
@@ -201,7 +188,7 @@ def test_reset_personal_starts_v_from_the_global_model():
         assert not torch.equal(stored_before, x1)  # the first round left a personal model of its own
         y, v = x1.clone(), (x1 if reset else stored_before).clone()
         for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 1, cid)):
-            y, v = y - lr * grad(y, batch) - rho * (v + y - 2 * x1), v - lr * grad(v, batch)
+            y, v = y - lr * tiny_grad(y, batch) - rho * (v + y - 2 * x1), v - lr * tiny_grad(v, batch)
         assert torch.allclose(global_vector(module), y, atol=1e-6)
         assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
         ends[reset] = global_vector(module)
@@ -212,11 +199,6 @@ def test_personal_init_first_round_starts_a_new_client_from_that_rounds_global_m
     """``personal_init="first_round"``: a client first sampled in round 1 starts v from x^1 (with
     ``"x0"``, from x^0), so its y-step pulls toward ``2x^1 - v``; a client sampled again resumes its v_i."""
     lr, rho, lam, seed = 0.1, 0.2, 0.7, 5
-
-    def grad(w, batch):
-        w = w.clone().requires_grad_(True)
-        logits = batch[0] @ w[:200].view(10, 20).T + w[200:]
-        return torch.autograd.grad(F.cross_entropy(logits, batch[1]), w)[0]
 
     ends = {}
     for init in ("first_round", "x0"):
@@ -231,7 +213,7 @@ def test_personal_init_first_round_starts_a_new_client_from_that_rounds_global_m
         x1 = recorder.rounds[1]["start"]
         y, v = x1.clone(), (x1 if init == "first_round" else x0).clone()
         for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 1, cid)):
-            y, v = y - lr * grad(y, batch) - rho * (v + y - 2 * x1), v - lr * grad(v, batch)
+            y, v = y - lr * tiny_grad(y, batch) - rho * (v + y - 2 * x1), v - lr * tiny_grad(v, batch)
         assert torch.allclose(global_vector(module), y, atol=1e-6)
         assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
         ends[init] = global_vector(module)
