@@ -19,6 +19,11 @@ Accuracies in %; the paper's numbers (Table I (a)) are constants here, beside ou
   between FedDeper and each baseline, paired by seed, with 95 % confidence intervals; the test
   accuracy every 50 rounds; the personal and global models on the clients' local test sets after
   the last round;
+* Table I's other MNIST cells (``cnn``, ``n100``): each method at the paper's setting and at the MLP
+  cell's tuned one, over the seeds that finished (the ones a time limit stopped named with their
+  round), FedDeper minus each baseline paired by seed; FedDeper in the n = 100 cells with each
+  personal model started from its first round's global model (``n100_first_round``) beside
+  Algorithm 1's ``x^0``;
 * the isolation variants of FedDeper (``isolation``) beside it, with their paired differences;
 * the digits stand-in (``digits``, ``experiments/feddeper/digits_calibration.py``) beside the
   specification's independent implementation, whose numbers are constants here.
@@ -31,14 +36,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from experiments import results
-from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, ISOLATION_SETTING, PAPER, PAPER_LR,
-                                      RESULTS, TRANSFER, confirmed, first_stage, grid, lr_stage, screen_score,
-                                      screened, settings_name, tuned)
+from experiments.feddeper.plan import (CELLS, FIRST_ROUND, FIXED_RHO_LRS, GRIDS, ISOLATION, ISOLATION_SETTING, PAPER,
+                                      PAPER_LR, RESULTS, TRANSFER, confirmed, first_stage, grid, lr_stage,
+                                      screen_score, screened, settings_name, tuned)
 from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
 
@@ -307,6 +312,34 @@ def transfer_differences_table(runs: list[results.Run], study: str, m: int) -> s
     return "\n".join(lines)
 
 
+def nonfinite_from(run: results.Run) -> Optional[int]:
+    """The first evaluated round of ``run`` whose global test loss is NaN or infinite, or None."""
+    return next((p["round"] for p in run["history"] if not np.isfinite(p["test_loss"])), None)
+
+
+def first_round_table(runs: list[results.Run]) -> str:
+    """FedDeper at the paper's setting in the n = 100 cells with each personal model started from
+    ``x^0`` (Algorithm 1, the ``n100`` runs) and from the global model of its client's first round
+    (``n100_first_round``): test accuracy (%) over the seeds that finished, and the round from which
+    each seed's test loss is NaN or infinite."""
+    lines = ["| n = 100, FedDeper at the paper's setting | m | paper | seeds finished | final | at best val | last 5 | "
+             "test loss not finite from round (per seed) |", "|---|---|---|---|---|---|---|---|"]
+    for m in TRANSFER["n100"][2]:
+        rows = {"v_i^0 = x^0 (Algorithm 1)": results.select(runs, study="n100", m=m, method="feddeper", **PAPER["feddeper"])}
+        rows.update({"v_i from its first round's x": results.select(runs, study="n100_first_round", m=m, variant=v)
+                     for v in FIRST_ROUND})
+        for label, group in rows.items():
+            done = sorted((r for r in group if "stopped" not in r), key=lambda r: r["params"]["seed"])
+            if not done:
+                continue
+            _, acc = series(done, "test_acc")
+            gone = ", ".join(str(nonfinite_from(r) or "–") for r in done)
+            lines.append(f"| {label} | {m} | {PAPER_TRANSFER['n100', m]['feddeper']:.2f} | {len(done)} | "
+                         f"{fmt(acc[:, -1], 100)} | {fmt(best_validation(done)[0], 100)} | "
+                         f"{fmt(acc[:, -5:].mean(axis=1), 100)} | {gone} |")
+    return "\n".join(lines)
+
+
 def isolation_table(runs: list[results.Run]) -> str:
     """FedDeper (m = 5, at ``ISOLATION_SETTING``) and its :data:`~experiments.feddeper.plan.ISOLATION` variants:
     test accuracy, and each variant's difference to FedDeper paired by seed with its 95 % confidence
@@ -370,6 +403,8 @@ def tables(runs: list[results.Run]) -> list[str]:
                 differences = transfer_differences_table(runs, study, m)
                 if differences.count("\n") > 1:  # a row: FedDeper and a baseline both finished a seed
                     out.append(differences)
+    if results.select(runs, study="n100_first_round"):
+        out.append(first_round_table(runs))
     if results.select(runs, study="isolation"):
         out += [isolation_table(runs)]
     if results.select(runs, study="digits"):
