@@ -21,9 +21,8 @@ Accuracies in %; the paper's numbers (Table I (a)) are constants here, beside ou
   the last round;
 * Table I's other MNIST cells (``cnn``, ``n100``): each method at the paper's setting and at the MLP
   cell's tuned one, over the seeds that finished (the ones a time limit stopped named with their
-  round), FedDeper minus each baseline paired by seed; FedDeper in the n = 100 cells with each
-  personal model started from its first round's global model (``n100_first_round``) beside
-  Algorithm 1's ``x^0``;
+  round), FedDeper minus each baseline paired by seed; FedDeper in the n = 100 cells with its
+  personal models started otherwise (:data:`~experiments.feddeper.plan.STALENESS`) beside Algorithm 1;
 * the isolation variants of FedDeper (``isolation``) beside it, with their paired differences;
 * the digits stand-in (``digits``, ``experiments/feddeper/digits_calibration.py``) beside the
   specification's independent implementation, whose numbers are constants here.
@@ -41,8 +40,8 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.feddeper.plan import (CELLS, FIRST_ROUND, FIXED_RHO_LRS, GRIDS, ISOLATION, ISOLATION_SETTING, PAPER,
-                                      PAPER_LR, RESULTS, TRANSFER, confirmed, first_stage, grid, lr_stage,
+from experiments.feddeper.plan import (CELLS, FIXED_RHO_LRS, GRIDS, ISOLATION, ISOLATION_SETTING, PAPER, PAPER_LR,
+                                      RESULTS, STALENESS, TRANSFER, confirmed, first_stage, grid, lr_stage,
                                       screen_score, screened, settings_name, tuned)
 from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
@@ -317,18 +316,21 @@ def nonfinite_from(run: results.Run) -> Optional[int]:
     return next((p["round"] for p in run["history"] if not np.isfinite(p["test_loss"])), None)
 
 
-def first_round_table(runs: list[results.Run]) -> str:
-    """FedDeper at the paper's setting in the n = 100 cells with each personal model started from
-    ``x^0`` (Algorithm 1, the ``n100`` runs) and from the global model of its client's first round
-    (``n100_first_round``): test accuracy (%) over the seeds that finished, and the round from which
-    each seed's test loss is NaN or infinite."""
-    lines = ["| n = 100, FedDeper at the paper's setting | m | paper | seeds finished | final | at best val | last 5 | "
-             "test loss not finite from round (per seed) |", "|---|---|---|---|---|---|---|---|"]
+#: how each :data:`~experiments.feddeper.plan.STALENESS` study starts a round's personal model
+STALENESS_LABELS = {"n100": "v from the stored v_i, v_i^0 = x^0 (Algorithm 1)",
+                    "n100_first_round": "v from the stored v_i, v_i^0 = x of the client's first round",
+                    "n100_reset_personal": "v from x every round"}
+
+
+def staleness_table(runs: list[results.Run]) -> str:
+    """FedDeper at the paper's setting in the n = 100 cells, Algorithm 1 (the ``n100`` runs) beside
+    each :data:`~experiments.feddeper.plan.STALENESS` variant: test accuracy (%) over the seeds that
+    finished, and the round from which each seed's test loss is NaN or infinite."""
+    lines = ["| n = 100, FedDeper at the paper's setting: round's personal model | m | paper | seeds finished | final | "
+             "at best val | last 5 | test loss not finite from round (per seed) |", "|---|---|---|---|---|---|---|---|"]
     for m in TRANSFER["n100"][2]:
-        rows = {"v_i^0 = x^0 (Algorithm 1)": results.select(runs, study="n100", m=m, method="feddeper", **PAPER["feddeper"])}
-        rows.update({"v_i from its first round's x": results.select(runs, study="n100_first_round", m=m, variant=v)
-                     for v in FIRST_ROUND})
-        for label, group in rows.items():
+        for study, label in STALENESS_LABELS.items():
+            group = results.select(runs, study=study, m=m, method="feddeper", **PAPER["feddeper"])
             done = sorted((r for r in group if "stopped" not in r), key=lambda r: r["params"]["seed"])
             if not done:
                 continue
@@ -403,8 +405,8 @@ def tables(runs: list[results.Run]) -> list[str]:
                 differences = transfer_differences_table(runs, study, m)
                 if differences.count("\n") > 1:  # a row: FedDeper and a baseline both finished a seed
                     out.append(differences)
-    if results.select(runs, study="n100_first_round"):
-        out.append(first_round_table(runs))
+    if any(results.select(runs, study=study) for study in STALENESS):
+        out.append(staleness_table(runs))
     if results.select(runs, study="isolation"):
         out += [isolation_table(runs)]
     if results.select(runs, study="digits"):
