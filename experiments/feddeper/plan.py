@@ -52,12 +52,12 @@ splits (what the tuning chooses on).
   test, added after the table, not part of the tuning);
 * ``paper``: each method at the paper's setting (lr 0.01, batch 64, rho 0.03, lambda 0.5, FedProx
   mu 1) where it differs from the tuned one, FedDeper* too, seeds 0-2, 500 rounds;
-* ``n100_first_round`` and ``n100_reset_personal`` (:data:`STALENESS`): FedDeper at the paper's
-  setting in the ``n100`` cells with each personal model started from the global model of its
-  client's first round (``personal_init="first_round"``) instead of ``x^0``, and with ``v`` restarted
-  from ``x`` every round (``reset_personal``), seeds 0-2, 500 rounds: whether the stored personal
-  models, old where a client is sampled every 10-20 rounds, make FedDeper diverge there (hypothesis
-  tests, added after its ``n100`` runs diverged);
+* ``n100_first_round``, ``n100_reset_personal``, ``n100_rho_gain`` (:data:`STALENESS`): FedDeper in
+  the ``n100`` cells at the paper's setting with each personal model started from the global model
+  of its client's first round (``personal_init="first_round"``) instead of ``x^0``, with ``v``
+  restarted from ``x`` every round (``reset_personal``), and with rho scaled to n = 10's gain (0.003),
+  seeds 0-2, 500 rounds: whether the stored personal models, old where a client is sampled every
+  10-20 rounds, make FedDeper diverge there (hypothesis tests, added after its ``n100`` runs diverged);
 * ``cnn`` (Table I (a)'s CNN cell: ``configs/feddeper/mnist_cnn.yaml``, n = 10, m = 5) and ``n100``
   (Table I (b)'s MNIST MLP cells: n = 100, m = 5 and 10), seeds 0-2, 500 rounds: each method at the
   paper's setting and, once the MLP cell with the same m is tuned, at that cell's tuned setting (a
@@ -114,11 +114,14 @@ EXTRA_CLASSES = [PERSONAL, "--trainer.callbacks.extra_classes=1", PERSONAL, "--t
 ISOLATION = {"gauss_seidel": ["--model.init_args.update_order", "gauss_seidel"],
              "reset_personal": ["--model.init_args.reset_personal", "true"]}
 #: hypothesis tests in the n = 100 cells, where FedDeper at the paper's setting diverged (each client is
-#: sampled every 10-20 rounds there, so its stored v_i is old): study -> (variant, its arguments); v_i
-#: started from the global model of the client's first round instead of x^0, and v restarted from x
-#: every round (no stored v_i in the step at all)
-STALENESS = {"n100_first_round": ("first_round", ["--model.init_args.personal_init", "first_round"]),
-             "n100_reset_personal": ("reset_personal", ISOLATION["reset_personal"])}
+#: sampled every n/m = 10-20 rounds there, so its stored v_i is old, and the pull toward 2x - v_i moves y
+#: by about rho tau (x - v_i): rho tau n/m times the global model's mean step, 6 and 3 here against 0.6
+#: and 0.3 at n = 10): study -> (variant, its arguments, FedDeper's settings); v_i started from the
+#: global model of the client's first round instead of x^0; v restarted from x every round (no stored
+#: v_i in the step); rho scaled to n = 10's gain (rho tau n/m = 0.6 at m = 5, 0.3 at m = 10)
+STALENESS = {"n100_first_round": ("first_round", ["--model.init_args.personal_init", "first_round"], PAPER["feddeper"]),
+             "n100_reset_personal": ("reset_personal", ISOLATION["reset_personal"], PAPER["feddeper"]),
+             "n100_rho_gain": (None, [], dict(PAPER["feddeper"], rho=0.003))}
 #: FedDeper's setting in the isolation runs: the m = 5 choice of seed 0's screening, the tuned setting
 #: when they ran (the ``confirm`` stage chose B 64 later; the variants are compared at one setting)
 ISOLATION_SETTING = dict(lr=0.01, rho=0.04, lam=0.5, batch=32)
@@ -157,7 +160,7 @@ def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, ro
     if local_steps is not None:
         args += ["--model.init_args.local_steps", str(local_steps)]
     if variant is not None:
-        args += {**ISOLATION, **dict(STALENESS.values())}[variant]
+        args += {**ISOLATION, **{v: a for v, a, _ in STALENESS.values() if v is not None}}[variant]
     args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds)]
     if study.startswith("screen") or study == "confirm":
         args += ["--trainer.limit_val_batches", "0"]  # the Recorder measures; no personal evaluation
@@ -356,8 +359,8 @@ def runs() -> list[Run]:
             plan += [run(study, m, method, s, seed, TABLE_ROUNDS, config=config, num_clients=None if n == 10 else n)
                      for seed in SEEDS for method, s in settings]
     config, n, cells = TRANSFER["n100"]
-    plan += [run(study, m, "feddeper", PAPER["feddeper"], seed, TABLE_ROUNDS, variant=variant, config=config, num_clients=n)
-             for study, (variant, _) in STALENESS.items() for m in cells for seed in SEEDS]
+    plan += [run(study, m, "feddeper", settings, seed, TABLE_ROUNDS, variant=variant, config=config, num_clients=n)
+             for study, (variant, _, settings) in STALENESS.items() for m in cells for seed in SEEDS]
     return plan
 
 

@@ -317,20 +317,22 @@ def nonfinite_from(run: results.Run) -> Optional[int]:
 
 
 #: how each :data:`~experiments.feddeper.plan.STALENESS` study starts a round's personal model
-STALENESS_LABELS = {"n100": "v from the stored v_i, v_i^0 = x^0 (Algorithm 1)",
+STALENESS_LABELS = {"n100": "Algorithm 1: v from the stored v_i, v_i^0 = x^0",
                     "n100_first_round": "v from the stored v_i, v_i^0 = x of the client's first round",
-                    "n100_reset_personal": "v from x every round"}
+                    "n100_reset_personal": "v from x every round",
+                    "n100_rho_gain": "Algorithm 1 with ρ 0.003 (ρτn/m as at n = 10)"}
 
 
 def staleness_table(runs: list[results.Run]) -> str:
-    """FedDeper at the paper's setting in the n = 100 cells, Algorithm 1 (the ``n100`` runs) beside
-    each :data:`~experiments.feddeper.plan.STALENESS` variant: test accuracy (%) over the seeds that
+    """FedDeper in the n = 100 cells, Algorithm 1 at the paper's setting (the ``n100`` runs) beside
+    each :data:`~experiments.feddeper.plan.STALENESS` study: test accuracy (%) over the seeds that
     finished, and the round from which each seed's test loss is NaN or infinite."""
-    lines = ["| n = 100, FedDeper at the paper's setting: round's personal model | m | paper | seeds finished | final | "
+    lines = ["| n = 100, FedDeper (the paper's setting, ρ where given) | m | paper | seeds finished | final | "
              "at best val | last 5 | test loss not finite from round (per seed) |", "|---|---|---|---|---|---|---|---|"]
+    settings = {study: s for study, (_, _, s) in STALENESS.items()}
     for m in TRANSFER["n100"][2]:
         for study, label in STALENESS_LABELS.items():
-            group = results.select(runs, study=study, m=m, method="feddeper", **PAPER["feddeper"])
+            group = results.select(runs, study=study, m=m, method="feddeper", **settings.get(study, PAPER["feddeper"]))
             done = sorted((r for r in group if "stopped" not in r), key=lambda r: r["params"]["seed"])
             if not done:
                 continue
