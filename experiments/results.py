@@ -37,15 +37,17 @@ Run = dict[str, Any]
 
 
 def commit() -> str:
-    """The project commit a run ran on (``git rev-parse HEAD``; ``+`` marks uncommitted changes to
-    tracked files other than the result documents, ``docs/results/``, which runs only read)."""
+    """The project commit a run ran on: ``FL_LIGHTNING_COMMIT`` where set (a copy of the tree on another
+    machine, whose ``.git``, if any, need not match its files), else ``git rev-parse HEAD`` with ``+``
+    marking uncommitted changes to tracked files other than the result documents, ``docs/results/``,
+    which runs only read."""
+    if os.environ.get("FL_LIGHTNING_COMMIT"):
+        return os.environ["FL_LIGHTNING_COMMIT"]
     root = Path(__file__).resolve().parents[1]  # whatever the working directory
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                               cwd=root).stdout.strip()
     except (OSError, subprocess.CalledProcessError) as error:  # a copy of the tree without its history
-        if os.environ.get("FL_LIGHTNING_COMMIT"):
-            return os.environ["FL_LIGHTNING_COMMIT"]
         raise RuntimeError(f"{root} is not a git checkout: set FL_LIGHTNING_COMMIT to the commit its files are "
                            "(a clean copy's, as runs record it)") from error
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results"],

@@ -105,6 +105,17 @@ def test_a_sweep_given_a_backend_runs_every_client_on_it_and_records_it(tmp_path
         assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-5)
 
 
+def test_the_commit_named_by_the_environment_wins_over_the_trees_git(monkeypatch):
+    """A copy of the tree on a lent machine may carry a stale ``.git``: ``FL_LIGHTNING_COMMIT``, where
+    set, is what a run records."""
+    from experiments import results
+
+    monkeypatch.setenv("FL_LIGHTNING_COMMIT", "0123abc")
+    assert results.commit() == "0123abc"
+    monkeypatch.delenv("FL_LIGHTNING_COMMIT")
+    assert results.commit().rstrip("+") != "0123abc" and len(results.commit().rstrip("+")) == 40
+
+
 def test_deal_and_merge_parts(tmp_path):
     from experiments import results
     from experiments.sweep import deal, merge_parts, part_path
