@@ -69,10 +69,11 @@ def paired_interval(diff: np.ndarray, level: float = 0.95) -> tuple[float, float
 
 def paired(a: list[results.Run], b: list[results.Run], measure: Callable[[list[results.Run]], np.ndarray],
            measure_b: Optional[Callable[[list[results.Run]], np.ndarray]] = None) -> str:
-    """``measure(a) - measure_b(b)`` (default ``measure``) over the seeds both groups ran, in points:
+    """``measure(a) - measure_b(b)`` (default ``measure``) over the seeds both groups ran, each seed's
+    run of ``a`` against the same seed's of ``b`` whatever the groups' order, in points:
     ``mean ± std [95 % CI]`` (the interval needs two seeds)."""
     seeds = sorted({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
-    a, b = ([r for r in g if r["params"]["seed"] in seeds] for g in (a, b))
+    a, b = (sorted((r for r in g if r["params"]["seed"] in seeds), key=lambda r: r["params"]["seed"]) for g in (a, b))
     diff = 100 * (measure(a) - (measure_b or measure)(b))
     if len(diff) < 2:
         return f"{diff.mean():+.2f} (1 seed)"

@@ -58,8 +58,8 @@ from pytorch_lightning.callbacks import Checkpoint
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from experiments import results
-from fl_lightning.callbacks.checkpoint import RoundCheckpoint
 from fl_lightning.backends import BACKENDS
+from fl_lightning.callbacks.checkpoint import RoundCheckpoint
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.functional.dro import KLDRO, objective_value
 from fl_lightning.module import NonFiniteUpdateError

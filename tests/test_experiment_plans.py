@@ -376,3 +376,18 @@ def test_feddeper_star_runs_at_the_paper_setting_where_the_tuned_one_differs(mon
                                                      for s in plan.SEEDS for method in ("feddeper", "feddeper_star"))
     star = next(r for r in planned if r.params["method"] == "feddeper_star")
     assert star.args[star.args.index("--model.init_args.local_steps") + 1] == "5"
+
+
+def test_paired_differences_match_runs_by_seed_whatever_the_groups_order():
+    """``seed_stats.paired`` subtracts each seed's run from the same seed's, also when the two groups
+    list their seeds in different orders (a result file's order is the order runs finished)."""
+    from experiments.seed_stats import final, paired
+
+    def run(seed: int, acc: float) -> dict:
+        return {"params": {"seed": seed}, "history": [{"round": 1, "test_acc": acc}]}
+
+    ours = [run(0, 0.90), run(1, 0.80), run(2, 0.70)]
+    theirs = [run(2, 0.60), run(0, 0.90), run(1, 0.75)]  # differences 0, +5, +10 points
+    assert paired(ours, theirs, final) == paired(ours, sorted(theirs, key=lambda r: r["params"]["seed"]), final)
+    assert paired(ours, theirs, final).startswith("+5.00 ± 5.00 ")
+    assert paired(ours[:2], theirs, final).startswith("+2.50 ± 3.54 ")  # seeds 0 and 1 only

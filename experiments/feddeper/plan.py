@@ -116,12 +116,14 @@ ISOLATION = {"gauss_seidel": ["--model.init_args.update_order", "gauss_seidel"],
 #: hypothesis tests in the n = 100 cells, where FedDeper at the paper's setting diverged (each client is
 #: sampled every n/m = 10-20 rounds there, so its stored v_i is old, and the pull toward 2x - v_i moves y
 #: by about rho tau (x - v_i): rho tau n/m times the global model's mean step, 6 and 3 here against 0.6
-#: and 0.3 at n = 10): study -> (variant, its arguments, FedDeper's settings); v_i started from the
+#: and 0.3 at n = 10): study -> (variant, FedDeper's settings); v_i started from the
 #: global model of the client's first round instead of x^0; v restarted from x every round (no stored
 #: v_i in the step); rho scaled to n = 10's gain (rho tau n/m = 0.6 at m = 5, 0.3 at m = 10)
-STALENESS = {"n100_first_round": ("first_round", ["--model.init_args.personal_init", "first_round"], PAPER["feddeper"]),
-             "n100_reset_personal": ("reset_personal", ISOLATION["reset_personal"], PAPER["feddeper"]),
-             "n100_rho_gain": (None, [], dict(PAPER["feddeper"], rho=0.003))}
+STALENESS = {"n100_first_round": ("first_round", PAPER["feddeper"]),
+             "n100_reset_personal": ("reset_personal", PAPER["feddeper"]),
+             "n100_rho_gain": (None, dict(PAPER["feddeper"], rho=0.003))}
+#: every FedDeper variant of the plan -> the arguments that make it
+VARIANTS = {**ISOLATION, "first_round": ["--model.init_args.personal_init", "first_round"]}
 #: FedDeper's setting in the isolation runs: the m = 5 choice of seed 0's screening, the tuned setting
 #: when they ran (the ``confirm`` stage chose B 64 later; the variants are compared at one setting)
 ISOLATION_SETTING = dict(lr=0.01, rho=0.04, lam=0.5, batch=32)
@@ -160,7 +162,7 @@ def run(study: str, m: int, method: str, settings: dict[str, Any], seed: int, ro
     if local_steps is not None:
         args += ["--model.init_args.local_steps", str(local_steps)]
     if variant is not None:
-        args += {**ISOLATION, **{v: a for v, a, _ in STALENESS.values() if v is not None}}[variant]
+        args += VARIANTS[variant]
     args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds)]
     if study.startswith("screen") or study == "confirm":
         args += ["--trainer.limit_val_batches", "0"]  # the Recorder measures; no personal evaluation
@@ -360,7 +362,7 @@ def runs() -> list[Run]:
                      for seed in SEEDS for method, s in settings]
     config, n, cells = TRANSFER["n100"]
     plan += [run(study, m, "feddeper", settings, seed, TABLE_ROUNDS, variant=variant, config=config, num_clients=n)
-             for study, (variant, _, settings) in STALENESS.items() for m in cells for seed in SEEDS]
+             for study, (variant, settings) in STALENESS.items() for m in cells for seed in SEEDS]
     return plan
 
 

@@ -84,6 +84,29 @@ def setting(params: dict[str, Any], method: str) -> str:
     return text + (", τ 5" if method == "feddeper_star" else "")
 
 
+def finished_runs(group: list[results.Run]) -> list[results.Run]:
+    """The runs of ``group`` that ran all their rounds (none a time limit stopped), in seed order."""
+    return sorted((r for r in group if "stopped" not in r), key=lambda r: r["params"]["seed"])
+
+
+def spread_cells(group: list[results.Run]) -> list[str]:
+    """Table cells over the seeds of ``group`` (%): final, at the best validation and last-5 test accuracy."""
+    _, acc = series(group, "test_acc")
+    return [fmt(acc[:, -1], 100), fmt(best_validation(group)[0], 100), fmt(acc[:, -5:].mean(axis=1), 100)]
+
+
+def paired_cells(a: list[results.Run], b: list[results.Run]) -> list[str]:
+    """Table cells of ``a`` minus ``b`` paired by seed (points): the seeds both ran, the final and the
+    best-validation difference with their 95 % confidence intervals; [] when they share no seed."""
+    seeds = len({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
+    return [str(seeds), paired(a, b, final), paired(a, b, lambda g: best_validation(g)[0])] if seeds else []
+
+
+def with_rows(table: str) -> list[str]:
+    """``[table]`` if it has a row below its header, else []."""
+    return [table] if table.count("\n") > 1 else []
+
+
 def screen_table(runs: list[results.Run], method: str) -> str:
     """Validation accuracy (%) of every setting of ``method``'s grid, per screened cell and batch
     size (the mean of the evaluations the choice is made on), the chosen setting in bold."""
@@ -218,10 +241,7 @@ def differences_table(runs: list[results.Run], m: int) -> str:
                   for k, g in paper.items() if k in ("scaffold", "fedavg", "fedprox")]
     lines = ["| difference (points) | seeds | final: mean ± std [95 % CI] | at best val: mean ± std [95 % CI] |",
              "|---|---|---|---|"]
-    for label, a, against, b in pairs:
-        seeds = len({r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b})
-        lines.append(f"| {label} − {against} | {seeds} | {paired(a, b, final)} | "
-                     f"{paired(a, b, lambda g: best_validation(g)[0])} |")
+    lines += [f"| {label} − {against} | " + " | ".join(paired_cells(a, b)) + " |" for label, a, against, b in pairs]
     return "\n".join(lines)
 
 
@@ -280,12 +300,10 @@ def transfer_table(runs: list[results.Run], study: str, m: int) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for (method, at_paper), group in transfer_groups(runs, study, m).items():
         label = LABELS[method] + (" (paper's setting)" if at_paper else f" (m = {m} MLP cell's tuned setting)")
-        done = [r for r in group if "stopped" not in r]
+        done = finished_runs(group)
         cells = ["–"] * 4
         if done:
-            _, acc = series(done, "test_acc")
-            cells = [fmt(acc[:, -1], 100), fmt(best_validation(done)[0], 100), fmt(acc[:, -5:].mean(axis=1), 100),
-                     f"{100 * acc[:, -1].mean() - paper[method]:+.2f}"]
+            cells = [*spread_cells(done), f"{100 * final(done).mean() - paper[method]:+.2f}"]
         lines.append(f"| {label} | {setting(group[0]['params'], method)} | {paper[method]:.2f} | {len(done)} | "
                      + " | ".join(cells) + f" | {stopped_cell(group) or '–'} |")
     return "\n".join(lines)
@@ -294,20 +312,16 @@ def transfer_table(runs: list[results.Run], study: str, m: int) -> str:
 def transfer_differences_table(runs: list[results.Run], study: str, m: int) -> str:
     """FedDeper minus each baseline in a transfer cell, both at the paper's setting and both at the
     transferred one, paired over the seeds both finished, in points, with 95 % confidence intervals."""
-    groups = {key: [r for r in group if "stopped" not in r] for key, group in transfer_groups(runs, study, m).items()}
+    groups = {key: finished_runs(group) for key, group in transfer_groups(runs, study, m).items()}
     lines = ["| difference (points) | seeds | final: mean ± std [95 % CI] | at best val: mean ± std [95 % CI] |",
              "|---|---|---|---|"]
     for at_paper in (True, False):
         ours = groups.get(("feddeper", at_paper))
         where = "paper's setting" if at_paper else "transferred setting"
         for method in ("scaffold", "fedavg", "fedprox"):
-            theirs = groups.get((method, at_paper))
-            if not ours or not theirs:
-                continue
-            seeds = len({r["params"]["seed"] for r in ours} & {r["params"]["seed"] for r in theirs})
-            if seeds:
-                lines.append(f"| FedDeper − {LABELS[method]} ({where}) | {seeds} | {paired(ours, theirs, final)} | "
-                             f"{paired(ours, theirs, lambda g: best_validation(g)[0])} |")
+            cells = paired_cells(ours or [], groups.get((method, at_paper), []))
+            if cells:
+                lines.append(f"| FedDeper − {LABELS[method]} ({where}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -329,18 +343,16 @@ def staleness_table(runs: list[results.Run]) -> str:
     finished, and the round from which each seed's test loss is NaN or infinite."""
     lines = ["| n = 100, FedDeper (the paper's setting, ρ where given) | m | paper | seeds finished | final | "
              "at best val | last 5 | test loss not finite from round (per seed) |", "|---|---|---|---|---|---|---|---|"]
-    settings = {study: s for study, (_, _, s) in STALENESS.items()}
+    settings = {study: s for study, (_, s) in STALENESS.items()}
     for m in TRANSFER["n100"][2]:
         for study, label in STALENESS_LABELS.items():
             group = results.select(runs, study=study, m=m, method="feddeper", **settings.get(study, PAPER["feddeper"]))
-            done = sorted((r for r in group if "stopped" not in r), key=lambda r: r["params"]["seed"])
+            done = finished_runs(group)
             if not done:
                 continue
-            _, acc = series(done, "test_acc")
             gone = ", ".join(str(nonfinite_from(r) or "–") for r in done)
             lines.append(f"| {label} | {m} | {PAPER_TRANSFER['n100', m]['feddeper']:.2f} | {len(done)} | "
-                         f"{fmt(acc[:, -1], 100)} | {fmt(best_validation(done)[0], 100)} | "
-                         f"{fmt(acc[:, -5:].mean(axis=1), 100)} | {gone} |")
+                         + " | ".join(spread_cells(done)) + f" | {gone} |")
     return "\n".join(lines)
 
 
@@ -351,17 +363,14 @@ def staleness_differences_table(runs: list[results.Run]) -> str:
     lines = ["| n = 100, difference (points) | m | seeds | final: mean ± std [95 % CI] | at best val: mean ± std [95 % CI] |",
              "|---|---|---|---|---|"]
     for m in TRANSFER["n100"][2]:
-        for study, (_, _, settings) in STALENESS.items():
-            ours = [r for r in results.select(runs, study=study, m=m, **settings) if "stopped" not in r]
+        for study, (_, settings) in STALENESS.items():
+            ours = finished_runs(results.select(runs, study=study, m=m, **settings))
             if not ours or any(nonfinite_from(r) for r in ours):
                 continue
             for method in ("scaffold", "fedavg"):
-                theirs = [r for r in results.select(runs, study="n100", m=m, method=method, **PAPER[method])
-                          if "stopped" not in r]
-                seeds = len({r["params"]["seed"] for r in ours} & {r["params"]["seed"] for r in theirs})
-                if seeds:
-                    lines.append(f"| {STALENESS_LABELS[study]} − {LABELS[method]} | {m} | {seeds} | "
-                                 f"{paired(ours, theirs, final)} | {paired(ours, theirs, lambda g: best_validation(g)[0])} |")
+                cells = paired_cells(ours, finished_runs(results.select(runs, study="n100", m=m, method=method, **PAPER[method])))
+                if cells:
+                    lines.append(f"| {STALENESS_LABELS[study]} − {LABELS[method]} | {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -379,10 +388,8 @@ def isolation_table(runs: list[results.Run]) -> str:
         if group:
             rows[VARIANTS[variant]] = group
     for label, group in rows.items():
-        _, acc = series(group, "test_acc")
         cell = "–" if group is base else paired(group, base, final)
-        lines.append(f"| {label} | {len(group)} | {fmt(acc[:, -1], 100)} | {fmt(best_validation(group)[0], 100)} | "
-                     f"{fmt(acc[:, -5:].mean(axis=1), 100)} | {cell} |")
+        lines.append(f"| {label} | {len(group)} | " + " | ".join(spread_cells(group)) + f" | {cell} |")
     return "\n".join(lines)
 
 
@@ -424,15 +431,9 @@ def tables(runs: list[results.Run]) -> list[str]:
     for study, (_, _, cells) in TRANSFER.items():
         for m in cells:
             if results.select(runs, study=study, m=m):
-                out.append(transfer_table(runs, study, m))
-                differences = transfer_differences_table(runs, study, m)
-                if differences.count("\n") > 1:  # a row: FedDeper and a baseline both finished a seed
-                    out.append(differences)
+                out += [transfer_table(runs, study, m), *with_rows(transfer_differences_table(runs, study, m))]
     if any(results.select(runs, study=study) for study in STALENESS):
-        out.append(staleness_table(runs))
-        differences = staleness_differences_table(runs)
-        if differences.count("\n") > 1:
-            out.append(differences)
+        out += [staleness_table(runs), *with_rows(staleness_differences_table(runs))]
     if results.select(runs, study="isolation"):
         out += [isolation_table(runs)]
     if results.select(runs, study="digits"):

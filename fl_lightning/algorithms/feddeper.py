@@ -15,8 +15,9 @@ sample count. Parameters the local optimizer does not move (frozen, or left out 
 ``configure_optimizers``) stay put in ``y`` and in ``v``. ``v_i`` persists in the client state store
 (lazily ``x^0``, the global model of round 0: Algorithm 1's input), so a client never sampled keeps
 ``x^0`` and a client sampled again resumes its own ``v_i``; ``personal_init="first_round"`` starts
-each ``v_i`` instead from the global model of the round its client is first sampled in. During a client's round ``y`` is the run's trained
-model and ``v`` a second model of the run (``run.loss_and_grad(batch, model=v)``).
+each ``v_i`` instead from the global model of the round its client is first sampled in. During a
+client's round ``y`` is the run's trained model and ``v`` a second model of the run
+(``run.loss_and_grad(batch, model=v)``).
 ``FedDeper*`` is FedDeper with half the local steps (a config, not a class).
 """
 
