@@ -20,10 +20,12 @@ was stopped resumes, bitwise as if it had not stopped; it goes once the run is r
 The format of the result file:
 :mod:`experiments.results`. ``docs/results/<paper>.json`` is such a file.
 
-With ``--jobs N`` the pending runs are dealt round-robin (in plan order, so that the first seeds
-come first) to N worker processes, each a sweep of its own runs writing its own part file beside
-the result file (``<out>.part<k>.json``, its output in ``<out>.part<k>.log``); the parts are merged
-into the result file when the workers end, and at the start of the next sweep if they were stopped.
+With ``--jobs N`` the pending runs go, in plan order (so that the first seeds come first), to N
+slots: each run is a process of its own, started in the first slot that is free, so that no slot
+idles while runs are left, whatever their lengths. Slot ``k``'s runs write their records to a part
+file beside the result file (``<out>.part<k>.json``, their output to ``<out>.part<k>.log``); the
+parts are merged into the result file when the last run ends, and at the start of the next sweep if
+the sweep was stopped. A run whose process fails is reported at the end; the others go on.
 
 With ``--time-limit S`` (a machine lent for a while) each run stops at its first evaluated round after
 ``S`` seconds from the sweep's start, and a run not begun by then is not started. A run so stopped is
@@ -331,33 +333,47 @@ def merge_parts(out: Path) -> int:
     return len(added)
 
 
-def deal(names: Sequence[str], jobs: int) -> list[list[str]]:
-    """``names`` dealt round-robin to at most ``jobs`` workers (each keeps the plan order)."""
-    return [list(names[k::jobs]) for k in range(min(jobs, len(names)))]
-
-
 def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads: int,
                  stop_at: Optional[float] = None, backend: Optional[str] = None) -> None:
-    """Run the plan's runs ``names`` in ``jobs`` worker processes and merge their results into ``out``
-    (``stop_at``: the sweep's time limit, see :class:`TimeLimit`; ``backend``: see :func:`fit`)."""
+    """Run the plan's runs ``names`` (in this order), each in a process of its own, ``jobs`` at a
+    time, and merge their results into ``out`` (``stop_at``: the sweep's time limit, see
+    :class:`TimeLimit`; ``backend``: see :func:`fit`)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     out.parent.mkdir(parents=True, exist_ok=True)
-    workers = []
-    for k, share in enumerate(deal(names, jobs)):
-        log = part_path(out, k).with_suffix(".log")
-        command = [sys.executable, "-m", "experiments.sweep", paper, "--only", *map(glob.escape, share),
-                   "--out", str(part_path(out, k)), "--threads", str(threads)]
-        if stop_at is not None:
-            command += ["--stop-at", repr(stop_at)]
-        if backend is not None:
-            command += ["--backend", backend]
-        with log.open("a") as stream:
-            workers.append((subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=env), log))
-        print(f"worker {k}: {len(share)} runs, output in {log}", flush=True)
-    failed = [str(log) for process, log in workers if process.wait() != 0]
+    options = ["--threads", str(threads)]
+    if stop_at is not None:
+        options += ["--stop-at", repr(stop_at)]
+    if backend is not None:
+        options += ["--backend", backend]
+    running: dict[int, tuple[subprocess.Popen, str]] = {}  # slot -> its process and run
+    failed: list[str] = []
+
+    def wait_for_a_slot() -> int:
+        while True:
+            for slot, (process, name) in list(running.items()):
+                if process.poll() is not None:
+                    del running[slot]
+                    if process.returncode != 0:
+                        failed.append(f"{name} (exit {process.returncode}, output in {part_path(out, slot).with_suffix('.log')})")
+                    return slot
+            time.sleep(0.5)
+
+    print(f"{len(names)} runs, {jobs} at a time, output in {part_path(out, 0).with_suffix('.log')} ...", flush=True)
+    for name in names:
+        free = sorted(set(range(jobs)) - set(running))
+        slot = free[0] if free else wait_for_a_slot()
+        if stop_at is not None and time.time() >= stop_at:
+            print(f"time limit: {name} and the runs after it are not started", flush=True)
+            break
+        command = [sys.executable, "-m", "experiments.sweep", paper, "--only", glob.escape(name),
+                   "--out", str(part_path(out, slot)), *options]
+        with part_path(out, slot).with_suffix(".log").open("a") as stream:
+            running[slot] = (subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=env), name)
+    while running:
+        wait_for_a_slot()
     print(f"{merge_parts(out)} runs added to {out}", flush=True)
     if failed:
-        raise SystemExit(f"{len(failed)} of {len(workers)} workers failed; their output: {', '.join(failed)}")
+        raise SystemExit(f"{len(failed)} of {len(names)} runs failed: {'; '.join(failed)}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

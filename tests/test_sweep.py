@@ -116,18 +116,45 @@ def test_the_commit_named_by_the_environment_wins_over_the_trees_git(monkeypatch
     assert results.commit().rstrip("+") != "0123abc" and len(results.commit().rstrip("+")) == 40
 
 
-def test_deal_and_merge_parts(tmp_path):
+def test_merge_parts(tmp_path):
     from experiments import results
-    from experiments.sweep import deal, merge_parts, part_path
+    from experiments.sweep import merge_parts, part_path
 
-    assert deal(["a", "b", "c", "d", "e"], 2) == [["a", "c", "e"], ["b", "d"]]
-    assert deal(["a"], 4) == [["a"]]
     out = tmp_path / "r.json"
     results.save(out, [{"name": "a", "history": []}])
     results.save(part_path(out, 0), [{"name": "b", "history": []}])
     results.save(part_path(out, 1), [{"name": "a", "history": [{"round": 1}]}])  # a rerun replaces
     assert merge_parts(out) == 2 and not list(tmp_path.glob("r.part*"))
     assert {r["name"]: r["history"] for r in results.load(out)} == {"a": [{"round": 1}], "b": []}
+
+
+def test_a_parallel_sweep_starts_each_run_in_the_first_free_slot(tmp_path, monkeypatch):
+    """Runs go to slots as slots free up (no slot idles while runs are left, whatever their lengths),
+    in plan order; a failed run is reported at the end without stopping the others."""
+    from experiments import sweep
+
+    lengths = {"long": 6, "a": 1, "b": 1, "c": 1, "d": 1}  # polls until each run's process ends
+    started = []
+
+    class Process:
+        def __init__(self, command, **kwargs):
+            self.name, self.out = command[command.index("--only") + 1], command[command.index("--out") + 1]
+            self.polls, self.returncode = lengths[self.name], None
+            started.append((self.name, self.out))
+
+        def poll(self):
+            self.polls -= 1
+            if self.polls <= 0:
+                self.returncode = 1 if self.name == "c" else 0
+            return self.returncode
+
+    monkeypatch.setattr(sweep.subprocess, "Popen", Process)
+    monkeypatch.setattr(sweep.time, "sleep", lambda seconds: None)
+    with pytest.raises(SystemExit, match=r"1 of 5 runs failed: c \(exit 1"):
+        sweep.run_parallel("p", list(lengths), tmp_path / "r.json", jobs=2, threads=1)
+    assert [name for name, _ in started] == list(lengths)
+    slots = {name: out.rsplit(".part", 1)[1] for name, out in started}
+    assert slots == {"long": "0.json", "a": "1.json", "b": "1.json", "c": "1.json", "d": "1.json"}
 
 
 def test_a_parallel_sweep_records_what_a_sequential_one_does(tmp_path, monkeypatch):
