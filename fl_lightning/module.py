@@ -98,6 +98,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             advance one local step together, vectorized with ``torch.func``; see
             :mod:`fl_lightning.backends.batched` for what it supports).
         clients_per_block: clients per vectorized block of the batched backend (memory grows with it).
+            None: the round's clients (each process's share) in one block, as far as a quarter of the
+            device's free memory holds their runs (four copies of the model each, plus state entries
+            and uploads; activations not counted: give a number for a large model with large batches).
         compile_step: the batched backend captures its vectorized local step with ``torch.compile``
             (compiled once per step structure, then reused: several times faster for small models,
             on the CPU and on a GPU; see :class:`~fl_lightning.backends.BatchedBackend`).
@@ -153,7 +156,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         clients_fraction: Optional[float] = None,
         min_clients: int = 1,
         client_backend: BackendName = "sequential",
-        clients_per_block: int = 10,
+        clients_per_block: Optional[int] = None,
         compile_step: bool = False,
         client_state_memory: int = 2**30,
         client_state_dir: Optional[str] = None,
@@ -290,7 +293,17 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         if refusals:
             raise ValueError(f"client_backend={self.client_backend!r} cannot run {type(self).__name__}: "
                              + "; ".join(refusals))
+        self.backend.configure(self.device, self.clients_per_round, self.client_bytes())
         dm.work_items_per_round = self.num_work_items()
+
+    def client_bytes(self) -> int:
+        """About what one client's run holds in memory: four copies of the client model (the
+        model, its gradient, the round's start, an optimizer buffer), one more per declared state
+        entry, and its uploads (activations not counted)."""
+        model = sum(t.numel() * t.element_size() for t in (*self.client.parameters(), *self.client.buffers())
+                    if t.is_floating_point())
+        uploads = 4 * sum(spec.size for spec in self.update_specs.values())  # float32, as Layout.flatten makes them
+        return (4 + len(self.state_specs)) * model + uploads
 
     @property
     def datamodule(self) -> Any:

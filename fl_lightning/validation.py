@@ -35,7 +35,7 @@ def check_number(name: str, value: Any, low: float, high: float = math.inf, low_
 def check_federation_arguments(
     clients_per_round: Optional[int], clients_fraction: Optional[float], min_clients: int, local_steps: Optional[int],
     local_epochs: Optional[int], default_local_steps: int, server_lr: float, server_momentum: float,
-    nonfinite_updates: str, seed: int, client_backend: str, backends: Sequence[str], clients_per_block: int,
+    nonfinite_updates: str, seed: int, client_backend: str, backends: Sequence[str], clients_per_block: Optional[int],
     compile_step: bool, client_state_memory: int, client_state_checkpoints: Optional[int], weighting: Optional[str],
 ) -> tuple[Optional[int], Optional[int]]:
     """Check ``FederatedModule``'s arguments (see its docstring); returns ``clients_per_round`` (10
@@ -68,7 +68,8 @@ def check_federation_arguments(
     check_int("seed", seed, 0)
     if client_backend not in backends:
         raise ValueError(f"client_backend must be {' or '.join(map(repr, backends))}, got {client_backend!r}")
-    check_int("clients_per_block", clients_per_block, 1)
+    if clients_per_block is not None:
+        check_int("clients_per_block", clients_per_block, 1)
     if not isinstance(compile_step, bool):
         raise ValueError(f"compile_step must be True or False, got {compile_step!r}")
     if compile_step and client_backend != "batched":

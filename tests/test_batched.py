@@ -388,6 +388,41 @@ def test_blocks_bound_the_stacked_clients():
     assert max(sizes) == 2 and module.num_work_items() == 3
 
 
+def test_the_default_block_is_the_round_within_a_share_of_free_memory(monkeypatch):
+    """``clients_per_block=None``: one block of the round's clients where a quarter of the free
+    memory holds them, else as many as it holds (at least one), settled at setup; and the result
+    is the one of explicit blocks of that size."""
+    from fl_lightning.backends.batched import backend as batched
+
+    module = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched")
+    trainer(1).fit(module, synthetic(6))
+    assert module.backend.clients_per_block == 6 and module.num_work_items() == 1
+    per_client = module.client_bytes()
+    model = sum(p.numel() * 4 for p in module.client.parameters())
+    assert per_client == 4 * model + 4 * module.global_model.dim  # four copies and the upload
+
+    monkeypatch.setattr(batched, "free_memory", lambda device: 4 * 2 * per_client + 3)  # a quarter holds 2
+    auto = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", seed=1)
+    trainer(1).fit(auto, synthetic(6))
+    assert auto.backend.clients_per_block == 2 and auto.num_work_items() == 3
+    explicit = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", clients_per_block=2, seed=1)
+    trainer(1).fit(explicit, synthetic(6))
+    assert torch.equal(auto.global_model.flatten(), explicit.global_model.flatten())
+    monkeypatch.setattr(batched, "free_memory", lambda device: 0)
+    tiny = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched")
+    trainer(1).fit(tiny, synthetic(6))
+    assert tiny.backend.clients_per_block == 1
+
+
+def test_block_size():
+    from fl_lightning.backends.batched.sizing import block_size
+
+    assert block_size(50, 10, None) == 50 and block_size(50, 0, 100) == 50
+    assert block_size(50, 10, 400) == 10 and block_size(50, 10, 39) == 1
+    with pytest.raises(ValueError, match="clients=0"):
+        block_size(0, 10, 100)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["SCAFFOLD", "FedDRO"])
 def test_two_processes_equal_one(name, tmp_path):

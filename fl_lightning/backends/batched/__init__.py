@@ -30,7 +30,9 @@ What it guarantees:
   give the same result on any number of processes.
 * Memory grows with the block size (``clients_per_block``), not with the clients of the round,
   except for lock-step algorithms (FedDRO): all of a process's clients of the round advance one
-  step at a time, so all their blocks are stacked at once.
+  step at a time, so all their blocks are stacked at once. The default block
+  (``clients_per_block=None``) is the process's whole round, or as many of its clients as a quarter
+  of the device's free memory holds (:mod:`~fl_lightning.backends.batched.sizing`).
 
 What it refuses, with the reason and the way out: local optimizers other than
 ``torch.optim.SGD``; ``16-mixed`` (its loss scaler steps one optimizer); algorithms whose local

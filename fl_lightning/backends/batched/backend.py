@@ -4,6 +4,7 @@ their vectorized steps."""
 from __future__ import annotations
 
 import gc
+import math
 import types
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -19,9 +20,11 @@ from fl_lightning.backends.batched.batches import IndexGroup, StepGroup, fixed_g
 from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
+from fl_lightning.backends.batched.sizing import block_size, free_memory
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
+from fl_lightning.distributed import rank_and_world
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
 from fl_lightning.optim.sgd_function import FunctionalSGD, functional_optimizer
 from fl_lightning.update import ClientResult
@@ -96,7 +99,10 @@ class BatchedBackend(ClientBackend[Block]):
     """Runs blocks of ``clients_per_block`` clients, each block's local steps vectorized.
 
     Args:
-        clients_per_block: how many clients advance together (memory grows with it).
+        clients_per_block: how many clients advance together (memory grows with it). None: every
+            client of the round (this process's share under DDP) in one block, as far as a quarter
+            of the device's free memory holds their runs (:func:`~fl_lightning.backends.batched.
+            sizing.block_size`), settled once the run's device is known (:meth:`configure`).
         compile_step: capture each vectorized step with ``torch.compile`` (:func:`vectorized_hook`):
             one compile per structure of the step (seconds, once: the first two steps of the run, and
             again only where the Python values the step reads change), then every step, block and round
@@ -104,8 +110,10 @@ class BatchedBackend(ClientBackend[Block]):
             model's step on the CPU and on a GPU. False runs every step eagerly (to debug a step).
     """
 
-    def __init__(self, clients_per_block: int = 10, compile_step: bool = False) -> None:
-        super().__init__(clients_per_block)
+    def __init__(self, clients_per_block: Optional[int] = None, compile_step: bool = False) -> None:
+        super().__init__(clients_per_block or 1)
+        #: the block size asked for (None: settled by :meth:`configure`)
+        self.requested_block = clients_per_block
         if not isinstance(compile_step, bool):
             raise ValueError(f"compile_step must be True or False, got {compile_step!r}")
         self.compile_step = compile_step
@@ -115,6 +123,11 @@ class BatchedBackend(ClientBackend[Block]):
             else vectorized_hook)
         #: why each evaluation hook found unvectorizable is evaluated one client after another, by hook
         self._sequential_evaluation: dict[str, str] = {}
+
+    def configure(self, device: torch.device, clients_per_round: int, client_bytes: int) -> None:
+        if self.requested_block is None:
+            _, world = rank_and_world()
+            self.clients_per_block = block_size(math.ceil(clients_per_round / world), client_bytes, free_memory(device))
 
     @classmethod
     def check(cls, context: ClientContext) -> list[str]:
