@@ -17,6 +17,11 @@ each part is charged with its own device work; that adds a sync per part.
 
     python benchmarks/round_parts.py --workload a1000 --block 1000 [--accelerator gpu] [--compile-step] [--out parts.json]
 
+``--config`` times a round of any config through the CLI instead (its algorithm, aggregation and
+callbacks; ``fl-lightning fit``'s arguments after ``--``, the config's accelerator unless given)::
+
+    python benchmarks/round_parts.py --config configs/raga/mnist_mlp.yaml --count-ops -- --model.init_args.client_backend batched
+
 ``--count-ops`` counts each part's tensor operations instead (each a kernel launch or more on a GPU):
 on a CPU, what the parts will cost a GPU in launches.
 """
@@ -94,6 +99,24 @@ def timed(totals: collections.Counter, counting: dict[str, bool], name: str, fun
     return wrapper
 
 
+def config_rounds(config: str, overrides: list[str], rounds: int, callbacks: list[pl.Callback]) -> float:
+    """Seconds per round of ``config`` (with ``overrides``) through the CLI, after one warm-up round,
+    with ``callbacks`` added: what ``fl-lightning fit`` runs (its round checkpoint included, written
+    to a temporary folder), without a logger and a progress bar."""
+    import tempfile
+
+    from fl_lightning.cli import FederatedCLI
+
+    with tempfile.TemporaryDirectory(prefix="round_parts_") as root:
+        cli = FederatedCLI(args=["--config", config, *overrides, "--trainer.max_epochs", str(rounds + 1),
+                                 "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+                                 "--trainer.default_root_dir", root], run=False)
+        timer = frameworks._Timer(1)
+        cli.trainer.callbacks += [timer, *callbacks]
+        cli.trainer.fit(cli.model, cli.datamodule)
+    return timer.seconds / rounds
+
+
 class Counting(pl.Callback):
     """Counting on from the first round the benchmark's timer counts (after its warm-up rounds)."""
 
@@ -119,15 +142,19 @@ def main() -> None:
     parser.add_argument("--count-ops", action="store_true",
                         help="count each part's tensor operations (a GPU's kernel launches) instead of timing it")
     parser.add_argument("--out", default=None, help="JSON file for the results")
+    parser.add_argument("--config", default=None, help="a config to time through the CLI instead of --workload")
+    parser.add_argument("overrides", nargs="*", help="with --config: fl-lightning fit arguments (after --)")
     args = parser.parse_args()
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         sys.exit("round_parts.py: --accelerator gpu needs a CUDA device, and torch.cuda.is_available() is False here")
     os.environ[frameworks.MNIST_ENV] = os.path.abspath(args.mnist)
     torch.set_num_threads(args.threads)
     sync = args.sync == "yes" or (args.sync == "auto" and args.accelerator == "gpu")
+    if args.config is not None and (args.block is not None or args.compile_step):
+        parser.error("with --config, give the block and the compiled step as overrides: -- "
+                     "--model.init_args.clients_per_block N --model.init_args.compile_step true")
     w = frameworks.WORKLOADS[args.workload]
     block = args.block or max(w.blocks)
-    dm = w.datamodule()
 
     totals: collections.Counter = collections.Counter()
     ops: Optional[collections.Counter] = collections.Counter() if args.count_ops else None
@@ -136,28 +163,37 @@ def main() -> None:
         original = owner.__dict__[attribute]
         wrapped = timed(totals, counting, name, getattr(original, "__func__", original), sync, ops)
         setattr(owner, attribute, staticmethod(wrapped) if isinstance(original, staticmethod) else wrapped)
-    seconds = frameworks.fl_lightning(w, dm, args.rounds, "batched", block, "gpu" if args.accelerator == "gpu" else "cpu",
-                                      compile_step=args.compile_step, callbacks=[Counting(counting)])
+    if args.config is not None:
+        overrides = list(args.overrides)
+        if args.accelerator == "gpu" and "--trainer.accelerator" not in overrides:
+            overrides += ["--trainer.accelerator", "gpu"]
+        seconds = config_rounds(args.config, overrides, args.rounds, [Counting(counting)])
+        name, block = f"{args.config} {' '.join(args.overrides)}".strip(), "the config's"
+    else:
+        seconds = frameworks.fl_lightning(w, w.datamodule(), args.rounds, "batched", block,
+                                          "gpu" if args.accelerator == "gpu" else "cpu",
+                                          compile_step=args.compile_step, callbacks=[Counting(counting)])
+        name = args.workload
     if ops is not None:
-        print(f"{args.workload}, block {block}, {'compiled' if args.compile_step else 'eager'} step: tensor operations a round")
+        print(f"{name}, block {block}, {'compiled' if args.compile_step else 'eager'} step: tensor operations a round")
         for name in PARTS:
             print(f"  {name:<36} {ops[name] / args.rounds:9.0f}")
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"workload": args.workload, "block": block, "compile_step": args.compile_step,
+                json.dump({"workload": name, "block": block, "compile_step": args.compile_step,
                            "rounds": args.rounds, "operations_per_round": {n: ops[n] / args.rounds for n in PARTS},
                            "torch": torch.__version__}, f, indent=1)
         return
     per_round = {name: totals[name] / args.rounds for name in PARTS}
     per_round["rest (Lightning's loop, callbacks)"] = seconds - sum(per_round.values())
     device = torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu"
-    print(f"{args.workload}, block {block}, {'compiled' if args.compile_step else 'eager'} step, {device}, "
+    print(f"{name}, block {block}, {'compiled' if args.compile_step else 'eager'} step, {device}, "
           f"{'device synced at each part' if sync else 'no sync'}: {seconds * 1e3:.1f} ms a round")
     for name, value in per_round.items():
         print(f"  {name:<36} {value * 1e3:9.2f} ms  {100 * value / seconds:5.1f}%")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"workload": args.workload, "block": block, "compile_step": args.compile_step, "device": device,
+            json.dump({"workload": name, "block": block, "compile_step": args.compile_step, "device": device,
                        "sync": sync, "rounds": args.rounds, "seconds_per_round": seconds,
                        "parts_seconds_per_round": per_round, "torch": torch.__version__}, f, indent=1)
 
