@@ -165,13 +165,13 @@ class RAGA(FederatedModule):
     def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[LRScheduler]:
         return paper_schedule(optimizer, self.schedule, self.total_rounds, self.trainer, self.lr_scale)
 
-    def client_init(self, run: ClientRun) -> None:
-        run.scratch["grad_sum"] = [torch.zeros_like(p) for p in run.params]
-
     def client_step(self, run: ClientRun, batch: Any) -> Tensor:
-        """One SGD step; the gradient (at the pre-step iterate) is added to the round's sum."""
+        """One SGD step; the gradient (at the pre-step iterate) is added to the round's sum, which
+        the first step starts (no ``client_init``: the batched backend's runs then share the round's
+        start instead of each copying it)."""
         loss, grads = run.loss_and_grad(batch)
-        run.scratch["grad_sum"] = [s + g for s, g in zip(run.scratch["grad_sum"], grads)]
+        total = run.scratch.get("grad_sum")
+        run.scratch["grad_sum"] = [g.clone() for g in grads] if total is None else [s + g for s, g in zip(total, grads)]
         run.step(grads)
         return loss
 
