@@ -7,6 +7,7 @@ rounds after warm-up; the engine's parts are timed as they run:
   start runs     each client's run and ``client_init`` (``_start_runs``)
   stack          the block's carries stacked (``stack_carries``)
   steps          the vectorized local steps (``_advance``), compiled with ``--compile-step``
+  vectorized finals  ``client_final`` for the whole block, where the algorithm allows it (``_vectorized_finals``)
   unstack        the runs' values and step means given back (``Block.unstack``)
   finish runs    the uploads, checked and handed to the round (``_finish_runs``)
   round end      NaN/Inf checks, aggregation, the server update, logs (``finish_round``)
@@ -53,6 +54,7 @@ PARTS: dict[str, tuple[Any, str]] = {
     "start runs": (batched.BatchedBackend, "_start_runs"),
     "stack": (batched, "stack_carries"),
     "steps": (batched.BatchedBackend, "_advance"),
+    "vectorized finals": (batched.BatchedBackend, "_vectorized_finals"),
     "unstack": (batched.Block, "unstack"),
     "finish runs": (batched.BatchedBackend, "_finish_runs"),
     "round end": (FederatedModule, "finish_round"),

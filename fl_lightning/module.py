@@ -134,6 +134,12 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     #: whether the local rule is a function of tensors that the batched backend can vectorize (False
     #: for rules with a torch optimizer of their own or a start model that carries a graph)
     batchable: bool = True
+    #: whether ``client_final`` is a function of the run's tensors and of Python values all the clients
+    #: of a block share (the steps taken, the rate): no ``client_id`` or ``num_samples``, no data, no
+    #: random draws, no ``self.log``. The batched backend then runs it once for a block, ``vmap``-ped over
+    #: its clients, instead of once per client (one operation a block where each client costs a few:
+    #: on a GPU, launches); where the block's clients took different numbers of steps, per client.
+    vectorized_final: bool = False
     #: whether the algorithm trains a global model (False for personalized algorithms whose clients'
     #: models come only from ``client_eval_state``: local training alone, a hypernetwork)
     has_global_model: bool = True

@@ -117,6 +117,57 @@ def test_ragged_clients_need_no_padding(momentum):
     assert_close(outcome(a[0]), outcome(b[0]), atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["RAGA", "SCAFFOLD", "FedDeper"])
+def test_a_vectorized_client_final_runs_once_a_block(name, monkeypatch):
+    """An algorithm that declares ``vectorized_final`` has its ``client_final`` called once for a
+    block (a view of the stacked clients: no client id), not once per client: blocks of 4 and 1 in
+    each of the 3 rounds (the equality with the sequential backend: test_batched_equals_sequential)."""
+    module = SUPPORTED[name]("batched", 4)
+    assert module.vectorized_final
+    calls = []
+    final = type(module).client_final
+
+    def counted(self, run):
+        calls.append(run.client_id)
+        return final(self, run)
+
+    monkeypatch.setattr(type(module), "client_final", counted)
+    trainer(3).fit(module, synthetic(6))
+    assert calls == [None] * 6
+
+
+def test_a_client_final_that_cannot_be_vectorized_runs_per_client_with_a_reason():
+    """A ``client_final`` declared vectorizable that draws random numbers: refused by ``vmap``, it runs
+    once per client from then on (a one-time warning says why), with the sequential backend's result;
+    clients that took different numbers of steps (``local_epochs``) run it per client too."""
+
+    class Drawing(RAGA):
+        def client_final(self, run):
+            out = super().client_final(run)
+            return {"grad": out["grad"] + 0.0 * torch.rand(())}
+
+    make = lambda b, k: Drawing(mlp(), clients_per_round=5, **common(b, k))  # noqa: E731
+    with pytest.warns(UserWarning, match=r"Drawing.client_final runs once per client: it cannot be vectorized"):
+        batched, _ = fitted(make, "batched")
+    assert batched.backend._eager_final is not None
+    assert_close(outcome(fitted(make, "sequential")[0]), outcome(batched), atol=1e-5)
+
+    calls = []
+
+    class Ragged(SCAFFOLD):
+        def client_final(self, run):
+            calls.append(run.client_id)
+            return super().client_final(run)
+
+    epochs = lambda b, k: Ragged(mlp(), clients_per_round=5, local_epochs=1, client_backend=b,  # noqa: E731
+                                 clients_per_block=k, seed=1)
+    sequential = fitted(epochs, "sequential", rounds=1)[0]
+    sequential_calls, calls[:] = list(calls), []
+    ragged = fitted(epochs, "batched", block=5, rounds=1)[0]  # one block, clients of unequal step counts
+    assert None not in calls and sorted(calls) == sorted(sequential_calls)
+    assert_close(outcome(sequential), outcome(ragged), atol=1e-5)
+
+
 def test_clients_smaller_than_the_batch_step_as_blocks_of_their_own(monkeypatch):
     """With local_steps, clients whose batches differ in shape (fewer samples than the batch size) form
     blocks of their own: every vectorized call is over a whole block (no client's values gathered out

@@ -95,6 +95,7 @@ class FedDeper(FederatedModule):
     """
 
     paper_weighting = "uniform"
+    vectorized_final = True  # the mixing of v_i and the delta: tensors and lam
 
     def __init__(
         self,

@@ -45,6 +45,8 @@ class Algorithm(Federation, Protocol):
     extra_batch_streams: tuple[str, ...]
     #: whether the local rule is a function of tensors (the batched backend can vectorize it)
     batchable: bool
+    #: whether ``client_final`` can run ``vmap``-ped over a block's clients (see ``FederatedModule``)
+    vectorized_final: bool
     #: the declared uploads and per-client state entries
     update_specs: dict[str, UpdateSpec]
     state_specs: dict[str, StateSpec]

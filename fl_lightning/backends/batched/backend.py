@@ -123,6 +123,8 @@ class BatchedBackend(ClientBackend[Block]):
             else vectorized_hook)
         #: why each evaluation hook found unvectorizable is evaluated one client after another, by hook
         self._sequential_evaluation: dict[str, str] = {}
+        #: why ``client_final`` could not be vectorized (None: it can, or was not tried)
+        self._eager_final: Optional[str] = None
 
     def configure(self, device: torch.device, clients_per_round: int, client_bytes: int) -> None:
         if self.requested_block is None:
@@ -164,8 +166,11 @@ class BatchedBackend(ClientBackend[Block]):
         for block in blocks:
             for step, step_groups in enumerate(block.plan):
                 self._advance(context, block, step_groups, step, "step")
+            finals = self._vectorized_finals(context, block) if context.finalizes_rounds else None
             block.unstack()
-            if not context.finalizes_rounds and block.runs:
+            if finals is not None:
+                uploads.update(finals)
+            elif not context.finalizes_rounds and block.runs:
                 uploads.update(block.default_uploads() or {})
         self._finish_runs(context, runs, uploads)
 
@@ -230,6 +235,30 @@ class BatchedBackend(ClientBackend[Block]):
                 continue
             runs.append(run)
         return runs
+
+    def _vectorized_finals(self, context: ClientContext, block: Block) -> Optional[dict[int, dict[str, Tensor]]]:
+        """Every run's ``client_final`` computed once for ``block``, ``vmap``-ped over its stacked carry
+        (which takes the new state entries), before the block unstacks: the uploads by the run's ``id``,
+        rows of one stacked tensor each. None where the algorithm does not declare ``vectorized_final``,
+        the block's clients took different numbers of steps, or vmap cannot run the hook (then never
+        again, with a one-time warning that says why): each client's own, eagerly."""
+        runs = block.runs
+        if (not runs or not context.algorithm.vectorized_final or self._eager_final is not None
+                or len({run.steps_taken for run in runs}) > 1):
+            return None
+        first, last = runs[0], runs[-1]
+        side: dict[str, Any] = {}
+        try:
+            with context.local_work(first.client_id, "block", first.round, last.client_id, "final", first.steps_taken):
+                tensors, uploads = vectorized_final(context.algorithm.client_final, first, block.spec, block.static,
+                                                    side, block.tensors)
+        except RuntimeError as error:  # a draw, a tensor read in Python: vmap's refusals
+            self._eager_final = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            rank_zero_warn(f"{type(context.algorithm).__name__}.client_final runs once per client: it cannot be "
+                           f"vectorized over a block ({self._eager_final})")
+            return None
+        self._take_back(block, [(None, None, (tensors, side["spec"], side["static"], uploads))])
+        return {id(run): {name: value[i] for name, value in uploads.items()} for i, run in enumerate(runs)}
 
     @staticmethod
     def _finish_runs(context: ClientContext, runs: list[FunctionalRun],
@@ -412,6 +441,25 @@ def vectorized_hook(hook: Callable[[FunctionalRun, Any], Any], template: Functio
         return new_tensors, outputs, run.logs
 
     return vmap(one_client, in_dims=(0, 0, 0, None), randomness="different")(tensors, batch, extras, step)
+
+
+def vectorized_final(hook: Callable[[FunctionalRun], dict[str, Tensor]], template: FunctionalRun, spec: Any,
+                     static: dict[int, Any], side: dict[str, Any], tensors: list[Tensor]
+                     ) -> tuple[list[Tensor], dict[str, Tensor]]:
+    """``hook`` (``client_final``) for every client of a stacked carry ``tensors`` (``template``'s
+    fields: every client took ``template.steps_taken`` steps), ``vmap``-ped over the clients, no random
+    draws allowed: returns the new stacked carry's tensors (the state entries the hook set) and the
+    uploads, stacked; ``side`` receives the new carry's structure (``"spec"``, ``"static"``)."""
+
+    def one_client(tensors: list[Tensor]) -> tuple[list[Tensor], dict[str, Tensor]]:
+        run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), template.steps_taken,
+                                 template.extra_batches)
+        uploads = dict(hook(run))
+        new_leaves, side["spec"] = tree_flatten(run.carry())
+        new_tensors, side["static"] = split_leaves(new_leaves)
+        return new_tensors, uploads
+
+    return vmap(one_client, randomness="error")(tensors)
 
 
 def named_outputs(out: Any) -> dict[str, Tensor]:
