@@ -208,7 +208,7 @@ class SequentialBackend(ClientBackend[_Parked]):
     """Runs the round's clients one after another (lock-step algorithms: one step of all of this
     process's clients per work item), in the client module."""
 
-    def __init__(self, clients_per_block: int = 1) -> None:
+    def __init__(self, clients_per_block: Optional[int] = None) -> None:
         super().__init__(1)  # one client at a time, whatever the block size asked for
         self._view: Optional[ModuleView] = None
 
