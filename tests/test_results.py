@@ -38,3 +38,21 @@ def test_every_table_is_computed_from_the_result_file(paper):
 def test_every_figure_shown_is_there(document):
     shown = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", document.read_text())
     assert [target for target in shown if not (document.parent / target).is_file()] == []
+
+
+def test_refresh_replaces_each_shown_table_by_its_new_counterpart():
+    """A table is matched by its header, its row labels and its rank among tables sharing both; bold
+    does not hide a table; new tables and tables the page does not show are listed, not placed."""
+    from experiments.refresh_tables import refresh
+
+    a5, a10 = "| diff | x |\n|---|---|\n| A − B | 1 |", "| diff | x |\n|---|---|\n| A − B | 2 |"
+    doc = f"# page\n\nm = 5:\n\n{a5.replace('| 1 |', '| **1** |')}\n\nm = 10:\n\n{a10}\n"
+    new5, new10, extra = a5.replace("| 1 |", "| 3 |"), a10.replace("| 2 |", "| 4 |"), "| other | y |\n|---|---|\n| C | 5 |"
+    gone = "| gone | z |\n|---|---|\n| D | 6 |"
+    text, unplaced, absent = refresh(doc, [a5, a10, gone], [new5, new10, extra])
+    assert text == f"# page\n\nm = 5:\n\n{new5}\n\nm = 10:\n\n{new10}\n"
+    assert unplaced == [extra] and absent == []
+    grown = new10 + "\n| A − C | 7 |"  # a row that appeared: another table, to place by hand
+    text, unplaced, absent = refresh(text, [new5, new10], [new5, grown])
+    assert text.count("| 3 |") == 1 and "| 4 |" in text and unplaced == [grown] and absent == []
+    assert refresh("nothing\n", [a5], [new5]) == ("nothing\n", [new5], [a5])
