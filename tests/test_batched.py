@@ -448,6 +448,7 @@ def test_the_default_block_is_the_round_within_a_share_of_free_memory(monkeypatc
     module = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched")
     trainer(1).fit(module, synthetic(6))
     assert module.backend.clients_per_block == 6 and module.num_work_items() == 1
+    assert module.backend.evaluation_block(40) == 40  # evaluating more clients than a round: all at once
     per_client = module.client_bytes()
     model = sum(p.numel() * 4 for p in module.client.parameters())
     assert per_client == 4 * model + 4 * module.global_model.dim  # four copies and the upload
@@ -455,7 +456,7 @@ def test_the_default_block_is_the_round_within_a_share_of_free_memory(monkeypatc
     monkeypatch.setattr(batched, "free_memory", lambda device: 4 * 2 * per_client + 3)  # a quarter holds 2
     auto = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", seed=1)
     trainer(1).fit(auto, synthetic(6))
-    assert auto.backend.clients_per_block == 2 and auto.num_work_items() == 3
+    assert auto.backend.clients_per_block == 2 and auto.num_work_items() == 3 and auto.backend.evaluation_block(40) == 2
     explicit = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", clients_per_block=2, seed=1)
     trainer(1).fit(explicit, synthetic(6))
     assert torch.equal(auto.global_model.flatten(), explicit.global_model.flatten())

@@ -125,11 +125,22 @@ class BatchedBackend(ClientBackend[Block]):
         self._sequential_evaluation: dict[str, str] = {}
         #: why ``client_final`` could not be vectorized (None: it can, or was not tried)
         self._eager_final: Optional[str] = None
+        #: a client's bytes and the device, for blocks sized by memory (``clients_per_block=None``)
+        self._memory: Optional[tuple[int, torch.device]] = None
 
     def configure(self, device: torch.device, clients_per_round: int, client_bytes: int) -> None:
         if self.requested_block is None:
             _, world = rank_and_world()
             self.clients_per_block = block_size(math.ceil(clients_per_round / world), client_bytes, free_memory(device))
+            self._memory = (client_bytes, device)
+
+    def evaluation_block(self, clients: int) -> int:
+        """Clients per block when ``clients`` clients are evaluated: the asked-for block size, or
+        (``clients_per_block=None``) all of them as far as memory holds them."""
+        if self._memory is None:
+            return self.clients_per_block
+        client_bytes, device = self._memory
+        return block_size(max(clients, 1), client_bytes, free_memory(device))
 
     @classmethod
     def check(cls, context: ClientContext) -> list[str]:
@@ -176,12 +187,13 @@ class BatchedBackend(ClientBackend[Block]):
 
     def evaluate(self, context: ClientContext, client_ids: Sequence[int], state_of: StateOf, split: str,
                  hook: str) -> list[ClientResult]:
-        """Blocks of ``clients_per_block`` clients evaluated at once, ``vmap``-ped over their models
+        """Blocks of clients (:meth:`evaluation_block`) evaluated at once, ``vmap``-ped over their models
         (:mod:`fl_lightning.backends.batched.evaluate`); where the hook cannot be vectorized, one
         client after another, with a one-time warning that says why (the hook is not tried again)."""
         if hook not in self._sequential_evaluation:
             try:
-                return evaluate_vectorized(context, client_ids, state_of, split, hook, self.clients_per_block)
+                return evaluate_vectorized(context, client_ids, state_of, split, hook,
+                                           self.evaluation_block(len(client_ids)))
             except NotVectorizable as reason:
                 self._sequential_evaluation[hook] = str(reason)
                 rank_zero_warn(f"the batched client backend evaluates clients one after another: {reason}")
