@@ -8,9 +8,10 @@ changed them:
 (``--before``, default: the committed ``docs/results/<paper>.json``), which is what the document
 shows, and from the file as it is now. Each table of the document that the first computation gives
 is replaced by its counterpart in the second: the table with the same header and the same row
-labels (its first column), in the same order among tables that share both. What cannot be matched
-is listed: new tables (a study's first runs, a row that appeared) for the author to place, with the
-prose around them, which this does not touch. Bold set by hand in a changed table goes.
+labels (its first column), in the same order among tables that share both; failing that (a row
+appeared), the table with the same header in the same order, where both computations give as many
+tables with that header. What cannot be matched is listed: new tables (a study's first runs) for
+the author to place, with the prose around them, which this does not touch. Bold set by hand in a changed table goes.
 """
 
 from __future__ import annotations
@@ -57,24 +58,49 @@ def find(doc: list[str], table: list[str]) -> Optional[int]:
     return None
 
 
+def by_header(tables: Sequence[str]) -> list[tuple[str, int]]:
+    """Each table's first line and its rank among the tables that share it."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for table in tables:
+        seen[table.splitlines()[0]] += 1
+        out.append((table.splitlines()[0], seen[table.splitlines()[0]]))
+    return out
+
+
+def pairs(before: Sequence[str], after: Sequence[str]) -> dict[int, int]:
+    """``after`` index -> the ``before`` index of the same table: the same :func:`keys`; else, for a
+    table whose rows changed (a row that appeared), the same header and rank among the tables with
+    that header, where before and after have as many of them."""
+    old = {key: i for i, key in enumerate(keys(before))}
+    matched = {j: old[key] for j, key in enumerate(keys(after)) if key in old}
+    count_before, count_after = (defaultdict(int) for _ in range(2))
+    for header, _ in by_header(before):
+        count_before[header] += 1
+    for header, _ in by_header(after):
+        count_after[header] += 1
+    old_headers = {key: i for i, key in enumerate(by_header(before)) if i not in matched.values()}
+    for j, key in enumerate(by_header(after)):
+        if j not in matched and key in old_headers and count_before[key[0]] == count_after[key[0]]:
+            matched[j] = old_headers[key]
+    return matched
+
+
 def refresh(doc: str, before: Sequence[str], after: Sequence[str]) -> tuple[str, list[str], list[str]]:
-    """``doc`` with each of the ``before`` tables it shows replaced by the ``after`` table of the same
-    :func:`keys`; also the ``after`` tables that replaced nothing and the ``before`` tables that were
-    not found in ``doc``."""
+    """``doc`` with each of the ``before`` tables it shows replaced by its ``after`` counterpart
+    (:func:`pairs`); also the ``after`` tables that replaced nothing and the ``before`` tables that
+    were not found in ``doc``."""
     lines = doc.splitlines()
-    old = dict(zip(keys(before), before))
     placed, absent = set(), []
-    for key, table in zip(keys(after), after):
-        if key not in old:
-            continue
-        at = find(lines, old[key].splitlines())
+    for j, i in sorted(pairs(before, after).items()):
+        at = find(lines, before[i].splitlines())
         if at is None:
-            absent.append(old[key])
+            absent.append(before[i])
             continue
-        if table != old[key]:  # an unchanged table keeps the page's bold
-            lines[at: at + len(old[key].splitlines())] = table.splitlines()
-        placed.add(key)
-    unplaced = [table for key, table in zip(keys(after), after) if key not in placed and find(lines, table.splitlines()) is None]
+        if after[j] != before[i]:  # an unchanged table keeps the page's bold
+            lines[at: at + len(before[i].splitlines())] = after[j].splitlines()
+        placed.add(j)
+    unplaced = [table for j, table in enumerate(after) if j not in placed and find(lines, table.splitlines()) is None]
     return "\n".join(lines) + ("\n" if doc.endswith("\n") else ""), unplaced, absent
 
 
