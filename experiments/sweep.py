@@ -423,8 +423,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             print(f"time limit: {run.name} and the runs after it are not started", flush=True)
             break
         print(f"== {run.name}: {run.command()}", flush=True)
+        started = time.perf_counter()
         record = fit(run, opts.paper, plan, commit, stop_at, opts.backend)
         results.add(out, record)
+        print(f"{run.name}: recorded after {time.perf_counter() - started:.0f} s ({record['wall_s']:.0f} s of training "
+              "and evaluation)", flush=True)
         if "stopped" not in record:  # recorded for good: no resuming any more
             shutil.rmtree(resume_dir(opts.paper, run.name), ignore_errors=True)
 
