@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # A paper's sweep on a lent GPU machine in one call: its runs under a time limit (each run stops at its
 # first evaluation after it and is recorded as stopped, see experiments/sweep.py), the result file,
-# the workers' logs and the GPU's utilization under OUT_DIR:
+# the slots' logs and the GPU's utilization under OUT_DIR:
 #
 #   FL_LIGHTNING_COMMIT=<commit> bash experiments/gpu_sweep.sh OUT_DIR PAPER SECONDS JOBS PATTERN...
 #
 #   env.txt          the card, the packages, the commit
 #   <paper>.json     the runs (experiments/results.py), to merge into docs/results/<paper>.json
-#   sweep.log        the sweep's output and each worker's last 40 lines
+#   sweep.log        the sweep's output and the last 40 lines of each slot's log (its runs' output)
 #   gpu_util.csv     nvidia-smi's utilization and memory every 5 s
 #
 # The copy of the tree on that machine has no git history: FL_LIGHTNING_COMMIT names the clean commit it
