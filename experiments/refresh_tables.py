@@ -20,7 +20,7 @@ import argparse
 import importlib
 import json
 import subprocess
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -74,11 +74,8 @@ def pairs(before: Sequence[str], after: Sequence[str]) -> dict[int, int]:
     that header, where before and after have as many of them."""
     old = {key: i for i, key in enumerate(keys(before))}
     matched = {j: old[key] for j, key in enumerate(keys(after)) if key in old}
-    count_before, count_after = (defaultdict(int) for _ in range(2))
-    for header, _ in by_header(before):
-        count_before[header] += 1
-    for header, _ in by_header(after):
-        count_after[header] += 1
+    count_before = Counter(table.splitlines()[0] for table in before)
+    count_after = Counter(table.splitlines()[0] for table in after)
     old_headers = {key: i for i, key in enumerate(by_header(before)) if i not in matched.values()}
     for j, key in enumerate(by_header(after)):
         if j not in matched and key in old_headers and count_before[key[0]] == count_after[key[0]]:

@@ -446,8 +446,7 @@ def vectorized_hook(hook: Callable[[FunctionalRun, Any], Any], template: Functio
                    ) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor]]:
         run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), step, extras)
         out = hook(run, batch)
-        new_leaves, side["spec"] = tree_flatten(run.carry())
-        new_tensors, side["static"] = split_leaves(new_leaves)
+        new_tensors = carried_out(run, side)
         side["options"], side["sizes"] = run.log_options, run.log_sizes
         outputs = ({} if out is None else {"share": out}) if phase == "share" else named_outputs(out)
         return new_tensors, outputs, run.logs
@@ -467,11 +466,17 @@ def vectorized_final(hook: Callable[[FunctionalRun], dict[str, Tensor]], templat
         run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), template.steps_taken,
                                  template.extra_batches)
         uploads = dict(hook(run))
-        new_leaves, side["spec"] = tree_flatten(run.carry())
-        new_tensors, side["static"] = split_leaves(new_leaves)
-        return new_tensors, uploads
+        return carried_out(run, side), uploads
 
     return vmap(one_client, randomness="error")(tensors)
+
+
+def carried_out(run: FunctionalRun, side: dict[str, Any]) -> list[Tensor]:
+    """The tensors of ``run``'s carry after a vectorized hook; ``side`` receives its structure
+    (``"spec"``, ``"static"``)."""
+    new_leaves, side["spec"] = tree_flatten(run.carry())
+    new_tensors, side["static"] = split_leaves(new_leaves)
+    return new_tensors
 
 
 def named_outputs(out: Any) -> dict[str, Tensor]:
