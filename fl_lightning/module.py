@@ -299,13 +299,14 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         if refusals:
             raise ValueError(f"client_backend={self.client_backend!r} cannot run {type(self).__name__}: "
                              + "; ".join(refusals))
-        self.backend.configure(self.device, self.clients_per_round, self.client_bytes())
+        self.backend.configure(self.context, self.clients_per_round)
         dm.work_items_per_round = self.num_work_items()
 
     def client_bytes(self) -> int:
         """About what one client's run holds in memory: four copies of the client model (the
         model, its gradient, the round's start, an optimizer buffer), one more per declared state
-        entry, and its uploads (activations not counted)."""
+        entry, and its uploads; the batched backend adds its local step's activations
+        (:func:`~fl_lightning.backends.batched.sizing.step_activation_bytes`)."""
         model = sum(t.numel() * t.element_size() for t in (*self.client.parameters(), *self.client.buffers())
                     if t.is_floating_point())
         uploads = 4 * sum(spec.size for spec in self.update_specs.values())  # float32, as Layout.flatten makes them

@@ -26,6 +26,7 @@ from fl_lightning.algorithms import (
     LocalOnly,
 )
 from fl_lightning.backends import BatchedBackend
+from fl_lightning.backends.batched.sizing import step_activation_bytes
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import MLP
 from fl_lightning.optim.prox_sgd import ProxSGD
@@ -451,9 +452,10 @@ def test_the_default_block_is_the_round_within_a_share_of_free_memory(monkeypatc
     trainer(1).fit(module, synthetic(6))
     assert module.backend.clients_per_block == 6 and module.num_work_items() == 1
     assert module.backend.evaluation_block(40) == 40  # evaluating more clients than a round: all at once
-    per_client = module.client_bytes()
     model = sum(p.numel() * 4 for p in module.client.parameters())
-    assert per_client == 4 * model + 4 * module.global_model.dim  # four copies and the upload
+    assert module.client_bytes() == 4 * model + 4 * module.global_model.dim  # four copies and the upload
+    per_client = module.backend._memory[0]  # the run's tensors and its step's activations
+    assert per_client == module.client_bytes() + step_activation_bytes(module.context) > module.client_bytes()
 
     monkeypatch.setattr(batched, "free_memory", lambda device: 4 * 2 * per_client + 3)  # a quarter holds 2
     auto = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", seed=1)
@@ -466,6 +468,33 @@ def test_the_default_block_is_the_round_within_a_share_of_free_memory(monkeypatc
     tiny = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched")
     trainer(1).fit(tiny, synthetic(6))
     assert tiny.backend.clients_per_block == 1
+
+
+def test_a_steps_activations_grow_with_its_batch_and_leave_the_run_as_it_was():
+    """The activation estimate of the default block: what autograd saves for one ``training_step``
+    (twice), for an MLP a multiple of the batch size (and a few scalars); taking it draws no number from the run's RNG,
+    changes no model tensor, and the step's ``self.log`` calls are dropped (outside Lightning's loop,
+    as here after ``fit``, Lightning's own ``log`` would raise)."""
+    estimates = []
+    for batch_size in (4, 8, 12):
+        module = FedAvg(mlp(), clients_per_round=2, local_steps=1, client_backend="batched", clients_per_block=1)
+        trainer(1).fit(module, synthetic(3, batch_size=batch_size))
+        model, rng = module.global_model.flatten(), torch.get_rng_state()
+        estimates.append(step_activation_bytes(module.context))
+        assert torch.equal(torch.get_rng_state(), rng) and torch.equal(module.global_model.flatten(), model)
+    per_4 = estimates[1] - estimates[0]
+    assert per_4 > 0 and estimates[2] - estimates[1] == per_4 and 0 <= estimates[0] - per_4 < 64
+
+
+def test_saved_tensor_bytes_counts_each_storage_once_and_not_the_excluded():
+    from fl_lightning.backends.batched.sizing import saved_tensor_bytes
+
+    w = torch.ones(3, 4, requires_grad=True)
+    x = torch.ones(5, 3)
+    assert saved_tensor_bytes(lambda: (x @ w).relu().sum(), exclude=[w]) == 5 * 3 * 4 + 5 * 4 * 4  # x, relu's output
+    assert saved_tensor_bytes(lambda: (x @ w).relu().sum()) == 5 * 3 * 4 + 5 * 4 * 4  # w is not saved here
+    y = x.clone().requires_grad_()
+    assert saved_tensor_bytes(lambda: (y * y[:, :1]).sum()) == 5 * 3 * 4  # both factors are views of one storage
 
 
 def test_block_size():

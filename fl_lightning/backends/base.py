@@ -57,10 +57,9 @@ class ClientBackend(ABC, Generic[Group]):
         return []
 
     # ------------------------------------------------------------ schedule
-    def configure(self, device: torch.device, clients_per_round: int, client_bytes: int) -> None:
-        """Settle what depends on the run, once its device and round are known (the module's
-        ``setup``): ``client_bytes`` is what one client's run holds (models, optimizer state, state
-        entries, uploads). The sequential backend has nothing to settle."""
+    def configure(self, context: ClientContext, clients_per_round: int) -> None:
+        """Settle what depends on the run, once its device, data and round are known (the module's
+        ``setup``). The sequential backend has nothing to settle."""
 
     def num_work_items(self, context: ClientContext, clients_per_round: int) -> int:
         """Work items per round on this process (the same on every process)."""

@@ -20,7 +20,7 @@ from fl_lightning.backends.batched.batches import IndexGroup, StepGroup, fixed_g
 from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
-from fl_lightning.backends.batched.sizing import block_size, free_memory
+from fl_lightning.backends.batched.sizing import block_size, free_memory, step_activation_bytes
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
@@ -101,7 +101,7 @@ class BatchedBackend(ClientBackend[Block]):
     Args:
         clients_per_block: how many clients advance together (memory grows with it). None: every
             client of the round (this process's share under DDP) in one block, as far as a quarter
-            of the device's free memory holds their runs (:func:`~fl_lightning.backends.batched.
+            of the device's free memory holds their runs and their steps' activations (:func:`~fl_lightning.backends.batched.
             sizing.block_size`), settled once the run's device is known (:meth:`configure`).
         compile_step: capture each vectorized step with ``torch.compile`` (:func:`vectorized_hook`):
             one compile per structure of the step (seconds, once: the first two steps of the run, and
@@ -128,11 +128,16 @@ class BatchedBackend(ClientBackend[Block]):
         #: a client's bytes and the device, for blocks sized by memory (``clients_per_block=None``)
         self._memory: Optional[tuple[int, torch.device]] = None
 
-    def configure(self, device: torch.device, clients_per_round: int, client_bytes: int) -> None:
+    def configure(self, context: ClientContext, clients_per_round: int) -> None:
+        """With ``clients_per_block=None``: the block that memory holds, a client counted as its run's
+        tensors (``FederatedModule.client_bytes``) and its local step's activations
+        (:func:`~fl_lightning.backends.batched.sizing.step_activation_bytes`)."""
         if self.requested_block is None:
             _, world = rank_and_world()
-            self.clients_per_block = block_size(math.ceil(clients_per_round / world), client_bytes, free_memory(device))
-            self._memory = (client_bytes, device)
+            client_bytes = context.algorithm.client_bytes() + step_activation_bytes(context)
+            self.clients_per_block = block_size(math.ceil(clients_per_round / world), client_bytes,
+                                                free_memory(context.device))
+            self._memory = (client_bytes, context.device)
 
     def evaluation_block(self, clients: int) -> int:
         """Clients per block when ``clients`` clients are evaluated: the asked-for block size, or

@@ -1,12 +1,20 @@
 """How many clients a vectorized block holds when the user leaves it to the engine
-(``clients_per_block=None``): every client of the round, as far as memory allows."""
+(``clients_per_block=None``): every client of the round, as far as memory allows, a client
+counted with the activations of its local step (:func:`step_activation_bytes`)."""
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
+from torch import Tensor
+
+from fl_lightning.backends.stateless import training_loss
+from fl_lightning.lightning_compat import routed_log
+
+if TYPE_CHECKING:
+    from fl_lightning.backends.context import ClientContext
 
 #: the share of the device's free memory a block's stacked client tensors may take
 MEMORY_SHARE = 0.25
@@ -41,3 +49,50 @@ def block_size(clients: int, client_bytes: int, free: Optional[int], share: floa
     if free is None or client_bytes == 0:
         return clients
     return max(1, min(clients, int(share * free) // client_bytes))
+
+
+def saved_tensor_bytes(fn: Callable[[], Any], exclude: Sequence[Tensor] = ()) -> int:
+    """Bytes of the tensors autograd saves for the backward of what ``fn`` computes: each storage
+    counted once, those of ``exclude`` (the model's own tensors, counted elsewhere) not.
+
+    >>> w = torch.ones(3, 4, requires_grad=True)
+    >>> saved_tensor_bytes(lambda: (torch.ones(5, 3) @ w).relu().sum(), exclude=[w])  # input and relu's output
+    140
+    """
+    skip = {(t.device, t.untyped_storage().data_ptr()) for t in exclude}
+    seen: dict[tuple[torch.device, int], int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        key = (t.device, storage.data_ptr())
+        if key not in skip:
+            seen[key] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()  # kept until every saved tensor is counted, so that no storage is reused meanwhile
+    del out
+    return sum(seen.values())
+
+
+def step_activation_bytes(context: "ClientContext") -> int:
+    """About what one client's local step holds beyond its model: twice the bytes autograd saves
+    for the backward of the client's ``training_step`` on a batch of the largest training client's
+    first samples (at most ``batch_size``), at copies of the model's tensors, in the run's
+    precision; the gradients flowing back through the saved tensors take about as much again at
+    their peak. One step, once, at setup: random draws are taken from a forked RNG, and the
+    step's ``self.log`` calls are dropped, so that the run is what it would be without it."""
+    data = context.algorithm.datamodule
+    if not data.train_clients:
+        return 0
+    split = data.client_data(max(data.train_clients, key=data.num_samples), "train")
+    batch = context.gather(split.indices[: split.step_batch_size])
+    model = context.global_model
+    tensors = [t.detach().clone().requires_grad_(i < model.layout.num_param_tensors)
+               for i, t in enumerate(model.tensors)]
+    devices = [context.device] if context.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), routed_log(context.client, lambda *args, **kwargs: None), \
+            context.forward_context():
+        saved = saved_tensor_bytes(lambda: training_loss(context.stateless.training_step(tensors, batch, 0)),
+                                   exclude=tensors)
+    return 2 * saved
