@@ -100,11 +100,6 @@ class LocalSchedule:
         self.template, self.scheduler = template, scheduler
         return template, scheduler
 
-    @property
-    def active(self) -> bool:
-        """Whether a schedule is in place (during and after ``fit``)."""
-        return self.template is not None
-
     def lrs(self) -> list[float]:
         """The scheduled learning rate of each parameter group, this round."""
         assert self.template is not None

@@ -68,10 +68,6 @@ class ClientUpdate:
     tensors: dict[str, Tensor]
     metrics: dict[str, float] = field(default_factory=dict)
 
-    def is_finite(self) -> bool:
-        """Whether every tensor of the update is free of NaN and Inf."""
-        return all_finite(self.tensors.values())
-
     def to(self, device: torch.device | str) -> "ClientUpdate":
         """A copy with every tensor on ``device``."""
         return ClientUpdate(

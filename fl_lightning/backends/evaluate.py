@@ -37,7 +37,6 @@ from fl_lightning.local_logging import call_options
 from fl_lightning.update import ClientResult
 
 Split = Literal["train", "val", "test"]
-EvaluationHook = Literal["validation_step", "test_step"]
 #: the splits and hooks a client evaluation takes
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 HOOKS: tuple[str, ...] = ("validation_step", "test_step")
