@@ -470,6 +470,47 @@ def test_the_default_block_is_the_round_within_a_share_of_free_memory(monkeypatc
     assert tiny.backend.clients_per_block == 1
 
 
+@pytest.mark.parametrize("name, where", [("FedAvg", "step"), ("SCAFFOLD", "final")])
+def test_a_default_block_out_of_memory_steps_again_in_halves(name, where, monkeypatch):
+    """``clients_per_block=None``: a block that runs out of device memory (simulated: any block of more
+    than 2 clients, at its second local step or in its vectorized ``client_final``) steps again in
+    halves from its clients' start, and later blocks are no larger, with one warning: the results
+    and the logged metrics are the sequential backend's (the failed block's step logs are not
+    counted twice). A block size the user chose is theirs: its error is raised."""
+    from fl_lightning.backends.batched import backend as batched
+
+    sequential, _ = fitted(SUPPORTED[name], "sequential")
+    logged = fitted(SUPPORTED[name], "sequential", rounds=1)[1]  # the round of the failures: its logs
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+    if where == "step":
+        advance = BatchedBackend._advance
+
+        def failing_advance(self, context, block, groups, step, phase):
+            if len(block.runs) > 2 and step == 1:
+                raise oom
+            return advance(self, context, block, groups, step, phase)
+
+        monkeypatch.setattr(BatchedBackend, "_advance", failing_advance)
+    else:
+        final = batched.vectorized_final
+
+        def failing_final(hook, template, spec, static, side, tensors):
+            if len(tensors[0]) > 2:
+                raise oom
+            return final(hook, template, spec, static, side, tensors)
+
+        monkeypatch.setattr(batched, "vectorized_final", failing_final)
+    with pytest.warns(UserWarning, match="ran out of memory in a block of 5 clients") as warned:
+        halved, _ = fitted(SUPPORTED[name], "batched", block=None)
+    assert sum("ran out of memory" in str(w.message) for w in warned) == 1
+    assert halved.backend.clients_per_block == 5 and halved.backend._fitting == 2  # 5 -> 3 + 2 -> 2 + 1 + 2
+    assert_close(outcome(sequential), outcome(halved), atol=1e-5)
+    logged_halved = fitted(SUPPORTED[name], "batched", block=None, rounds=1)[1]
+    assert_close(dict(logged.callback_metrics), dict(logged_halved.callback_metrics), atol=1e-5)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        fitted(SUPPORTED[name], "batched", block=4, rounds=1)
+
+
 def test_a_steps_activations_grow_with_its_batch_and_leave_the_run_as_it_was():
     """The activation estimate of the default block: what autograd saves for one ``training_step``
     (twice), for an MLP a multiple of the batch size (and a few scalars); taking it draws no number from the run's RNG,

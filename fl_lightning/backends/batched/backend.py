@@ -42,6 +42,8 @@ class Block:
         self.outputs: list[tuple[Optional[list[int]], dict[str, Tensor]]] = []
         #: whether the client module's Python state was checked in this block (at its first step)
         self.checked = False
+        #: the steps' ``self.log`` values (name, total, samples, options), handed to the round once the block is done
+        self.logs: list[tuple[str, Tensor, int, dict[str, Any]]] = []
 
     def record(self, members: Optional[list[int]], outputs: dict[str, Tensor]) -> None:
         """Keep a step's outputs, stacked over ``members`` (None: every client of the block)."""
@@ -64,6 +66,12 @@ class Block:
             for run, value in zip(self.runs, values):
                 if value == value:  # NaN: the client has no value of this name
                     run.record_mean(name, value)
+
+    def flush_logs(self, context: ClientContext) -> None:
+        """Hand the round the steps' ``self.log`` values, in the order the steps logged them."""
+        for name, total, samples, options in self.logs:
+            context.logs.add(name, total, samples, options)
+        self.logs = []
 
     def default_uploads(self) -> Optional[dict[int, dict[str, Tensor]]]:
         """Every run's upload of the default ``client_final``, ``{"delta": end - start}``, by the run's
@@ -102,7 +110,9 @@ class BatchedBackend(ClientBackend[Block]):
         clients_per_block: how many clients advance together (memory grows with it). None: every
             client of the round (this process's share under DDP) in one block, as far as a quarter
             of the device's free memory holds their runs and their steps' activations (:func:`~fl_lightning.backends.batched.
-            sizing.block_size`), settled once the run's device is known (:meth:`configure`).
+            sizing.block_size`), settled once the run's device is known (:meth:`configure`); a block
+            that runs out of device memory all the same steps again in halves, and no later block is
+            larger (:meth:`_run_block`). A number is the user's: out of memory is their error.
         compile_step: capture each vectorized step with ``torch.compile`` (:func:`vectorized_hook`):
             one compile per structure of the step (seconds, once: the first two steps of the run, and
             again only where the Python values the step reads change), then every step, block and round
@@ -127,6 +137,8 @@ class BatchedBackend(ClientBackend[Block]):
         self._eager_final: Optional[str] = None
         #: a client's bytes and the device, for blocks sized by memory (``clients_per_block=None``)
         self._memory: Optional[tuple[int, torch.device]] = None
+        #: the largest block that fits, once one ran out of memory (None: none did)
+        self._fitting: Optional[int] = None
 
     def configure(self, context: ClientContext, clients_per_round: int) -> None:
         """With ``clients_per_block=None``: the block that memory holds, a client counted as its run's
@@ -170,25 +182,73 @@ class BatchedBackend(ClientBackend[Block]):
             self._run_clients(context, clients)
 
     def _run_clients(self, context: ClientContext, clients: list[int]) -> None:
-        """:meth:`run_clients`' work."""
+        """:meth:`run_clients`' work (in parts of :attr:`_fitting` runs, once a block ran out of memory)."""
         runs = self._start_runs(context, clients)
+        uploads: dict[int, dict[str, Tensor]] = {}
+        size = self._fitting or max(len(runs), 1)
+        for start in range(0, len(runs), size):
+            for members, plan in self._blocks_of(context, runs[start:start + size]):
+                uploads.update(self._run_block(context, members, plan))
+        self._finish_runs(context, runs, uploads)
+
+    @staticmethod
+    def _blocks_of(context: ClientContext, runs: list[FunctionalRun]) -> list[tuple[list[FunctionalRun], Any]]:
+        """The blocks ``runs`` step in, each as its runs and the plan of its steps: one block, or one
+        for each shape of batch where clients differ in it at every step (none for no run)."""
+        if not runs:
+            return []
         groups = fixed_groups(context, runs)
         if groups is None or len(groups) == 1:
-            blocks = [Block(runs, plan_steps(context, runs) if groups is None else steps_of(groups))]
-        else:
-            blocks = [Block([runs[i] for i in g.members], steps_of([IndexGroup(list(range(len(g.members))), g.indices)]))
-                      for g in groups]
-        uploads: dict[int, dict[str, Tensor]] = {}
-        for block in blocks:
+            return [(runs, plan_steps(context, runs) if groups is None else steps_of(groups))]
+        return [([runs[i] for i in g.members], steps_of([IndexGroup(list(range(len(g.members))), g.indices)]))
+                for g in groups]
+
+    def _run_block(self, context: ClientContext, runs: list[FunctionalRun], plan: Any) -> dict[int, dict[str, Tensor]]:
+        """The steps and finals of one block of ``runs``, its values given back to the runs; returns
+        the uploads it computed, by the run's ``id``. Where the engine chose the block
+        (``clients_per_block=None``) and the device runs out of memory before the block gives its
+        values back, the block's runs step again in two halves, from their start (nothing of the
+        failed block is kept: its values, its steps' logs), and every later block of the run is at
+        most that size (a one-time warning says so)."""
+        try:
+            block = Block(runs, plan)
             for step, step_groups in enumerate(block.plan):
                 self._advance(context, block, step_groups, step, "step")
             finals = self._vectorized_finals(context, block) if context.finalizes_rounds else None
-            block.unstack()
-            if finals is not None:
-                uploads.update(finals)
-            elif not context.finalizes_rounds and block.runs:
-                uploads.update(block.default_uploads() or {})
-        self._finish_runs(context, runs, uploads)
+        except torch.cuda.OutOfMemoryError:
+            if self.requested_block is not None or len(runs) == 1:
+                raise
+            block = None  # the failed block's memory goes before the halves take theirs
+        if block is None:
+            return self._halved(context, runs)
+        block.unstack()
+        block.flush_logs(context)
+        if finals is not None:
+            return finals
+        if context.finalizes_rounds:
+            return {}
+        try:
+            return block.default_uploads() or {}
+        except torch.cuda.OutOfMemoryError:  # the runs have their values: each computes its own upload
+            return {}
+
+    def _halved(self, context: ClientContext, runs: list[FunctionalRun]) -> dict[int, dict[str, Tensor]]:
+        """:meth:`_run_block` for each half of ``runs`` after their block ran out of memory."""
+        for run in runs:
+            run.steps_taken = 0
+        half = math.ceil(len(runs) / 2)
+        if self._fitting is None:
+            rank_zero_warn(f"the batched client backend ran out of memory in a block of {len(runs)} clients: the "
+                           f"block's clients step again in blocks of {half}, and no later block is larger (set "
+                           "clients_per_block to choose the size)")
+        self._fitting = min(self._fitting or half, half)
+        if runs[0].tensors and runs[0].tensors[0].is_cuda:
+            torch.cuda.empty_cache()
+        uploads: dict[int, dict[str, Tensor]] = {}
+        for part in (runs[:half], runs[half:]):
+            for members, plan in self._blocks_of(context, part):
+                uploads.update(self._run_block(context, members, plan))
+        return uploads
 
     def evaluate(self, context: ClientContext, client_ids: Sequence[int], state_of: StateOf, split: str,
                  hook: str) -> list[ClientResult]:
@@ -269,6 +329,8 @@ class BatchedBackend(ClientBackend[Block]):
             with context.local_work(first.client_id, "block", first.round, last.client_id, "final", first.steps_taken):
                 tensors, uploads = vectorized_final(context.algorithm.client_final, first, block.spec, block.static,
                                                     side, block.tensors)
+        except torch.cuda.OutOfMemoryError:
+            raise
         except RuntimeError as error:  # a draw, a tensor read in Python: vmap's refusals
             self._eager_final = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             rank_zero_warn(f"{type(context.algorithm).__name__}.client_final runs once per client: it cannot be "
@@ -310,6 +372,7 @@ class BatchedBackend(ClientBackend[Block]):
 
     def finish_group(self, context: ClientContext, group: Block) -> None:
         group.unstack()
+        group.flush_logs(context)
         self._finish_runs(context, group.runs)
 
     # ------------------------------------------------------------ one vectorized step of a block
@@ -392,7 +455,7 @@ class BatchedBackend(ClientBackend[Block]):
         clients = len(group.members)
         for name, total in logs.items():
             size = side["sizes"][name]
-            context.logs.add(name, total.sum(), size * clients, side["options"].get(name, {}))
+            block.logs.append((name, total.sum(), size * clients, side["options"].get(name, {})))
         return new_tensors, side["spec"], side["static"], outputs
 
     def _vectorize(self, *args: Any) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor]]:
