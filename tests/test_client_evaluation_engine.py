@@ -196,6 +196,48 @@ def test_batched_evaluation_equals_sequential():
                                    torch.tensor([s.metrics[n] for n in sorted(s.metrics)]))
 
 
+def test_a_default_evaluation_block_out_of_memory_evaluates_again_in_halves(monkeypatch):
+    """``clients_per_block=None``: an evaluation block that runs out of device memory (simulated: any of
+    more than 2 clients) makes the evaluation start again in blocks of half the size, and later ones
+    no larger, with one warning; the figures are the sequential evaluation's. A block size the user
+    chose raises the error."""
+    from fl_lightning.backends.batched import backend as batched
+
+    dm = data()
+    evaluate = batched.evaluate_vectorized
+    blocks = []
+
+    def failing(context, client_ids, state_of, split, hook, clients_per_block):
+        blocks.append(clients_per_block)
+        if clients_per_block > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return evaluate(context, client_ids, state_of, split, hook, clients_per_block)
+
+    modules = {}
+    for backend, block in (("sequential", 3), ("batched", None)):
+        modules[backend] = FedAvg(Regression(), clients_per_round=6, local_steps=2, seed=1, client_backend=backend,
+                                  clients_per_block=block)
+        trainer(1).fit(modules[backend], dm)
+    monkeypatch.setattr(batched, "evaluate_vectorized", failing)
+    clients = [5, 1, 3, 0, 2, 4]
+    with pytest.warns(UserWarning, match="ran out of memory evaluating a block of 6 clients") as warned:
+        halved = modules["batched"].evaluate_clients(clients, "val")
+        again = modules["batched"].evaluate_clients(clients, "val")
+    assert sum("ran out of memory" in str(w.message) for w in warned) == 1
+    assert blocks == [6, 3, 2, 2]
+    sequential = modules["sequential"].evaluate_clients(clients, "val")
+    for results in (halved, again):
+        assert [r.client_id for r in results] == clients
+        for b, s in zip(results, sequential):
+            torch.testing.assert_close(torch.tensor([b.metrics[n] for n in sorted(b.metrics)]),
+                                       torch.tensor([s.metrics[n] for n in sorted(s.metrics)]))
+    explicit = FedAvg(Regression(), clients_per_round=6, local_steps=2, seed=1, client_backend="batched",
+                      clients_per_block=3)
+    trainer(1).fit(explicit, dm)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        explicit.evaluate_clients(clients, "val")
+
+
 def test_a_logged_metric_falls_back_to_sequential_evaluation_with_the_reason():
     dm, modules = batched_and_sequential(Classifier)
     before = metric_snapshot(modules["batched"].client.accuracy)

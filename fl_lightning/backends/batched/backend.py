@@ -137,8 +137,9 @@ class BatchedBackend(ClientBackend[Block]):
         self._eager_final: Optional[str] = None
         #: a client's bytes and the device, for blocks sized by memory (``clients_per_block=None``)
         self._memory: Optional[tuple[int, torch.device]] = None
-        #: the largest block that fits, once one ran out of memory (None: none did)
+        #: the largest block that fits, once one ran out of memory (None: none did), in training and evaluation
         self._fitting: Optional[int] = None
+        self._evaluation_fitting: Optional[int] = None
 
     def configure(self, context: ClientContext, clients_per_round: int) -> None:
         """With ``clients_per_block=None``: the block that memory holds, a client counted as its run's
@@ -153,11 +154,13 @@ class BatchedBackend(ClientBackend[Block]):
 
     def evaluation_block(self, clients: int) -> int:
         """Clients per block when ``clients`` clients are evaluated: the asked-for block size, or
-        (``clients_per_block=None``) all of them as far as memory holds them."""
+        (``clients_per_block=None``) all of them as far as memory holds them, and no more than an
+        evaluation block that fitted after one ran out of memory."""
         if self._memory is None:
             return self.clients_per_block
         client_bytes, device = self._memory
-        return block_size(max(clients, 1), client_bytes, free_memory(device))
+        return min(block_size(max(clients, 1), client_bytes, free_memory(device)),
+                   self._evaluation_fitting or clients)
 
     @classmethod
     def check(cls, context: ClientContext) -> list[str]:
@@ -257,12 +260,30 @@ class BatchedBackend(ClientBackend[Block]):
         client after another, with a one-time warning that says why (the hook is not tried again)."""
         if hook not in self._sequential_evaluation:
             try:
-                return evaluate_vectorized(context, client_ids, state_of, split, hook,
-                                           self.evaluation_block(len(client_ids)))
+                return self._evaluate_in_blocks(context, client_ids, state_of, split, hook)
             except NotVectorizable as reason:
                 self._sequential_evaluation[hook] = str(reason)
                 rank_zero_warn(f"the batched client backend evaluates clients one after another: {reason}")
         return super().evaluate(context, client_ids, state_of, split, hook)
+
+    def _evaluate_in_blocks(self, context: ClientContext, client_ids: Sequence[int], state_of: StateOf, split: str,
+                            hook: str) -> list[ClientResult]:
+        """:func:`evaluate_vectorized` in :meth:`evaluation_block`'s blocks; where the engine chose the
+        block and the device runs out of memory, the evaluation starts again in blocks of half the
+        size (it changes nothing but its results), and no later evaluation block is larger."""
+        block = self.evaluation_block(len(client_ids))
+        while True:
+            try:
+                return evaluate_vectorized(context, client_ids, state_of, split, hook, block)
+            except torch.cuda.OutOfMemoryError:
+                if self._memory is None or block == 1:
+                    raise
+            if self._evaluation_fitting is None:
+                rank_zero_warn(f"the batched client backend ran out of memory evaluating a block of {block} clients: "
+                               f"it evaluates blocks of {math.ceil(block / 2)} from now on")
+            block = self._evaluation_fitting = math.ceil(block / 2)
+            if context.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     # ------------------------------------------------------------ runs
     def new_run(self, context: ClientContext, client_id: int, function: Optional[FunctionalSGD] = None,
