@@ -16,7 +16,7 @@ from fl_lightning.lightning_compat import routed_log
 if TYPE_CHECKING:
     from fl_lightning.backends.context import ClientContext
 
-#: the share of the device's free memory a block's stacked client tensors may take
+#: the share of the device's free memory a block's clients (their tensors and their steps' activations) may take
 MEMORY_SHARE = 0.25
 
 
