@@ -1,18 +1,20 @@
 """What a client of a vectorized block costs in memory, measured, beside what the default block
 (``clients_per_block=None``) assumes it costs.
 
-The batched backend sizes its default block by an estimate per client: its run's tensors
-(``FederatedModule.client_bytes``: four copies of the model, state entries, uploads) plus twice the
-bytes autograd saves for one ``training_step`` on a full batch
-(:func:`~fl_lightning.backends.batched.sizing.step_activation_bytes`). This benchmark runs a round of
-FedAvg in blocks of ``k`` and ``2k`` clients and measures the peak memory the round allocates above
-what was allocated at its start: on a CUDA device the caching allocator's peak
-(``torch.cuda.max_memory_allocated``); on the CPU the process's peak resident memory (Linux: the
-peak is reset at the round's start through ``/proc/self/clear_refs``, read from ``VmHWM`` at its
-end; each measurement runs in a process of its own with glibc's ``MALLOC_MMAP_THRESHOLD_=131072``, so
-that every tensor of more than 128 KiB is mapped and unmapped on its own and the resident memory
-follows the tensors). The difference of the two peaks over ``k`` is what one more client of a block costs (the round's fixed
-costs cancel out); the estimate should be above it, and not by much more than a factor of a few.
+The batched backend sizes its default blocks by an estimate per client: its run's tensors
+(``FederatedModule.client_bytes``: four copies of the model, state entries, uploads) plus its
+activations (:func:`~fl_lightning.backends.batched.sizing.activation_bytes`): in a local step, twice
+the bytes autograd saves for one ``training_step`` on a full batch; in an evaluation, those saved
+bytes scaled to ``eval_batch_size``. This benchmark runs a round of FedAvg in blocks of ``k`` and
+``2k`` clients, then evaluates the block's clients (one evaluation block, ``eval_batch_size`` 512),
+and measures the peak memory each allocates above what was allocated at its start: on a CUDA device
+the caching allocator's peak (``torch.cuda.max_memory_allocated``); on the CPU the process's peak
+resident memory (Linux: the peak is reset at the start through ``/proc/self/clear_refs``, read from
+``VmHWM`` at the end; each measurement runs in a process of its own with glibc's
+``MALLOC_MMAP_THRESHOLD_=131072``, so that every tensor of more than 128 KiB is mapped and unmapped
+on its own and the resident memory follows the tensors). The difference of the two peaks over ``k``
+is what one more client of a block costs (the fixed costs cancel out); the estimate should be
+above it, and not by much more than a factor of a few.
 
 Workloads: the MNIST MLP 784-200-200-10 and LeNet at batch 64 (MNIST-shaped random data: the memory
 does not depend on the values), and ResNet20 on CIFAR-shaped random data at batch 32.
@@ -35,7 +37,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fl_lightning.algorithms import FedAvg
-from fl_lightning.backends.batched.sizing import step_activation_bytes
+from fl_lightning.backends.batched.sizing import activation_bytes
 from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.models import LeNet, MLP
 from fl_lightning.models.resnet import ResNet20
@@ -44,7 +46,7 @@ MIB = 2**20
 
 
 class RandomImages(FederatedDataModule):
-    """Random images of one shape (``shape``: channels, height, width) and 10 classes, 200 a client."""
+    """Random images of one shape (``shape``: channels, height, width) and 10 classes, 600 a client."""
 
     def __init__(self, shape: tuple[int, int, int], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -52,7 +54,7 @@ class RandomImages(FederatedDataModule):
 
     def build_datasets(self):
         g = torch.Generator().manual_seed(0)
-        n = 200 * self.num_clients
+        n = 600 * self.num_clients
         return TensorDataset(torch.randn(n, *self.shape, generator=g), torch.randint(0, 10, (n,), generator=g)), None
 
 
@@ -70,17 +72,16 @@ def _status_kib(field: str) -> int:
         return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
 
 
-class RoundPeak(pl.Callback):
-    """The peak bytes allocated in round ``measured`` above what was allocated at its start."""
+class Peak:
+    """The peak bytes allocated on ``device`` between :meth:`start` and :meth:`stop`, above what was
+    allocated at the start."""
 
-    def __init__(self, measured: int = 1) -> None:
-        self.measured = measured
-        self.peak: Optional[int] = None
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.bytes: Optional[int] = None
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.current_epoch != self.measured:
-            return
-        if pl_module.device.type == "cuda":
+    def start(self) -> None:
+        if self.device.type == "cuda":
             torch.cuda.synchronize()
             self._start = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
@@ -89,40 +90,64 @@ class RoundPeak(pl.Callback):
                 f.write("5")  # the peak resident memory starts again from the current
             self._start = _status_kib("VmRSS") * 1024
 
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.current_epoch != self.measured:
-            return
-        if pl_module.device.type == "cuda":
+    def stop(self) -> int:
+        if self.device.type == "cuda":
             torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated() - self._start
+            self.bytes = torch.cuda.max_memory_allocated() - self._start
         else:
-            self.peak = _status_kib("VmHWM") * 1024 - self._start
+            self.bytes = _status_kib("VmHWM") * 1024 - self._start
+        return self.bytes
 
 
-def round_peak(name: str, block: int, accelerator: str) -> tuple[int, int]:
-    """The measured peak of a round of ``block`` clients (one block) and the default block's
-    estimate per client."""
+class RoundPeak(pl.Callback):
+    """:class:`Peak` of round ``measured``."""
+
+    def __init__(self, measured: int = 1) -> None:
+        self.measured = measured
+        self.peak: Optional[Peak] = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == self.measured:
+            self.peak = Peak(pl_module.device)
+            self.peak.start()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == self.measured:
+            assert self.peak is not None
+            self.peak.stop()
+
+
+def block_peaks(name: str, block: int, accelerator: str) -> dict[str, int]:
+    """For one block of ``block`` clients: the measured peak of a training round (``train``) and
+    of an evaluation of the clients' training splits (``evaluate``: 600 samples a client, so
+    batches of ``eval_batch_size`` 512 and 88), and the default blocks' estimates per client of each
+    (``train_estimate``, ``evaluate_estimate``)."""
     client, shape, batch_size = WORKLOADS[name]
     torch.manual_seed(0)
     data = RandomImages(shape, num_clients=block, partition="iid", batch_size=batch_size, val_fraction=0.0)
     module = FedAvg(client(), clients_per_round=block, local_steps=2, seed=0, client_backend="batched",
                     clients_per_block=block)
-    peak = RoundPeak()
+    round_peak = RoundPeak()
     trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0, callbacks=[peak],
+                         enable_model_summary=False, limit_val_batches=0, callbacks=[round_peak],
                          accelerator=accelerator, devices=1)
     trainer.fit(module, data)
-    assert peak.peak is not None
-    return peak.peak, module.client_bytes() + step_activation_bytes(module.context)
+    assert round_peak.peak is not None and round_peak.peak.bytes is not None
+    evaluation = Peak(module.device)
+    evaluation.start()
+    module.evaluate_clients(list(range(block)), "train")
+    activations = activation_bytes(module.context)
+    return {"train": round_peak.peak.bytes, "evaluate": evaluation.stop(),
+            "train_estimate": module.client_bytes() + activations.step,
+            "evaluate_estimate": module.client_bytes() + activations.evaluation}
 
 
-def measured(name: str, block: int, accelerator: str) -> tuple[int, int]:
-    """:func:`round_peak` in a fresh process (on the CPU with mapped tensors: see the module's docstring)."""
+def measured(name: str, block: int, accelerator: str) -> dict[str, int]:
+    """:func:`block_peaks` in a fresh process (on the CPU with mapped tensors: see the module's docstring)."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     out = subprocess.run([sys.executable, __file__, "--one", name, str(block), "--accelerator", accelerator],
                          env=env, check=True, capture_output=True, text=True).stdout
-    peak, estimate = json.loads(out.strip().splitlines()[-1])
-    return peak, estimate
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -135,19 +160,22 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.one:
-        print(json.dumps(round_peak(args.one[0], int(args.one[1]), args.accelerator)))
+        print(json.dumps(block_peaks(args.one[0], int(args.one[1]), args.accelerator)))
         return
     rows = []
-    print(f"{'workload':<9} {'peak k':>9} {'peak 2k':>9} {'per client':>11} {'estimate':>9} {'estimate / measured':>20}")
+    print(f"{'workload':<9} {'part':<9} {'peak k':>9} {'peak 2k':>9} {'per client':>11} {'estimate':>9} "
+          f"{'estimate / measured':>20}")
     for name in args.workloads:
-        small, estimate = measured(name, args.block, args.accelerator)
-        large, _ = measured(name, 2 * args.block, args.accelerator)
-        per_client = (large - small) / args.block
-        ratio = estimate / per_client if per_client > 0 else float("nan")
-        rows.append({"workload": name, "block": args.block, "peak_k_bytes": small, "peak_2k_bytes": large,
-                     "per_client_bytes": per_client, "estimate_bytes": estimate, "ratio": ratio})
-        print(f"{name:<9} {small / MIB:>7.1f}Mi {large / MIB:>7.1f}Mi {per_client / MIB:>9.2f}Mi "
-              f"{estimate / MIB:>7.2f}Mi {ratio:>20.2f}", flush=True)
+        small, large = measured(name, args.block, args.accelerator), measured(name, 2 * args.block, args.accelerator)
+        for part in ("train", "evaluate"):
+            per_client = (large[part] - small[part]) / args.block
+            estimate = small[f"{part}_estimate"]
+            ratio = estimate / per_client if per_client > 0 else float("nan")
+            rows.append({"workload": name, "part": part, "block": args.block, "peak_k_bytes": small[part],
+                         "peak_2k_bytes": large[part], "per_client_bytes": per_client,
+                         "estimate_bytes": estimate, "ratio": ratio})
+            print(f"{name:<9} {part:<9} {small[part] / MIB:>7.1f}Mi {large[part] / MIB:>7.1f}Mi "
+                  f"{per_client / MIB:>9.2f}Mi {estimate / MIB:>7.2f}Mi {ratio:>20.2f}", flush=True)
     if args.out:
         device = torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu"
         with open(args.out, "w") as f:

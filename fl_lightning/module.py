@@ -99,8 +99,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             :mod:`fl_lightning.backends.batched` for what it supports).
         clients_per_block: clients per vectorized block of the batched backend (memory grows with it).
             None: the round's clients (each process's share) in one block, as far as a quarter of the
-            device's free memory holds their runs (four copies of the model each, plus state entries
-            and uploads; activations not counted: give a number for a large model with large batches).
+            device's free memory holds their runs (four copies of the model each, plus state entries,
+            uploads and the activations of a local step, counted at setup); a block that runs out of
+            memory all the same steps again in halves. A number bounds it yourself.
         compile_step: the batched backend captures its vectorized local step with ``torch.compile``
             (compiled once per step structure, then reused: several times faster for small models,
             on the CPU and on a GPU; see :class:`~fl_lightning.backends.BatchedBackend`).
@@ -305,8 +306,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     def client_bytes(self) -> int:
         """About what one client's run holds in memory: four copies of the client model (the
         model, its gradient, the round's start, an optimizer buffer), one more per declared state
-        entry, and its uploads; the batched backend adds its local step's activations
-        (:func:`~fl_lightning.backends.batched.sizing.step_activation_bytes`)."""
+        entry, and its uploads; the batched backend adds its activations
+        (:func:`~fl_lightning.backends.batched.sizing.activation_bytes`)."""
         model = sum(t.numel() * t.element_size() for t in (*self.client.parameters(), *self.client.buffers())
                     if t.is_floating_point())
         uploads = 4 * sum(spec.size for spec in self.update_specs.values())  # float32, as Layout.flatten makes them

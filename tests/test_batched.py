@@ -26,7 +26,7 @@ from fl_lightning.algorithms import (
     LocalOnly,
 )
 from fl_lightning.backends import BatchedBackend
-from fl_lightning.backends.batched.sizing import step_activation_bytes
+from fl_lightning.backends.batched.sizing import activation_bytes
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import MLP
 from fl_lightning.optim.prox_sgd import ProxSGD
@@ -454,13 +454,16 @@ def test_the_default_block_is_the_round_within_a_share_of_free_memory(monkeypatc
     assert module.backend.evaluation_block(40) == 40  # evaluating more clients than a round: all at once
     model = sum(p.numel() * 4 for p in module.client.parameters())
     assert module.client_bytes() == 4 * model + 4 * module.global_model.dim  # four copies and the upload
-    per_client = module.backend._memory[0]  # the run's tensors and its step's activations
-    assert per_client == module.client_bytes() + step_activation_bytes(module.context) > module.client_bytes()
+    activations = activation_bytes(module.context)
+    per_client = module.client_bytes() + activations.step  # the run's tensors and its step's activations
+    assert activations.step > 0 and module.backend._memory[0] == module.client_bytes() + activations.evaluation
 
     monkeypatch.setattr(batched, "free_memory", lambda device: 4 * 2 * per_client + 3)  # a quarter holds 2
     auto = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", seed=1)
     trainer(1).fit(auto, synthetic(6))
-    assert auto.backend.clients_per_block == 2 and auto.num_work_items() == 3 and auto.backend.evaluation_block(40) == 2
+    assert auto.backend.clients_per_block == 2 and auto.num_work_items() == 3
+    evaluation = auto.backend._memory[0]  # an evaluation's client: the eval batch's activations, not a step's
+    assert evaluation > per_client and auto.backend.evaluation_block(40) == max(1, (2 * per_client) // evaluation)
     explicit = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", clients_per_block=2, seed=1)
     trainer(1).fit(explicit, synthetic(6))
     assert torch.equal(auto.global_model.flatten(), explicit.global_model.flatten())
@@ -513,7 +516,8 @@ def test_a_default_block_out_of_memory_steps_again_in_halves(name, where, monkey
 
 def test_a_steps_activations_grow_with_its_batch_and_leave_the_run_as_it_was():
     """The activation estimate of the default block: what autograd saves for one ``training_step``
-    (twice), for an MLP a multiple of the batch size (and a few scalars); taking it draws no number from the run's RNG,
+    (twice; for an evaluation batch, scaled to ``eval_batch_size``), for an MLP a multiple of the
+    batch size (and a few scalars); taking it draws no number from the run's RNG,
     changes no model tensor, and the step's ``self.log`` calls are dropped (outside Lightning's loop,
     as here after ``fit``, Lightning's own ``log`` would raise)."""
     estimates = []
@@ -521,7 +525,9 @@ def test_a_steps_activations_grow_with_its_batch_and_leave_the_run_as_it_was():
         module = FedAvg(mlp(), clients_per_round=2, local_steps=1, client_backend="batched", clients_per_block=1)
         trainer(1).fit(module, synthetic(3, batch_size=batch_size))
         model, rng = module.global_model.flatten(), torch.get_rng_state()
-        estimates.append(step_activation_bytes(module.context))
+        activations = activation_bytes(module.context)
+        assert activations.evaluation == -(-activations.step // 2 * 512 // batch_size)  # saved, scaled to batch 512
+        estimates.append(activations.step)
         assert torch.equal(torch.get_rng_state(), rng) and torch.equal(module.global_model.flatten(), model)
     per_4 = estimates[1] - estimates[0]
     assert per_4 > 0 and estimates[2] - estimates[1] == per_4 and 0 <= estimates[0] - per_4 < 64

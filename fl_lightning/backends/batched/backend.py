@@ -20,7 +20,7 @@ from fl_lightning.backends.batched.batches import IndexGroup, StepGroup, fixed_g
 from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
-from fl_lightning.backends.batched.sizing import block_size, free_memory, step_activation_bytes
+from fl_lightning.backends.batched.sizing import activation_bytes, block_size, free_memory
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
@@ -135,7 +135,7 @@ class BatchedBackend(ClientBackend[Block]):
         self._sequential_evaluation: dict[str, str] = {}
         #: why ``client_final`` could not be vectorized (None: it can, or was not tried)
         self._eager_final: Optional[str] = None
-        #: a client's bytes and the device, for blocks sized by memory (``clients_per_block=None``)
+        #: a client's bytes in an evaluation and the device, for evaluation blocks sized by memory
         self._memory: Optional[tuple[int, torch.device]] = None
         #: the largest block that fits, once one ran out of memory (None: none did), in training and evaluation
         self._fitting: Optional[int] = None
@@ -143,14 +143,15 @@ class BatchedBackend(ClientBackend[Block]):
 
     def configure(self, context: ClientContext, clients_per_round: int) -> None:
         """With ``clients_per_block=None``: the block that memory holds, a client counted as its run's
-        tensors (``FederatedModule.client_bytes``) and its local step's activations
-        (:func:`~fl_lightning.backends.batched.sizing.step_activation_bytes`)."""
+        tensors (``FederatedModule.client_bytes``) and its activations in a local step (for training
+        blocks) or in an evaluation batch (for evaluation blocks:
+        :func:`~fl_lightning.backends.batched.sizing.activation_bytes`)."""
         if self.requested_block is None:
             _, world = rank_and_world()
-            client_bytes = context.algorithm.client_bytes() + step_activation_bytes(context)
-            self.clients_per_block = block_size(math.ceil(clients_per_round / world), client_bytes,
+            tensors, activations = context.algorithm.client_bytes(), activation_bytes(context)
+            self.clients_per_block = block_size(math.ceil(clients_per_round / world), tensors + activations.step,
                                                 free_memory(context.device))
-            self._memory = (client_bytes, context.device)
+            self._memory = (tensors + activations.evaluation, context.device)
 
     def evaluation_block(self, clients: int) -> int:
         """Clients per block when ``clients`` clients are evaluated: the asked-for block size, or

@@ -1,11 +1,12 @@
 """How many clients a vectorized block holds when the user leaves it to the engine
 (``clients_per_block=None``): every client of the round, as far as memory allows, a client
-counted with the activations of its local step (:func:`step_activation_bytes`)."""
+counted with the activations of its local step and of an evaluation batch (:func:`activation_bytes`)."""
 
 from __future__ import annotations
 
+import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -75,18 +76,33 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: Sequence[Tensor] = ()) ->
     return sum(seen.values())
 
 
-def step_activation_bytes(context: "ClientContext") -> int:
-    """About what one client's local step holds beyond its model: twice the bytes autograd saves
+class Activations(NamedTuple):
+    """Bytes one client of a block holds beyond its run's tensors: in a local step (``step``) and in
+    an evaluation batch (``evaluation``)."""
+
+    step: int
+    evaluation: int
+
+
+def activation_bytes(context: "ClientContext") -> Activations:
+    """About what one client of a block holds beyond its run's tensors, from the bytes autograd saves
     for the backward of the client's ``training_step`` on a batch of the largest training client's
-    first samples (at most ``batch_size``), at copies of the model's tensors, in the run's
-    precision; the gradients flowing back through the saved tensors take about as much again at
-    their peak. One step, once, at setup: random draws are taken from a forked RNG, and the
-    step's ``self.log`` calls are dropped, so that the run is what it would be without it."""
+    first samples (at most ``batch_size``), at copies of the model's tensors, in the run's precision:
+
+    * in a local step, twice that (the gradients flowing back through the saved tensors take about
+      as much again at their peak);
+    * in an evaluation, that scaled from the step's batch to ``eval_batch_size`` (no gradient is
+      taken, but a batch's intermediate values are alive at once as it passes through the model).
+
+    One step, once, at setup: random draws are taken from a forked RNG, and the step's ``self.log``
+    calls are dropped, so that the run is what it would be without it. ``benchmarks/block_memory.py``
+    measures both against a block's peak memory."""
     data = context.algorithm.datamodule
     if not data.train_clients:
-        return 0
+        return Activations(0, 0)
     split = data.client_data(max(data.train_clients, key=data.num_samples), "train")
-    batch = context.gather(split.indices[: split.step_batch_size])
+    batch_size = split.step_batch_size
+    batch = context.gather(split.indices[:batch_size])
     model = context.global_model
     tensors = [t.detach().clone().requires_grad_(i < model.layout.num_param_tensors)
                for i, t in enumerate(model.tensors)]
@@ -95,4 +111,4 @@ def step_activation_bytes(context: "ClientContext") -> int:
             context.forward_context():
         saved = saved_tensor_bytes(lambda: training_loss(context.stateless.training_step(tensors, batch, 0)),
                                    exclude=tensors)
-    return 2 * saved
+    return Activations(step=2 * saved, evaluation=math.ceil(saved * data.eval_batch_size / batch_size))
