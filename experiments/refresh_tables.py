@@ -74,8 +74,8 @@ def pairs(before: Sequence[str], after: Sequence[str]) -> dict[int, int]:
     that header, where before and after have as many of them."""
     old = {key: i for i, key in enumerate(keys(before))}
     matched = {j: old[key] for j, key in enumerate(keys(after)) if key in old}
-    count_before = Counter(table.splitlines()[0] for table in before)
-    count_after = Counter(table.splitlines()[0] for table in after)
+    count_before = Counter(header for header, _ in by_header(before))
+    count_after = Counter(header for header, _ in by_header(after))
     old_headers = {key: i for i, key in enumerate(by_header(before)) if i not in matched.values()}
     for j, key in enumerate(by_header(after)):
         if j not in matched and key in old_headers and count_before[key[0]] == count_after[key[0]]:

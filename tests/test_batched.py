@@ -503,10 +503,10 @@ def test_a_default_block_out_of_memory_steps_again_in_halves(name, where, monkey
             return final(hook, template, spec, static, side, tensors)
 
         monkeypatch.setattr(batched, "vectorized_final", failing_final)
-    with pytest.warns(UserWarning, match="ran out of memory in a block of 5 clients") as warned:
+    with pytest.warns(UserWarning, match="ran out of memory in training, in a block of 5 clients") as warned:
         halved, _ = fitted(SUPPORTED[name], "batched", block=None)
     assert sum("ran out of memory" in str(w.message) for w in warned) == 1
-    assert halved.backend.clients_per_block == 5 and halved.backend._fitting == 2  # 5 -> 3 + 2 -> 2 + 1 + 2
+    assert halved.backend.clients_per_block == 5 and halved.backend._fitting == {"training": 2}  # 5 -> 3 + 2 -> 2 + 1 + 2
     assert_close(outcome(sequential), outcome(halved), atol=1e-5)
     logged_halved = fitted(SUPPORTED[name], "batched", block=None, rounds=1)[1]
     assert_close(dict(logged.callback_metrics), dict(logged_halved.callback_metrics), atol=1e-5)

@@ -220,7 +220,7 @@ def test_a_default_evaluation_block_out_of_memory_evaluates_again_in_halves(monk
         trainer(1).fit(modules[backend], dm)
     monkeypatch.setattr(batched, "evaluate_vectorized", failing)
     clients = [5, 1, 3, 0, 2, 4]
-    with pytest.warns(UserWarning, match="ran out of memory evaluating a block of 6 clients") as warned:
+    with pytest.warns(UserWarning, match="ran out of memory in evaluation, in a block of 6 clients") as warned:
         halved = modules["batched"].evaluate_clients(clients, "val")
         again = modules["batched"].evaluate_clients(clients, "val")
     assert sum("ran out of memory" in str(w.message) for w in warned) == 1

@@ -137,9 +137,8 @@ class BatchedBackend(ClientBackend[Block]):
         self._eager_final: Optional[str] = None
         #: a client's bytes in an evaluation and the device, for evaluation blocks sized by memory
         self._memory: Optional[tuple[int, torch.device]] = None
-        #: the largest block that fits, once one ran out of memory (None: none did), in training and evaluation
-        self._fitting: Optional[int] = None
-        self._evaluation_fitting: Optional[int] = None
+        #: the largest block that fits, by work ("training", "evaluation"), once one ran out of memory
+        self._fitting: dict[str, int] = {}
 
     def configure(self, context: ClientContext, clients_per_round: int) -> None:
         """With ``clients_per_block=None``: the block that memory holds, a client counted as its run's
@@ -161,7 +160,7 @@ class BatchedBackend(ClientBackend[Block]):
             return self.clients_per_block
         client_bytes, device = self._memory
         return min(block_size(max(clients, 1), client_bytes, free_memory(device)),
-                   self._evaluation_fitting or clients)
+                   self._fitting.get("evaluation", clients))
 
     @classmethod
     def check(cls, context: ClientContext) -> list[str]:
@@ -186,10 +185,10 @@ class BatchedBackend(ClientBackend[Block]):
             self._run_clients(context, clients)
 
     def _run_clients(self, context: ClientContext, clients: list[int]) -> None:
-        """:meth:`run_clients`' work (in parts of :attr:`_fitting` runs, once a block ran out of memory)."""
+        """:meth:`run_clients`' work (in parts of the block that fits, once a block ran out of memory)."""
         runs = self._start_runs(context, clients)
         uploads: dict[int, dict[str, Tensor]] = {}
-        size = self._fitting or max(len(runs), 1)
+        size = self._fitting.get("training", max(len(runs), 1))
         for start in range(0, len(runs), size):
             for members, plan in self._blocks_of(context, runs[start:start + size]):
                 uploads.update(self._run_block(context, members, plan))
@@ -240,14 +239,7 @@ class BatchedBackend(ClientBackend[Block]):
         """:meth:`_run_block` for each half of ``runs`` after their block ran out of memory."""
         for run in runs:
             run.steps_taken = 0
-        half = math.ceil(len(runs) / 2)
-        if self._fitting is None:
-            rank_zero_warn(f"the batched client backend ran out of memory in a block of {len(runs)} clients: the "
-                           f"block's clients step again in blocks of {half}, and no later block is larger (set "
-                           "clients_per_block to choose the size)")
-        self._fitting = min(self._fitting or half, half)
-        if runs[0].tensors and runs[0].tensors[0].is_cuda:
-            torch.cuda.empty_cache()
+        half = self._halve(context, "training", len(runs))
         uploads: dict[int, dict[str, Tensor]] = {}
         for part in (runs[:half], runs[half:]):
             for members, plan in self._blocks_of(context, part):
@@ -279,12 +271,21 @@ class BatchedBackend(ClientBackend[Block]):
             except torch.cuda.OutOfMemoryError:
                 if self._memory is None or block == 1:
                     raise
-            if self._evaluation_fitting is None:
-                rank_zero_warn(f"the batched client backend ran out of memory evaluating a block of {block} clients: "
-                               f"it evaluates blocks of {math.ceil(block / 2)} from now on")
-            block = self._evaluation_fitting = math.ceil(block / 2)
-            if context.device.type == "cuda":
-                torch.cuda.empty_cache()
+            block = self._halve(context, "evaluation", block)
+
+    def _halve(self, context: ClientContext, work: str, size: int) -> int:
+        """Half of ``size`` (rounded up), after a ``work`` block of ``size`` clients ran out of
+        memory: no later block of that work is larger (a one-time warning says so); the allocator's
+        cache is emptied for the smaller blocks."""
+        half = math.ceil(size / 2)
+        if work not in self._fitting:
+            rank_zero_warn(f"the batched client backend ran out of memory in {work}, in a block of {size} clients: its "
+                           f"clients go again in blocks of {half}, and no later {work} block is larger (set "
+                           "clients_per_block to choose the size)")
+        self._fitting[work] = min(self._fitting.get(work, half), half)
+        if context.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return half
 
     # ------------------------------------------------------------ runs
     def new_run(self, context: ClientContext, client_id: int, function: Optional[FunctionalSGD] = None,
