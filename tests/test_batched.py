@@ -514,6 +514,39 @@ def test_a_default_block_out_of_memory_steps_again_in_halves(name, where, monkey
         fitted(SUPPORTED[name], "batched", block=4, rounds=1)
 
 
+def test_a_lockstep_default_block_counts_every_runs_tensors_and_raises_out_of_memory_with_the_way_out(monkeypatch):
+    """Lock-step rounds (FedDRO) hold every client's run through the round: the default block is
+    the clients whose steps' activations fit beside all of them in a quarter of the free memory
+    (with a warning where the runs alone take more); the result is that of explicit blocks of that
+    size. A lock-step round that runs out of memory is not retried: the error says what to change."""
+    from fl_lightning.backends.batched import backend as batched
+
+    make = SUPPORTED["FedDRO"]
+    probe, _ = fitted(make, "batched", block=None, rounds=1)
+    tensors, step = probe.client_bytes(), activation_bytes(probe.context).step
+    assert probe.backend.clients_per_block == 6
+    # a quarter of the free memory holds the six runs and two clients' activations (a block counted as in other
+    # rounds, its own clients' runs and activations, would be larger)
+    monkeypatch.setattr(batched, "free_memory", lambda device: 4 * (6 * tensors + 2 * step) + 3)
+    auto, _ = fitted(make, "batched", block=None)
+    assert auto.backend.clients_per_block == 2 and auto.num_work_items() == auto.local_steps
+    explicit, _ = fitted(make, "batched", block=2)
+    assert_close(outcome(auto), outcome(explicit), atol=0)
+    monkeypatch.setattr(batched, "free_memory", lambda device: 4 * 5 * tensors)
+    with pytest.warns(UserWarning, match="lock-step round holds all of a process's 6 clients"):
+        tight, _ = fitted(make, "batched", block=None, rounds=1)
+    assert tight.backend.clients_per_block == 1
+
+    def failing_advance(self, context, block, groups, step, phase):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(BatchedBackend, "_advance", failing_advance)
+    with pytest.raises(torch.cuda.OutOfMemoryError) as raised:
+        fitted(make, "batched", block=None, rounds=1)
+    assert any("lock-step round (6 here, in blocks of 1)" in note and "clients_per_block" in note
+               for note in raised.value.__notes__)
+
+
 def test_a_steps_activations_grow_with_its_batch_and_leave_the_run_as_it_was():
     """The activation estimate of the default block: what autograd saves for one ``training_step``
     (twice; for an evaluation batch, scaled to ``eval_batch_size``), for an MLP a multiple of the
@@ -549,8 +582,11 @@ def test_block_size():
 
     assert block_size(50, 10, None) == 50 and block_size(50, 0, 100) == 50
     assert block_size(50, 10, 400) == 10 and block_size(50, 10, 39) == 1
+    assert block_size(50, 10, 400, held=40) == 6 and block_size(50, 10, 400, held=400) == 1
     with pytest.raises(ValueError, match="clients=0"):
         block_size(0, 10, 100)
+    with pytest.raises(ValueError, match="held=-1"):
+        block_size(5, 10, 100, held=-1)
 
 
 @pytest.mark.slow

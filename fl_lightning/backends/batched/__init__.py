@@ -32,7 +32,8 @@ What it guarantees:
   except for lock-step algorithms (FedDRO): all of a process's clients of the round advance one
   step at a time, so all their blocks are stacked at once. The default block
   (``clients_per_block=None``) is the process's whole round, or as many of its clients as a quarter
-  of the device's free memory holds (:mod:`~fl_lightning.backends.batched.sizing`).
+  of the device's free memory holds (:mod:`~fl_lightning.backends.batched.sizing`), beside the runs
+  of all the round's clients in lock-step rounds.
 
 What it refuses, with the reason and the way out: local optimizers other than
 ``torch.optim.SGD``; ``16-mixed`` (its loss scaler steps one optimizer); algorithms whose local

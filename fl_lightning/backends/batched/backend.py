@@ -20,7 +20,7 @@ from fl_lightning.backends.batched.batches import IndexGroup, StepGroup, fixed_g
 from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
-from fl_lightning.backends.batched.sizing import activation_bytes, block_size, free_memory
+from fl_lightning.backends.batched.sizing import MEMORY_SHARE, activation_bytes, block_size, free_memory
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
@@ -112,7 +112,10 @@ class BatchedBackend(ClientBackend[Block]):
             of the device's free memory holds their runs and their steps' activations (:func:`~fl_lightning.backends.batched.
             sizing.block_size`), settled once the run's device is known (:meth:`configure`); a block
             that runs out of device memory all the same steps again in halves, and no later block is
-            larger (:meth:`_run_block`). A number is the user's: out of memory is their error.
+            larger (:meth:`_run_block`). In lock-step rounds (FedDRO) every client's run is held
+            through the round, a block counts its steps' activations beside them, and out of memory
+            is raised, with what to change (:meth:`lockstep_step`). A number is the user's: out of
+            memory is their error.
         compile_step: capture each vectorized step with ``torch.compile`` (:func:`vectorized_hook`):
             one compile per structure of the step (seconds, once: the first two steps of the run, and
             again only where the Python values the step reads change), then every step, block and round
@@ -147,9 +150,19 @@ class BatchedBackend(ClientBackend[Block]):
         :func:`~fl_lightning.backends.batched.sizing.activation_bytes`)."""
         if self.requested_block is None:
             _, world = rank_and_world()
+            clients = math.ceil(clients_per_round / world)
             tensors, activations = context.algorithm.client_bytes(), activation_bytes(context)
-            self.clients_per_block = block_size(math.ceil(clients_per_round / world), tensors + activations.step,
-                                                free_memory(context.device))
+            free = free_memory(context.device)
+            if context.lockstep:  # every client's run is held through the round; a block adds its steps' activations
+                held = clients * tensors
+                if free is not None and held > MEMORY_SHARE * free:
+                    rank_zero_warn(f"a lock-step round holds all of a process's {clients} clients at once, about "
+                                   f"{held / 2**20:.0f} MiB of run tensors, more than a quarter of the device's free "
+                                   f"memory ({free / 2**20:.0f} MiB): lower clients_per_round, add processes "
+                                   "(strategy='fl_ddp') or use client_backend='sequential'")
+                self.clients_per_block = block_size(clients, activations.step, free, held=held)
+            else:
+                self.clients_per_block = block_size(clients, tensors + activations.step, free)
             self._memory = (tensors + activations.evaluation, context.device)
 
     def evaluation_block(self, clients: int) -> int:
@@ -376,6 +389,20 @@ class BatchedBackend(ClientBackend[Block]):
             context.finish(run, uploads)
 
     # ------------------------------------------------------------ lock-step group operations (a block each)
+    def lockstep_step(self, context: ClientContext, step: int) -> None:
+        """The shared lock-step driver; out of memory is raised with what to change, since a
+        lock-step round is not retried in smaller blocks: its clients have already exchanged shares
+        with the server (which may keep state of them) by the step that fails."""
+        try:
+            super().lockstep_step(context, step)
+        except torch.cuda.OutOfMemoryError as error:
+            clients = sum(len(group) for group in self._lockstep_plan)
+            error.add_note(f"fl_lightning: the batched backend holds all of a process's clients of a lock-step round "
+                           f"({clients} here, in blocks of {self.clients_per_block}) and does not retry it in smaller "
+                           "blocks: set clients_per_block lower (a block's activations), clients_per_round lower, add "
+                           "processes (strategy='fl_ddp') or use client_backend='sequential'")
+            raise
+
     def start_group(self, context: ClientContext, clients: list[int]) -> Block:
         runs = self._start_runs(context, clients)
         return Block(runs, plan_steps(context, runs))

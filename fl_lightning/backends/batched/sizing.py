@@ -35,21 +35,26 @@ def free_memory(device: torch.device) -> Optional[int]:
     return None
 
 
-def block_size(clients: int, client_bytes: int, free: Optional[int], share: float = MEMORY_SHARE) -> int:
+def block_size(clients: int, client_bytes: int, free: Optional[int], share: float = MEMORY_SHARE,
+               held: int = 0) -> int:
     """Clients per block for ``clients`` clients a round (this process's), each holding
     ``client_bytes`` in the block: all of them, or as many as fit in ``share`` of ``free`` bytes
-    (at least 1; ``free=None``: no bound).
+    beside the ``held`` bytes the round keeps outside its blocks (a lock-step round's runs; at
+    least 1; ``free=None``: no bound).
 
     >>> block_size(50, 4 * 10**6, 8 * 10**9)
     50
     >>> block_size(1000, 4 * 10**8, 8 * 10**9)
     5
+    >>> block_size(1000, 4 * 10**8, 8 * 10**9, held=10**9)
+    2
     """
-    if clients < 1 or client_bytes < 0:
-        raise ValueError(f"need clients >= 1 and client_bytes >= 0, got clients={clients}, client_bytes={client_bytes}")
+    if clients < 1 or client_bytes < 0 or held < 0:
+        raise ValueError(f"need clients >= 1, client_bytes >= 0 and held >= 0, got clients={clients}, "
+                         f"client_bytes={client_bytes}, held={held}")
     if free is None or client_bytes == 0:
         return clients
-    return max(1, min(clients, int(share * free) // client_bytes))
+    return max(1, min(clients, (int(share * free) - held) // client_bytes))
 
 
 def saved_tensor_bytes(fn: Callable[[], Any], exclude: Sequence[Tensor] = ()) -> int:
