@@ -27,35 +27,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import TensorDataset
+
+from common import RandomImages, status_kib
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.backends.batched.sizing import activation_bytes
-from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.models import LeNet, MLP
 from fl_lightning.models.resnet import ResNet20
 
 MIB = 2**20
-
-
-class RandomImages(FederatedDataModule):
-    """Random images of one shape (``shape``: channels, height, width) and 10 classes, 600 a client."""
-
-    def __init__(self, shape: tuple[int, int, int], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.shape = shape
-
-    def build_datasets(self):
-        g = torch.Generator().manual_seed(0)
-        n = 600 * self.num_clients
-        return TensorDataset(torch.randn(n, *self.shape, generator=g), torch.randint(0, 10, (n,), generator=g)), None
 
 
 #: name -> (the client module, the data's sample shape, the batch size)
@@ -64,12 +50,6 @@ WORKLOADS: dict[str, tuple[Callable[[], pl.LightningModule], tuple[int, int, int
     "lenet": (lambda: LeNet(lr=0.05), (1, 28, 28), 64),
     "resnet20": (lambda: ResNet20(lr=0.05), (3, 32, 32), 32),
 }
-
-
-def _status_kib(field: str) -> int:
-    """A ``/proc/self/status`` figure (``VmRSS``, ``VmHWM``), in KiB."""
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
 
 
 class Peak:
@@ -88,14 +68,14 @@ class Peak:
         else:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # the peak resident memory starts again from the current
-            self._start = _status_kib("VmRSS") * 1024
+            self._start = status_kib("VmRSS") * 1024
 
     def stop(self) -> int:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             self.bytes = torch.cuda.max_memory_allocated() - self._start
         else:
-            self.bytes = _status_kib("VmHWM") * 1024 - self._start
+            self.bytes = status_kib("VmHWM") * 1024 - self._start
         return self.bytes
 
 
@@ -124,7 +104,7 @@ def block_peaks(name: str, block: int, accelerator: str) -> dict[str, int]:
     (``train_estimate``, ``evaluate_estimate``)."""
     client, shape, batch_size = WORKLOADS[name]
     torch.manual_seed(0)
-    data = RandomImages(shape, num_clients=block, partition="iid", batch_size=batch_size, val_fraction=0.0)
+    data = RandomImages(shape, samples_per_client=600, num_clients=block, partition="iid", batch_size=batch_size, val_fraction=0.0)
     module = FedAvg(client(), clients_per_round=block, local_steps=2, seed=0, client_backend="batched",
                     clients_per_block=block)
     round_peak = RoundPeak()

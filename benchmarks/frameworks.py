@@ -59,13 +59,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch._dynamo.utils import counters
-from torch.utils.data import DataLoader, Subset, TensorDataset
+from torch.utils.data import DataLoader, Subset
 from torch.utils.flop_counter import FlopCounterMode
+
+from common import QuietLeNet, QuietLogisticRegression, QuietMLP, mnist_or_random, status_kib
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.backends import BatchedBackend
-from fl_lightning.datamodules import FederatedDataModule, MNISTFederated, SyntheticFederated
-from fl_lightning.models import LeNet, LogisticRegression, MLP
+from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
 from fl_lightning.seeding import generator, sample_clients
 
 #: where MNIST is read (``--mnist``; an environment variable, so that Flower's workers read it too)
@@ -79,44 +80,9 @@ HAND = "hand-written PyTorch"
 LIMIT_COMPILED = "limit: vmap(grad) step, compiled"
 
 
-class RandomMNIST(FederatedDataModule):
-    """MNIST-shaped random data, when the real MNIST is not at hand."""
-
-    def build_datasets(self):
-        g = torch.Generator().manual_seed(0)
-        return TensorDataset(torch.randn(60_000, 1, 28, 28, generator=g), torch.randint(0, 10, (60_000,), generator=g)), None
-
-
 def mnist(num_clients: int, batch_size: int) -> FederatedDataModule:
-    try:
-        dm: FederatedDataModule = MNISTFederated(root=os.environ.get(MNIST_ENV, "../shared/data"),
-                                                 num_clients=num_clients, partition="iid", batch_size=batch_size)
-        dm.setup()
-    except RuntimeError:
-        print("MNIST not found: random MNIST-shaped data (the same work)")
-        dm = RandomMNIST(num_clients=num_clients, partition="iid", batch_size=batch_size)
-        dm.setup()
-    return dm
-
-
-class Quiet:
-    """Mixes into a reference model: a training step without ``self.log`` (the hand-written loop's exact work)."""
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return F.cross_entropy(self(x), y)
-
-
-class QuietLogisticRegression(Quiet, LogisticRegression):
-    pass
-
-
-class QuietMLP(Quiet, MLP):
-    pass
-
-
-class QuietLeNet(Quiet, LeNet):
-    pass
+    return mnist_or_random(os.environ.get(MNIST_ENV, "../shared/data"), num_clients=num_clients, partition="iid",
+                           batch_size=batch_size)[0]
 
 
 @dataclass
@@ -297,12 +263,6 @@ def trainer_per_client(w: Workload, dm: FederatedDataModule, rounds: int) -> flo
     return statistics.mean(seconds)
 
 
-def _rss_kib(field: str) -> int:
-    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process, in KiB (Linux)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
 def _peak_rss_child(key: str, backend: str, block: int, threads: int) -> float:
     """In a fresh process: the peak resident memory (MB) that two fl_lightning rounds add to the data's."""
     torch.set_num_threads(threads)
@@ -310,9 +270,9 @@ def _peak_rss_child(key: str, backend: str, block: int, threads: int) -> float:
     dm = w.datamodule()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak to the current resident size (Linux >= 4.0)
-    base = _rss_kib("VmRSS")
+    base = status_kib("VmRSS")
     fl_lightning(w, dm, 1, backend, block)
-    return (_rss_kib("VmHWM") - base) / 1024
+    return (status_kib("VmHWM") - base) / 1024
 
 
 def peak_memory(key: str, backend: str, block: int, threads: int) -> float:

@@ -20,36 +20,20 @@ import statistics
 import time
 from typing import Callable
 
-#: the clock runs are timed with: ``time.perf_counter`` (wall) or ``time.thread_time`` (CPU)
-CLOCK: Callable[[], float] = time.perf_counter
-
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from torch.utils.data import TensorDataset
+
+from common import QuietMLP, mnist_or_random
 
 from fl_lightning.algorithms import FedAvg
-from fl_lightning.datamodules import FederatedDataModule, MNISTFederated
+from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.models import MLP
 from fl_lightning.seeding import generator, sample_clients
 
 CLIENTS, PER_ROUND, STEPS, BATCH, LR = 100, 10, 10, 64, 0.05
-
-
-class RandomMNIST(FederatedDataModule):
-    """MNIST-shaped random data, when the real MNIST is not at hand."""
-
-    def build_datasets(self):
-        g = torch.Generator().manual_seed(0)
-        return TensorDataset(torch.randn(60_000, 1, 28, 28, generator=g), torch.randint(0, 10, (60_000,), generator=g)), None
-
-
-class QuietMLP(MLP):
-    """The MLP client without ``self.log`` in its training step: the hand-written loop's exact work."""
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self(x), y)
+#: the clock runs are timed with: ``time.perf_counter`` (wall) or ``time.thread_time`` (CPU)
+CLOCK: Callable[[], float] = time.perf_counter
 
 
 def hand_written(dm: FederatedDataModule, rounds: int) -> float:
@@ -127,14 +111,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     global CLOCK
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
-    try:
-        dm = MNISTFederated(root=args.mnist, num_clients=CLIENTS, partition="iid", batch_size=BATCH)
-        dm.setup()
-        data = "MNIST"
-    except RuntimeError:
-        dm = RandomMNIST(num_clients=CLIENTS, partition="iid", batch_size=BATCH)
-        dm.setup()
-        data = "random MNIST-shaped data"
+    dm, data = mnist_or_random(args.mnist, num_clients=CLIENTS, partition="iid", batch_size=BATCH)
     times: dict[str, list[float]] = {"hand-written PyTorch": [], "fl_lightning": [], "fl_lightning, client logs": []}
     for _ in range(args.repeats):
         times["hand-written PyTorch"].append(hand_written(dm, args.rounds))

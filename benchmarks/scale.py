@@ -26,29 +26,19 @@ import time
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import TensorDataset
+
+from common import RandomImages, status_kib
 
 from fl_lightning.algorithms import SCAFFOLD, FedDeper
 from fl_lightning.callbacks import RoundCheckpoint
-from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.models import MLP
 
 CHECKPOINTS = (10, 100, 300)
 
 
-class RandomMNIST(FederatedDataModule):
-    """MNIST-shaped random data, 2 samples per client."""
-
-    def build_datasets(self):
-        g = torch.Generator().manual_seed(0)
-        n = 2 * self.num_clients
-        return TensorDataset(torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)), None
-
-
 def rss_mib() -> float:
     """The process's resident memory now (Linux)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    return status_kib("VmRSS") / 1024
 
 
 class Probe(pl.Callback):
@@ -85,7 +75,7 @@ def run(algorithm: str, num_clients: int, rounds: int, budget: int, checkpoint: 
 
 def _run(algorithm: str, num_clients: int, rounds: int, budget: int, checkpoint: bool) -> dict:
     torch.set_num_threads(1)
-    dm = RandomMNIST(num_clients=num_clients, partition="iid", batch_size=2)
+    dm = RandomImages(samples_per_client=2, num_clients=num_clients, partition="iid", batch_size=2)
     dm.setup()
     torch.manual_seed(0)
     client = MLP(hidden=(200, 200), lr=0.05)

@@ -25,10 +25,11 @@ from typing import Callable
 
 import torch
 
-from overhead import RandomMNIST, timed_fit
+from common import mnist_or_random
+from overhead import timed_fit
 
 from fl_lightning.algorithms import FedAvg, FedDeper, FedProxVR
-from fl_lightning.datamodules import FederatedDataModule, MNISTFederated
+from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.models import MLP
 from fl_lightning.module import FederatedModule
 
@@ -59,14 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     split = {"num_clients": CLIENTS, "partition": "shards", "shards_per_client": 1, "batch_size": BATCH}
-    try:
-        dm = MNISTFederated(root=args.mnist, **split)
-        dm.setup()
-        data = "MNIST"
-    except RuntimeError:
-        dm = RandomMNIST(**split)
-        dm.setup()
-        data = "random MNIST-shaped data"
+    dm, data = mnist_or_random(args.mnist, **split)
     times: dict[str, list[float]] = {name: [] for name in ALGORITHMS}
     for _ in range(args.repeats):
         for name in ALGORITHMS:
