@@ -159,9 +159,36 @@ def test_raga_table_is_planned_from_the_last_five_evaluations_once_the_screening
     with pytest.warns(UserWarning, match="raga"):
         assert not [r for r in raga.runs() if r.name.startswith("table")]
     results.save(path, runs)
-    table = [r for r in raga.runs() if r.name.startswith("table")]
+    planned = raga.runs()
+    table = [r for r in planned if r.name.startswith("table/")]
     assert len(table) == 5 * 3 * (1 + len(raga.ATTACKS) * len(raga.FRACTIONS))  # with the decoupled RAGA
     assert {"table/fedavg_lr0.0316_ipm_0.3_s2", "table/raga_slr0.948_lr0.316_ipm_0.3_s2"} <= {r.name for r in table}
+    short = [r for r in planned if r.name.startswith("table200/")]  # the same runs at the screening's 200 rounds
+    assert [r.name.replace("table200/", "table/") for r in short] == [r.name for r in table]
+    assert {r.params["rounds"] for r in short} == {200} and {r.params["rounds"] for r in table} == {1000}
+    assert [r.params["seed"] for r in short] == sorted(r.params["seed"] for r in short)  # a seed's grid, then the next
+
+
+def test_raga_grid_table_has_the_papers_layout_with_each_columns_best_and_the_diverged_seeds():
+    from experiments.raga import plan as raga
+    from experiments.raga.report import grid_table
+    from experiments.seed_stats import final
+
+    def record(method, attack, fraction, seed, acc, **extra):
+        planned = raga.run("table200", method, seed, attack=attack, fraction=fraction, rounds=200, step=0.316)
+        return {"name": planned.name, "params": planned.params,
+                "history": [{"round": 200, "test_acc": acc, "val_acc": acc}], **extra}
+
+    runs = [record(m, "none", 0.0, s, base + 0.01 * s) for m, base in (("raga", 0.9), ("fedavg", 0.95)) for s in (0, 1, 2)]
+    runs += [record("raga", "gaussian", 0.4, s, 0.88) for s in (0, 1, 2)]
+    runs += [record("fedavg", "gaussian", 0.4, 0, 0.5), record("fedavg", "gaussian", 0.4, 1, 0.1, diverged="round 7: nan"),
+             record("fedavg", "gaussian", 0.4, 2, 0.1, diverged="round 9: nan")]
+    table = grid_table(runs, "table200", final, "final test accuracy, %").splitlines()
+    assert table[0] == "| attack | method (final test accuracy, %, 200 rounds) | attack-free | 0.1 | 0.2 | 0.3 | 0.4 |"
+    raga_row, fedavg_row = table[2], table[3]  # the Gaussian attack's rows
+    assert raga_row == "| gaussian | RAGA | 91.00 ± 1.00 | – | – | – | **88.00 ± 0.00** |"
+    assert fedavg_row == "| gaussian | FedAvg | **96.00 ± 1.00** | – | – | – | 50.00 ± 0.00 (1 seed; seeds 1, 2 diverged) |"
+    assert len(table) == 2 + 2 * len(raga.ATTACKS)
 
 
 def feddro_runs(study_runs: list, seeds_value=lambda run: 0.5) -> list[dict]:

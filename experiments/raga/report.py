@@ -13,7 +13,10 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   last five evaluations, rounds 160-200) at each of its six step sizes, the chosen one in bold;
 * the decoupling test (``decouple``): RAGA at the baselines' constant local rate with its own server
   step and with K times it, beside the screening runs of RFA and FedAvg at that rate and of RAGA
-  at its chosen schedule: validation score and final test accuracy (seed 0).
+  at its chosen schedule: validation score and final test accuracy (seed 0);
+* the paper's Table II layout (``table``, ``table200``): per attack, each method's final test
+  accuracy and its test accuracy at the best validation, attack-free and at each Byzantine
+  fraction, over seeds, the best method of each column in bold.
 
 ``--figures DIR`` draws ``raga_control.png`` (test accuracy per round, mean over seeds, band: min–max).
 """
@@ -22,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from experiments import results
-from experiments.raga.plan import (CONTROL, CONTROL_SERVER_LR, DECOUPLE, DECOUPLE_LR, LOCAL_STEPS, ROUNDS, SCREEN_ROUNDS,
-                                   STEPS, run, screen_score, tuned)
+from experiments.raga.plan import (ATTACKS, CONTROL, CONTROL_SERVER_LR, DECOUPLE, DECOUPLE_LR, FRACTIONS, LOCAL_STEPS,
+                                   ROUNDS, SCREEN_ROUNDS, SEEDS, STEPS, TABLES, run, screen_score, tuned)
 from fl_lightning.algorithms.raga import paper_learning_rate
 from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
@@ -126,6 +129,60 @@ def decouple_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
+def setting_label(method: str, server_lr: Optional[float], constant: bool) -> str:
+    """A Table II row's method: its name, the decoupled RAGA with its rates."""
+    if constant:
+        return f"RAGA, decoupled (local {DECOUPLE_LR:g}, server {server_lr:g})"
+    return NAMES[method]
+
+
+def grid_cell(group: list[results.Run], measure: Callable[[list[results.Run]], np.ndarray]) -> tuple[str, float]:
+    """A grid cell, ``mean ± std`` (%) over the seeds that did not diverge, with their count where
+    it is not the plan's and the seeds that diverged; and the mean, to find each column's best
+    (nan: every seed diverged)."""
+    done = [r for r in group if "diverged" not in r]
+    gone = [str(r["params"]["seed"]) for r in group if "diverged" in r]
+    diverged = f"seed{'s' if len(gone) > 1 else ''} {', '.join(gone)} diverged"
+    if not done:
+        return diverged, float("nan")
+    values = 100 * measure(done)
+    notes = ([] if len(done) == len(SEEDS) else [f"{len(done)} seed{'s' if len(done) > 1 else ''}"]) + \
+        ([diverged] if gone else [])
+    spread = values.std(ddof=1) if len(values) > 1 else 0.0
+    return f"{values.mean():.2f} ± {spread:.2f}" + (f" ({'; '.join(notes)})" if notes else ""), float(values.mean())
+
+
+def grid_table(runs: list[results.Run], study: str, measure: Callable[[list[results.Run]], np.ndarray],
+               what: str) -> str:
+    """The paper's Table II layout for ``study`` (``table``, ``table200``): per attack, each method's
+    ``measure`` (final test accuracy, or at the best validation) attack-free and at each Byzantine
+    fraction, mean ± sample std over seeds; the best method's mean of each column in bold."""
+    mine = results.select(runs, study=study)
+    settings: dict[tuple, list[results.Run]] = {}
+    for r in mine:
+        p = r["params"]
+        settings.setdefault((p["method"], p["server_lr"], p.get("constant", False)), []).append(r)
+    order = [key for key in settings if not key[2]] + [key for key in settings if key[2]]
+
+    def group(key: tuple, attack: str, fraction: float) -> list[results.Run]:
+        return sorted((r for r in settings[key] if r["params"]["attack"] == attack
+                       and r["params"]["fraction"] == fraction), key=lambda r: r["params"]["seed"])
+
+    rounds = mine[0]["params"]["rounds"]
+    head = " | ".join(["attack-free"] + [f"{f:g}" for f in FRACTIONS])
+    lines = [f"| attack | method ({what}, {rounds} rounds) | {head} |", "|---|---|" + "---|" * (len(FRACTIONS) + 1)]
+    for attack in ATTACKS:
+        cells = {key: [grid_cell(group(key, *case), measure) if group(key, *case) else ("–", float("nan"))
+                       for case in [("none", 0.0)] + [(attack, f) for f in FRACTIONS]] for key in order}
+        best = [np.nanmax([cells[key][c][1] for key in order]) if any(not np.isnan(cells[key][c][1]) for key in order)
+                else None for c in range(len(FRACTIONS) + 1)]
+        for key in order:
+            row = [f"**{text}**" if best[c] is not None and value == best[c] else text
+                   for c, (text, value) in enumerate(cells[key])]
+            lines.append(f"| {attack} | {setting_label(*key)} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
     out = []
@@ -137,6 +194,10 @@ def tables(runs: list[results.Run]) -> list[str]:
         out.append(screen_table(runs))
     if results.select(runs, study="decouple"):
         out.append(decouple_table(runs))
+    for study in TABLES:
+        if results.select(runs, study=study):
+            out += [grid_table(runs, study, final, "final test accuracy, %"),
+                    grid_table(runs, study, lambda g: best_validation(g)[0], "test accuracy at the best validation, %")]
     return out
 
 
