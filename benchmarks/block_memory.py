@@ -4,8 +4,8 @@
 The batched backend sizes its default blocks by an estimate per client: its run's tensors
 (``FederatedModule.client_bytes``: four copies of the model, state entries, uploads) plus its
 activations (:func:`~fl_lightning.backends.batched.sizing.activation_bytes`): in a local step, twice
-the bytes autograd saves for one ``training_step`` on a full batch; in an evaluation, those saved
-bytes scaled to ``eval_batch_size``. This benchmark runs a round of FedAvg in blocks of ``k`` and
+the bytes autograd saves for one ``training_step`` on a full batch; in an evaluation, the most
+bytes alive at once in the client's ``validation_step`` on a batch of ``eval_batch_size``. This benchmark runs a round of FedAvg in blocks of ``k`` and
 ``2k`` clients, then evaluates the block's clients (one evaluation block, ``eval_batch_size`` 512),
 and measures the peak memory each allocates above what was allocated at its start: on a CUDA device
 the caching allocator's peak (``torch.cuda.max_memory_allocated``); on the CPU the process's peak

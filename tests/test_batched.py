@@ -549,21 +549,50 @@ def test_a_lockstep_default_block_counts_every_runs_tensors_and_raises_out_of_me
 
 def test_a_steps_activations_grow_with_its_batch_and_leave_the_run_as_it_was():
     """The activation estimate of the default block: what autograd saves for one ``training_step``
-    (twice; for an evaluation batch, scaled to ``eval_batch_size``), for an MLP a multiple of the
-    batch size (and a few scalars); taking it draws no number from the run's RNG,
-    changes no model tensor, and the step's ``self.log`` calls are dropped (outside Lightning's loop,
-    as here after ``fit``, Lightning's own ``log`` would raise)."""
+    (twice), for an MLP a multiple of the batch size (and a few scalars); for an evaluation, the
+    peak of an evaluation batch's forward, which grows with ``eval_batch_size``, not with the
+    training batch. Taking it draws no number from the run's RNG, changes no model tensor, and the
+    steps' ``self.log`` calls are dropped (outside Lightning's loop, as here after ``fit``,
+    Lightning's own ``log`` would raise)."""
     estimates = []
-    for batch_size in (4, 8, 12):
+    for batch_size, eval_batch_size in ((4, 8), (8, 8), (12, 8), (4, 16)):
         module = FedAvg(mlp(), clients_per_round=2, local_steps=1, client_backend="batched", clients_per_block=1)
-        trainer(1).fit(module, synthetic(3, batch_size=batch_size))
+        trainer(1).fit(module, synthetic(3, batch_size=batch_size, eval_batch_size=eval_batch_size))
         model, rng = module.global_model.flatten(), torch.get_rng_state()
-        activations = activation_bytes(module.context)
-        assert activations.evaluation == -(-activations.step // 2 * 512 // batch_size)  # saved, scaled to batch 512
-        estimates.append(activations.step)
+        estimates.append(activation_bytes(module.context))
         assert torch.equal(torch.get_rng_state(), rng) and torch.equal(module.global_model.flatten(), model)
-    per_4 = estimates[1] - estimates[0]
-    assert per_4 > 0 and estimates[2] - estimates[1] == per_4 and 0 <= estimates[0] - per_4 < 64
+    steps = [a.step for a in estimates[:3]]
+    per_4 = steps[1] - steps[0]
+    assert per_4 > 0 and steps[2] - steps[1] == per_4 and 0 <= steps[0] - per_4 < 64
+    assert estimates[0].evaluation == estimates[1].evaluation == estimates[2].evaluation  # the eval batch's, not the step's
+    per_8 = estimates[3].evaluation - estimates[0].evaluation
+    # 8 more samples: at least their features (20 floats) and labels; at most those and all their values in the
+    # model (hidden 8, its ReLU, 10 logits and a softmax of them) at once
+    assert 8 * (20 * 4 + 8) <= per_8 <= 8 * (4 * (20 + 8 + 8 + 10 + 10) + 8)
+
+
+def test_peak_live_bytes_counts_what_is_alive_at_once():
+    from fl_lightning.backends.batched.sizing import peak_live_bytes
+
+    x = torch.ones(1000)
+    w = torch.ones(1000)
+
+    def chain():
+        a = x * 2  # 4000
+        b = a + 1  # a, b: 8000
+        del a
+        c = b.view(10, 100)  # a view: no new storage
+        c.mul_(w.view(10, 100))  # in place on b's storage: nothing new
+        return (b * 3).sum()  # b, b * 3 and the sum: 8004
+
+    assert peak_live_bytes(chain) == 8004
+    assert peak_live_bytes(lambda: w.mul_(2)) == 0  # an input written in place
+    assert peak_live_bytes(lambda: (x * 2) * 2, exclude=[x]) == 8000  # x * 2 and its double
+    with torch.no_grad():
+        model = nn.Sequential(*[nn.Linear(100, 100) for _ in range(10)])
+        per_layer = 64 * 100 * 4
+        peak = peak_live_bytes(lambda: model(torch.ones(64, 100)), exclude=list(model.parameters()))
+    assert 2 * per_layer <= peak <= 4 * per_layer  # a few layers' outputs at once, not ten
 
 
 def test_saved_tensor_bytes_counts_each_storage_once_and_not_the_excluded():

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
+import pytorch_lightning as pl
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
+from fl_lightning.backends.evaluate import evaluation_setting
 from fl_lightning.backends.stateless import training_loss
 from fl_lightning.lightning_compat import routed_log
 
@@ -81,6 +86,66 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: Sequence[Tensor] = ()) ->
     return sum(seen.values())
 
 
+class _LiveTensors(TorchDispatchMode):
+    """Counts the bytes of the storages that the operations run under it create, from their first
+    tensor's creation to their last tensor's end, and the most of them alive at once (``peak``)."""
+
+    def __init__(self, exclude: Sequence[Tensor]) -> None:
+        super().__init__()
+        self.skip = {_storage_key(t) for t in exclude}
+        self.users: dict[tuple[torch.device, int], int] = {}  # storage -> its tensors alive
+        self.sizes: dict[tuple[torch.device, int], int] = {}
+        self.live = self.peak = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        before = {_storage_key(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, Tensor):
+                continue
+            key = _storage_key(t)
+            if key in self.skip or not key[1] or (key not in self.users and key in before):
+                continue  # excluded, empty, or an input written in place: not made here
+            if key not in self.users:
+                self.users[key], self.sizes[key] = 0, t.untyped_storage().nbytes()
+                self.live += self.sizes[key]
+                self.peak = max(self.peak, self.live)
+            self.users[key] += 1
+            weakref.finalize(t, self._release, key)
+        return out
+
+    def _release(self, key: tuple[torch.device, int]) -> None:
+        self.users[key] -= 1
+        if not self.users[key]:
+            del self.users[key]
+            self.live -= self.sizes.pop(key)
+
+
+def _storage_key(t: Tensor) -> tuple[torch.device, int]:
+    return t.device, t.untyped_storage().data_ptr()
+
+
+def peak_live_bytes(fn: Callable[[], Any], exclude: Sequence[Tensor] = ()) -> int:
+    """The most bytes that the tensors ``fn`` makes hold at once while it runs (each storage once,
+    alive from its first tensor's creation to its last tensor's end; those of ``exclude``, and
+    inputs written in place, not counted): the peak of a forward without gradients.
+
+    >>> x = torch.ones(1000)
+    >>> def fn():
+    ...     a = x * 2
+    ...     b = a + 1     # a and b: 8000 bytes
+    ...     del a
+    ...     return b * 3  # b and the result: 8000 bytes
+    >>> peak_live_bytes(fn)
+    8000
+    """
+    tracker = _LiveTensors(exclude)
+    with tracker:
+        out = fn()
+    del out
+    return tracker.peak
+
+
 class Activations(NamedTuple):
     """Bytes one client of a block holds beyond its run's tensors: in a local step (``step``) and in
     an evaluation batch (``evaluation``)."""
@@ -90,30 +155,39 @@ class Activations(NamedTuple):
 
 
 def activation_bytes(context: "ClientContext") -> Activations:
-    """About what one client of a block holds beyond its run's tensors, from the bytes autograd saves
-    for the backward of the client's ``training_step`` on a batch of the largest training client's
-    first samples (at most ``batch_size``), at copies of the model's tensors, in the run's precision:
+    """About what one client of a block holds beyond its run's tensors, measured once at setup on
+    the largest training client's first samples, at copies of the model's tensors, in the run's
+    precision:
 
-    * in a local step, twice that (the gradients flowing back through the saved tensors take about
-      as much again at their peak);
-    * in an evaluation, that scaled from the step's batch to ``eval_batch_size`` (no gradient is
-      taken, but a batch's intermediate values are alive at once as it passes through the model).
+    * in a local step, twice the bytes autograd saves for the backward of the client's
+      ``training_step`` on a batch of ``batch_size`` samples (the gradients flowing back through
+      the saved tensors take about as much again at their peak);
+    * in an evaluation, the most bytes alive at once in the client's ``validation_step`` (its
+      ``training_step`` where it has none) on a batch of ``eval_batch_size`` samples, the batch
+      itself included, in eval mode without gradients (:func:`peak_live_bytes`; scaled up where the
+      client has fewer samples).
 
-    One step, once, at setup: random draws are taken from a forked RNG, and the step's ``self.log``
-    calls are dropped, so that the run is what it would be without it. ``benchmarks/block_memory.py``
-    measures both against a block's peak memory."""
+    Random draws are taken from a forked RNG, and the steps' ``self.log`` calls are dropped, so
+    that the run is what it would be without them. ``benchmarks/block_memory.py`` measures both
+    against a block's peak memory."""
     data = context.algorithm.datamodule
     if not data.train_clients:
         return Activations(0, 0)
     split = data.client_data(max(data.train_clients, key=data.num_samples), "train")
-    batch_size = split.step_batch_size
-    batch = context.gather(split.indices[:batch_size])
+    batch_size, eval_size = split.step_batch_size, min(data.eval_batch_size, len(split.indices))
     model = context.global_model
     tensors = [t.detach().clone().requires_grad_(i < model.layout.num_param_tensors)
                for i, t in enumerate(model.tensors)]
+    overridden = type(context.client).validation_step is not pl.LightningModule.validation_step
+    hook = "validation_step" if overridden else "training_step"
     devices = [context.device] if context.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), routed_log(context.client, lambda *args, **kwargs: None), \
             context.forward_context():
+        batch = context.gather(split.indices[:batch_size])
         saved = saved_tensor_bytes(lambda: training_loss(context.stateless.training_step(tensors, batch, 0)),
                                    exclude=tensors)
-    return Activations(step=2 * saved, evaluation=math.ceil(saved * data.eval_batch_size / batch_size))
+        with evaluation_setting(context):
+            evaluation = peak_live_bytes(
+                lambda: context.stateless.step(hook, tensors, context.gather(split.indices[:eval_size]), 0),
+                exclude=tensors)
+    return Activations(step=2 * saved, evaluation=math.ceil(evaluation * data.eval_batch_size / eval_size))
