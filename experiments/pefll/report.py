@@ -47,12 +47,14 @@ def keys(prefix: str) -> tuple[str, str, str]:
 
 
 def chosen_runs(runs: list[results.Run], study: str, row: str, **params: object) -> list[results.Run]:
-    """The runs of ``row`` in ``study`` at its chosen rate (seed order); none before the choice."""
+    """The runs of ``row`` in ``study`` at its chosen rate that ran all their rounds (seed order; a
+    run a sweep's time limit stopped goes on from its checkpoint in the next sweep); none before
+    the choice."""
     lr = tuned(runs).get("pefll" if row == "pefll_nolabels" else row)
     if lr is None:
         return []
     found = results.select(runs, study=study, method=ROWS[row][1], lr=lr, **params)
-    return sorted(found, key=lambda r: r["params"]["seed"])
+    return sorted((r for r in found if "stopped" not in r), key=lambda r: r["params"]["seed"])
 
 
 def tune_table(runs: list[results.Run]) -> str:

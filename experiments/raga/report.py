@@ -156,8 +156,10 @@ def grid_table(runs: list[results.Run], study: str, measure: Callable[[list[resu
                what: str) -> str:
     """The paper's Table II layout for ``study`` (``table``, ``table200``): per attack, each method's
     ``measure`` (final test accuracy, or at the best validation) attack-free and at each Byzantine
-    fraction, mean ± sample std over seeds; the best method's mean of each column in bold."""
-    mine = results.select(runs, study=study)
+    fraction, mean ± sample std over seeds (the runs that ran all their rounds: one a sweep's time
+    limit stopped goes on from its checkpoint in the next sweep); the best method's mean of each
+    column in bold."""
+    mine = [r for r in results.select(runs, study=study) if "stopped" not in r]
     settings: dict[tuple, list[results.Run]] = {}
     for r in mine:
         p = r["params"]
