@@ -183,6 +183,7 @@ def test_raga_grid_table_has_the_papers_layout_with_each_columns_best_and_the_di
     runs += [record("raga", "gaussian", 0.4, s, 0.88) for s in (0, 1, 2)]
     runs += [record("fedavg", "gaussian", 0.4, 0, 0.5), record("fedavg", "gaussian", 0.4, 1, 0.1, diverged="round 7: nan"),
              record("fedavg", "gaussian", 0.4, 2, 0.1, diverged="round 9: nan")]
+    runs.append(record("raga", "gaussian", 0.1, 0, 0.99, stopped="round 50 of 200"))  # goes on later: not shown
     table = grid_table(runs, "table200", final, "final test accuracy, %").splitlines()
     assert table[0] == "| attack | method (final test accuracy, %, 200 rounds) | attack-free | 0.1 | 0.2 | 0.3 | 0.4 |"
     raga_row, fedavg_row = table[2], table[3]  # the Gaussian attack's rows
@@ -333,6 +334,8 @@ def test_pefll_report_puts_each_row_at_its_chosen_rate_and_pairs_pefll_with_it(m
         runs.append(pefll_runs("table", "fedavg", 0.01, {**dict.fromkeys(keys, theirs), "finetuned_test/acc_mean": 0.95,
                                                           "finetuned_unseen_test/acc_mean": 0.95}, seed))
         runs.append(pefll_runs("table", "fedavg", 0.1, dict.fromkeys(keys, 0.1), seed))  # not the chosen rate
+    stopped = pefll_runs("table", "pefll", 2e-4, dict.fromkeys(keys, 0.1), 3)  # a time limit stopped it: left out
+    runs.append({**stopped, "stopped": "round 25 of 50", "history": stopped["history"][:1]})
     tables = report.tables(runs)
     assert len(tables) == 3
     comparison, differences = tables[1].splitlines(), tables[2].splitlines()
