@@ -139,7 +139,9 @@ def setting_label(method: str, server_lr: Optional[float], constant: bool) -> st
 def grid_cell(group: list[results.Run], measure: Callable[[list[results.Run]], np.ndarray]) -> tuple[str, float]:
     """A grid cell, ``mean ± std`` (%) over the seeds that did not diverge, with their count where
     it is not the plan's and the seeds that diverged; and the mean, to find each column's best
-    (nan: every seed diverged)."""
+    (nan: every seed diverged, or no run yet: ``–``)."""
+    if not group:
+        return "–", float("nan")
     done = [r for r in group if "diverged" not in r]
     gone = [str(r["params"]["seed"]) for r in group if "diverged" in r]
     diverged = f"seed{'s' if len(gone) > 1 else ''} {', '.join(gone)} diverged"
@@ -174,7 +176,7 @@ def grid_table(runs: list[results.Run], study: str, measure: Callable[[list[resu
     head = " | ".join(["attack-free"] + [f"{f:g}" for f in FRACTIONS])
     lines = [f"| attack | method ({what}, {rounds} rounds) | {head} |", "|---|---|" + "---|" * (len(FRACTIONS) + 1)]
     for attack in ATTACKS:
-        cells = {key: [grid_cell(group(key, *case), measure) if group(key, *case) else ("–", float("nan"))
+        cells = {key: [grid_cell(group(key, *case), measure)
                        for case in [("none", 0.0)] + [(attack, f) for f in FRACTIONS]] for key in order}
         best = [np.nanmax([cells[key][c][1] for key in order]) if any(not np.isnan(cells[key][c][1]) for key in order)
                 else None for c in range(len(FRACTIONS) + 1)]

@@ -153,16 +153,15 @@ class BatchedBackend(ClientBackend[Block]):
             clients = math.ceil(clients_per_round / world)
             tensors, activations = context.algorithm.client_bytes(), activation_bytes(context)
             free = free_memory(context.device)
-            if context.lockstep:  # every client's run is held through the round; a block adds its steps' activations
-                held = clients * tensors
-                if free is not None and held > MEMORY_SHARE * free:
-                    rank_zero_warn(f"a lock-step round holds all of a process's {clients} clients at once, about "
-                                   f"{held / 2**20:.0f} MiB of run tensors, more than a quarter of the device's free "
-                                   f"memory ({free / 2**20:.0f} MiB): lower clients_per_round, add processes "
-                                   "(strategy='fl_ddp') or use client_backend='sequential'")
-                self.clients_per_block = block_size(clients, activations.step, free, held=held)
-            else:
-                self.clients_per_block = block_size(clients, tensors + activations.step, free)
+            # a lock-step round holds every client's run through the round: a block adds its steps' activations
+            held = clients * tensors if context.lockstep else 0
+            if free is not None and held > MEMORY_SHARE * free:
+                rank_zero_warn(f"a lock-step round holds all of a process's {clients} clients at once, about "
+                               f"{held / 2**20:.0f} MiB of run tensors, more than a quarter of the device's free "
+                               f"memory ({free / 2**20:.0f} MiB): lower clients_per_round, add processes "
+                               "(strategy='fl_ddp') or use client_backend='sequential'")
+            per_client = activations.step + (0 if context.lockstep else tensors)
+            self.clients_per_block = block_size(clients, per_client, free, held=held)
             self._memory = (tensors + activations.evaluation, context.device)
 
     def evaluation_block(self, clients: int) -> int:

@@ -62,6 +62,11 @@ def block_size(clients: int, client_bytes: int, free: Optional[int], share: floa
     return max(1, min(clients, (int(share * free) - held) // client_bytes))
 
 
+def _storage_key(t: Tensor) -> tuple[torch.device, int]:
+    """A tensor's storage, the same for all its views (its device and first byte's address)."""
+    return t.device, t.untyped_storage().data_ptr()
+
+
 def saved_tensor_bytes(fn: Callable[[], Any], exclude: Sequence[Tensor] = ()) -> int:
     """Bytes of the tensors autograd saves for the backward of what ``fn`` computes: each storage
     counted once, those of ``exclude`` (the model's own tensors, counted elsewhere) not.
@@ -70,14 +75,13 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: Sequence[Tensor] = ()) ->
     >>> saved_tensor_bytes(lambda: (torch.ones(5, 3) @ w).relu().sum(), exclude=[w])  # input and relu's output
     140
     """
-    skip = {(t.device, t.untyped_storage().data_ptr()) for t in exclude}
+    skip = {_storage_key(t) for t in exclude}
     seen: dict[tuple[torch.device, int], int] = {}
 
     def pack(t: Tensor) -> Tensor:
-        storage = t.untyped_storage()
-        key = (t.device, storage.data_ptr())
+        key = _storage_key(t)
         if key not in skip:
-            seen[key] = storage.nbytes()
+            seen[key] = t.untyped_storage().nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -119,10 +123,6 @@ class _LiveTensors(TorchDispatchMode):
         if not self.users[key]:
             del self.users[key]
             self.live -= self.sizes.pop(key)
-
-
-def _storage_key(t: Tensor) -> tuple[torch.device, int]:
-    return t.device, t.untyped_storage().data_ptr()
 
 
 def peak_live_bytes(fn: Callable[[], Any], exclude: Sequence[Tensor] = ()) -> int:
