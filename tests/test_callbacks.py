@@ -108,9 +108,38 @@ def test_client_metrics_match_a_direct_evaluation():
 
 
 def test_client_metrics_name_their_split_and_warn_when_it_is_empty():
-    assert ClientMetrics(split="val").prefix == "clients_val"
-    assert ClientMetrics(split="train", clients="unseen").prefix == "clients_unseen_train"
+    assert ClientMetrics(split="val").prefixes == {"val": "clients_val"}
+    assert ClientMetrics(split="train", clients="unseen").prefixes == {"train": "clients_unseen_train"}
+    assert ClientMetrics(split=["val", "test"]).prefixes == {"val": "clients_val", "test": "clients_test"}
     t = trainer(1, callbacks=[ClientMetrics(split="test")])
     with pytest.warns(UserWarning, match=r"split='test'.*splits are empty \(set the datamodule's test_fraction > 0"):
         t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4, test_fraction=0.0))
     assert not any(name.startswith("clients_test/") for name in t.callback_metrics)
+
+
+def test_client_metrics_on_several_splits_equal_one_callback_per_split_and_make_each_model_once():
+    """``split=["val", "test"]`` logs what a callback per split logs, with each client's model made
+    once (for LocalFinetuning: each client finetuned once, not once per split)."""
+    from fl_lightning.callbacks import LocalFinetuning
+
+    def fit(callbacks):
+        made = []
+        module = FedAvg(tiny_client(), clients_per_round=6, local_steps=3)
+        for name in ("client_eval_state", "train_locally"):
+            method = getattr(module, name)
+            setattr(module, name, lambda cid, *a, _m=method, _n=name, **k: made.append((_n, cid)) or _m(cid, *a, **k))
+        t = trainer(2, callbacks=callbacks, check_val_every_n_epoch=2)
+        t.fit(module, synthetic(6, val_fraction=0.2, test_fraction=0.3))
+        return {k: float(v) for k, v in t.callback_metrics.items() if k.startswith(("clients_", "finetuned_"))}, made
+
+    separate, made_separate = fit([ClientMetrics(split="val"), ClientMetrics(split="test"),
+                                   LocalFinetuning(steps=4, split="val"), LocalFinetuning(steps=4, split="test")])
+    together, made_together = fit([ClientMetrics(split=["val", "test"]), LocalFinetuning(steps=4, split=["val", "test"])])
+    assert together == separate and len(together) == 12
+    assert sorted(made_together) == sorted(set(made_separate))
+    assert len(made_separate) == 2 * len(made_together) == 2 * 12  # 6 clients, the global and the finetuned model
+    for bad in ("holdout", [], ["val", "val"], ["val", "holdout"]):
+        with pytest.raises(ValueError, match=r"split must be 'train', 'val' or 'test', or a list of distinct ones"):
+            ClientMetrics(split=bad)
+    with pytest.raises(ValueError, match=r"prefix='mine' names one split's metrics and split=\['val', 'test'\] has 2"):
+        LocalFinetuning(split=["val", "test"], prefix="mine")

@@ -11,17 +11,19 @@ split is empty (``test_fraction=0``, say) it warns once instead of logging nothi
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence, Union
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
-from fl_lightning.callbacks.accuracy import client_accuracy
+from fl_lightning.callbacks.accuracy import accuracy_of
 from fl_lightning.distributed import map_clients
 from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.hooks import FederatedCallback, Federation
+
+Split = Literal["train", "val", "test"]
 
 
 def accuracy_summary(accuracies: Tensor, prefix: str) -> dict[str, float]:
@@ -51,48 +53,72 @@ class ClientMetrics(FederatedCallback):
 
     Args:
         split: the clients' split to evaluate (``test``, ``val``, or ``train``: the data they
-            train on, which is large and optimistic).
+            train on, which is large and optimistic), or several: each client's model is then
+            made once (for a personalized algorithm, one generation or lookup) and evaluated on
+            each, and every split logs under its own prefix.
         clients: ``train`` (clients that take part in training), ``unseen`` or ``all``.
-        prefix: metric name prefix (default ``clients_<split>`` or ``clients_unseen_<split>``).
+        prefix: metric name prefix (default ``clients_<split>`` or ``clients_unseen_<split>``);
+            only with a single split.
     """
+
+    #: the first word of the default metric prefix
+    name = "clients"
 
     def __init__(
         self,
-        split: Literal["train", "val", "test"] = "test",
+        split: Union[Split, Sequence[Split]] = "test",
         clients: Literal["train", "unseen", "all"] = "train",
         prefix: Optional[str] = None,
     ) -> None:
-        if split not in ("train", "val", "test"):
-            raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
+        splits = (split,) if isinstance(split, str) else tuple(split)
+        bad = [s for s in splits if s not in ("train", "val", "test")]
+        if bad or not splits or len(set(splits)) != len(splits):
+            raise ValueError(f"split must be 'train', 'val' or 'test', or a list of distinct ones, got {split!r}")
         if clients not in ("train", "unseen", "all"):
             raise ValueError(f"clients must be 'train', 'unseen' or 'all', got {clients!r}")
-        self.split = split
+        if prefix is not None and len(splits) > 1:
+            raise ValueError(
+                f"prefix={prefix!r} names one split's metrics and split={list(splits)!r} has {len(splits)}: leave "
+                "prefix out (each split logs under its default prefix) or use one callback per split"
+            )
+        self.splits = splits
         self.clients = clients
-        self.prefix = prefix or default_prefix("clients", split, clients)
+        self.prefixes = {s: prefix or default_prefix(self.name, s, clients) for s in splits}
         self._warned = False
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         if trainer.sanity_checking:
             return
         results = self.evaluate(pl_module)
-        if not results and not self._warned:
-            self._warned = True
-            rank_zero_warn(
-                f"{type(self).__name__}(split={self.split!r}, clients={self.clients!r}) has nothing to evaluate: "
-                f"the selected clients' {self.split!r} splits are empty (set the datamodule's "
-                f"{self.split}_fraction > 0, or choose another split)"
-            )
-        if results:
-            accs = torch.tensor([a for _, a in sorted(results.items())])
-            for name, value in accuracy_summary(accs, self.prefix).items():
-                pl_module.log(name, value, batch_size=1)
+        for split in self.splits:
+            accuracies = [acc[split] for _, acc in sorted(results.items()) if split in acc]
+            if accuracies:
+                for name, value in accuracy_summary(torch.tensor(accuracies), self.prefixes[split]).items():
+                    pl_module.log(name, value, batch_size=1)
+            elif not self._warned:
+                self._warned = True
+                rank_zero_warn(
+                    f"{type(self).__name__}(split={split!r}, clients={self.clients!r}) has nothing to evaluate: "
+                    f"the selected clients' {split!r} splits are empty (set the datamodule's "
+                    f"{split}_fraction > 0, or choose another split)"
+                )
 
-    def evaluate(self, module: Federation) -> dict[int, float]:
-        """Accuracy of each client's model on its own split, gathered from all processes."""
+    def client_state(self, module: Federation, client_id: int) -> Optional[Tensor]:
+        """The model evaluated for ``client_id`` (flat parameters; None: the global model): the
+        algorithm's own model for the client (``FederatedModule.client_eval_state``)."""
+        return module.client_eval_state(client_id)
+
+    def evaluate(self, module: Federation) -> dict[int, dict[str, float]]:
+        """``{client: {split: accuracy}}``: each selected client's model (:meth:`client_state`,
+        made once) on each of its non-empty splits, gathered from all processes; clients whose
+        splits are all empty are left out."""
         dm = module.datamodule
 
-        def accuracy(cid: int) -> Optional[float]:
-            data = dm.client_data(cid, self.split)
-            return client_accuracy(module, cid, data) if len(data) > 0 else None
+        def accuracies(cid: int) -> Optional[dict[str, float]]:
+            data = {s: d for s in self.splits if len(d := dm.client_data(cid, s)) > 0}
+            if not data:
+                return None
+            state = self.client_state(module, cid)
+            return {s: accuracy_of(module, state, d) for s, d in data.items()}
 
-        return map_clients(accuracy, population(module.datamodule, self.clients))
+        return map_clients(accuracies, population(module.datamodule, self.clients))
