@@ -94,6 +94,11 @@ def at_round(run: Run, key: str, round_number: int) -> float:
     raise KeyError(f"{run['name']}: no {key} at round {round_number}")
 
 
+def until(run: Run, end: int) -> Run:
+    """``run`` with its evaluations up to round ``end``."""
+    return {**run, "history": [p for p in run["history"] if p["round"] <= end]}
+
+
 def last(run: Run, key: str) -> float:
     """The last measured value of ``key`` in ``run``."""
     return series(run, key)[1][-1]

@@ -346,6 +346,31 @@ def test_pefll_report_puts_each_row_at_its_chosen_rate_and_pairs_pefll_with_it(m
     assert differences[3].startswith("| FedAvg + 50 finetuning steps | -3.00 ± 2.00")
 
 
+def test_pefll_clients_tables_follow_the_table_cut_to_as_many_client_visits(monkeypatch):
+    """The clients study's 100 rounds (5 visits per client) are set beside the n = 100 table's first
+    100 rounds: pFedHN's server steps are cut at 5 to a round, Local only's one round is kept whole."""
+    from experiments.pefll import plan as pefll, report
+
+    assert pefll.run("clients", "pefll", 2e-4, 0, pefll.CLIENTS_ROUNDS, 500, pefll.CLIENTS_EVERY).every == 25
+    pfedhn = {"params": dict(method="pfedhn", rounds=2500, client_rounds=500),
+              "history": [{"round": r} for r in (250, 500, 750)]}
+    assert [p["round"] for p in report.at_client_round(pfedhn, 100)["history"]] == [250, 500]
+    local = {"params": dict(method="local", rounds=1, client_rounds=500), "history": [{"round": 1}]}
+    assert report.at_client_round(local, 100) == local
+
+    monkeypatch.setattr(report, "CLIENTS_ROUNDS", 25)
+    keys = ("clients_val/acc_mean", "clients_test/acc_mean", "clients_unseen_test/acc_mean", "finetuned_val/acc_mean")
+    runs = [pefll_runs("tune", m, lr, dict.fromkeys(keys, 0.6 if lr == pefll.rates(m)[1] else 0.5))
+            for m in pefll.RATES for lr in pefll.rates(m)]
+    runs += [pefll_runs(study, "pefll", 2e-4, dict.fromkeys(keys, 0.9), seed, n)
+             for study, n in (("table", 100), ("clients", 500)) for seed in range(3)]
+    tables = report.tables(runs)
+    assert len(tables) == 7
+    full, cut, clients = tables[1].splitlines()[2], tables[3].splitlines()[2], tables[5].splitlines()[2]
+    assert "| 50 | 90.00 ± 0.00" in full and "| 25 | 50.00 ± 0.00" in cut and "| 50 | 90.00 ± 0.00" in clients
+    assert "88.9 / 88.9" in clients  # the paper's figures for 450 training clients
+
+
 def test_feddeper_cnn_and_n100_cells_run_the_paper_setting_and_the_transferred_tuned_one(monkeypatch, tmp_path):
     monkeypatch.setattr(plan, "RESULTS", tmp_path / "absent.json")
     monkeypatch.setattr(plan, "tuned", lambda runs=None: {(5, "fedavg"): {"lr": 0.1, "batch": 32},

@@ -52,7 +52,7 @@ def studies(runs: list[results.Run], cut: bool = True) -> dict[str, Groups]:
         for groups in out.values():
             end = common_round([r for group in groups.values() for r in group])
             for label, group in groups.items():
-                groups[label] = [until(r, end) for r in group]
+                groups[label] = [results.until(r, end) for r in group]
     return out
 
 
@@ -60,11 +60,6 @@ def common_round(runs: list[results.Run]) -> int:
     """The last evaluated round that every one of ``runs`` reached (a sweep's time limit stops runs
     at different rounds)."""
     return min(r["history"][-1]["round"] for r in runs)
-
-
-def until(run: results.Run, end: int) -> results.Run:
-    """``run`` with its evaluations up to round ``end``."""
-    return {**run, "history": [p for p in run["history"] if p["round"] <= end]}
 
 
 def reached_table(groups: Groups) -> str:
@@ -76,7 +71,7 @@ def reached_table(groups: Groups) -> str:
     for label, runs in groups.items():
         reached = [r["history"][-1]["round"] for r in runs]
         end = common_round(runs)
-        cut = [until(r, end) for r in runs]
+        cut = [results.until(r, end) for r in runs]
         at_best, _ = best_validation(cut)
         lines.append(
             f"| {label} | {runs[0]['params']['lr']} | {len(runs)} | {min(reached)}–{max(reached)} "
@@ -104,7 +99,7 @@ def sarah_lr_table(runs: list[results.Run]) -> str:
 
     for label, group in rows.items():
         loss = np.array([results.at_round(r, "train_loss", end) for r in group])
-        rise = np.array([np.diff([p["train_loss"] for p in until(r, end)["history"]]).max() for r in group])
+        rise = np.array([np.diff([p["train_loss"] for p in results.until(r, end)["history"]]).max() for r in group])
         cell = "-" if label == "FedAvg" else paired(group, rows["FedAvg"], accuracy)
         acc = accuracy(group)
         lines.append(f"| {label} | {group[0]['params']['lr']} | {fmt(acc, 100)} | {fmt(loss, digits=4, style='g')} | "

@@ -9,7 +9,9 @@ Accuracies in % are means over clients of each client's accuracy on its own spli
   each rate of its search, the chosen one in bold (:func:`experiments.pefll.plan.tuned`);
 * Table 1 and 2's layout (``table``, and ``clients`` per federation size): per row, the seen and the
   unseen clients' test accuracy after the last round and at the round of best seen-client
-  validation accuracy, beside the paper's CIFAR-10 figures with as many training clients;
+  validation accuracy, beside the paper's CIFAR-10 figures with as many training clients; before
+  the ``clients`` tables, the ``table`` runs up to the ``clients`` runs' length
+  (:func:`at_client_round`), where each client has taken part as often as in those;
 * PeFLL minus each row, paired by seed, with 95 % confidence intervals.
 """
 
@@ -19,7 +21,7 @@ import argparse
 from pathlib import Path
 
 from experiments import results
-from experiments.pefll.plan import CHOICES, GRID, RESULTS, rates, tuned
+from experiments.pefll.plan import CHOICES, CLIENTS_ROUNDS, GRID, NUM_CLIENTS, RESULTS, rates, tuned
 from experiments.seed_stats import best_validation, final, fmt, last_cell, paired
 
 #: table row -> (label, the run's method, the prefix of its logged client figures)
@@ -90,7 +92,8 @@ def comparison_table(runs: list[results.Run], study: str, num_clients: int) -> s
         best_unseen, _ = best_validation(group, val, unseen)
         params = group[0]["params"]
         seen_clients = group[0]["summary"]["seen_clients"]
-        lines.append(f"| {label} | {params['lr']:g} | {len(group)} | {params['rounds']} | {fmt(final(group, seen), 100)} | "
+        rounds = group[0]["history"][-1]["round"]
+        lines.append(f"| {label} | {params['lr']:g} | {len(group)} | {rounds} | {fmt(final(group, seen), 100)} | "
                      f"{fmt(final(group, unseen), 100)} | {fmt(best_seen, 100)} | {fmt(best_unseen, 100)} | "
                      f"{', '.join(str(r) for r in best_round)} | {paper_cell(row, seen_clients)} |")
     return "\n".join(lines)
@@ -114,14 +117,26 @@ def sizes(runs: list[results.Run], study: str) -> list[int]:
     return sorted({r["params"]["num_clients"] for r in results.select(runs, study=study)})
 
 
+def at_client_round(run: results.Run, end: int) -> results.Run:
+    """``run`` up to the round at which it has trained as many clients as ``end`` rounds of
+    :func:`~experiments.pefll.plan.per_round` clients (pFedHN's server steps take one each; Local
+    only's one round is all of it)."""
+    params = run["params"]
+    return run if params["method"] == "local" else results.until(run, end * params["rounds"] // params["client_rounds"])
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in order (none before the runs exist)."""
     out = []
     if results.select(runs, study="tune"):
         out.append(tune_table(runs))
-    for study in ("table", "clients"):
-        for n in sizes(runs, study):
-            out += [comparison_table(runs, study, n), differences_table(runs, study, n)]
+    for n in sizes(runs, "table"):
+        out += [comparison_table(runs, "table", n), differences_table(runs, "table", n)]
+    if sizes(runs, "clients"):
+        short = [at_client_round(r, CLIENTS_ROUNDS) if r["params"]["study"] == "table" else r for r in runs]
+        out += [comparison_table(short, "table", NUM_CLIENTS), differences_table(short, "table", NUM_CLIENTS)]
+    for n in sizes(runs, "clients"):
+        out += [comparison_table(runs, "clients", n), differences_table(runs, "clients", n)]
     return out
 
 
