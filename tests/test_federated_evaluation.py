@@ -269,15 +269,16 @@ def ddp_run(devices: int) -> dict[str, float]:
     module = FedAvg(Regressor(), clients_per_round=4, local_steps=2, seed=3)
     evaluation = FederatedEvaluation(fraction=0.5, higher_is_better={"bias": True})
     strategy = TWO_PROCESSES if devices > 1 else "auto"
-    t = trainer(2, callbacks=[evaluation], devices=devices, strategy=strategy)
+    clients = ClientMetrics(split=["train", "val"])  # two splits, each client's model made once
+    t = trainer(2, callbacks=[evaluation, clients], devices=devices, strategy=strategy)
     t.fit(module, synthetic(8, val_fraction=0.3, eval_batch_size=5))
-    return logged(t)
+    return logged(t, "clients_")
 
 
 @pytest.mark.slow
 def test_two_processes_log_the_figures_of_one():
     one, two = ddp_run(1), ddp_run(2)
-    assert one.keys() == two.keys() and "clients_val/l1_mean" in one
+    assert one.keys() == two.keys() and {"clients_val/l1_mean", "clients_train/acc_mean", "clients_val/acc_worst"} <= set(one)
     for name in one:
         assert two[name] == pytest.approx(one[name], rel=1e-5, abs=1e-7), name
 
