@@ -6,7 +6,8 @@
 #   FL_LIGHTNING_COMMIT=<commit> bash experiments/gpu_sweep.sh OUT_DIR PAPER SECONDS JOBS PATTERN...
 #
 #   env.txt          the card, the packages, the commit
-#   <paper>.json     the runs (experiments/results.py), to merge into docs/results/<paper>.json
+#   <paper>.json     the runs (experiments/results.py): docs/results/<paper>.json's, whose runs are not run
+#                    again, and this call's; merged into that file with experiments.sweep.merge_parts
 #   sweep.log        the sweep's output and the last 40 lines of each slot's log (its runs' output)
 #   gpu_util.csv     nvidia-smi's utilization and memory every 5 s
 #
@@ -39,6 +40,7 @@ nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 >
 sampler=$!
 work=/tmp/gpu_sweep
 mkdir -p "$work"
+[ -e "docs/results/$paper.json" ] && cp "docs/results/$paper.json" "$work/$paper.json"
 python3 -m experiments.sweep "$paper" --only "$@" --jobs "$jobs" --time-limit "$limit" ${BACKEND:+--backend "$BACKEND"} \
   --out "$work/$paper.json" \
   > "$out/sweep.log" 2>&1
