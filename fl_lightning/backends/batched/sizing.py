@@ -176,7 +176,8 @@ def activation_bytes(context: "ClientContext") -> Activations:
     split = data.client_data(max(data.train_clients, key=data.num_samples), "train")
     batch_size, eval_size = split.step_batch_size, min(data.eval_batch_size, len(split.indices))
     model = context.global_model
-    tensors = [t.detach().clone().requires_grad_(i < model.layout.num_param_tensors)
+    # at setup the module's tensors are still on the host while its device (and the batch) is the accelerator
+    tensors = [t.detach().to(context.device, copy=True).requires_grad_(i < model.layout.num_param_tensors)
                for i, t in enumerate(model.tensors)]
     overridden = type(context.client).validation_step is not pl.LightningModule.validation_step
     hook = "validation_step" if overridden else "training_step"
