@@ -16,6 +16,7 @@ from torch import Tensor
 
 from fl_lightning.backends import ClientBackend, ClientContext, train_plainly
 from fl_lightning.backends.evaluate import check_evaluation
+from fl_lightning.datamodules.client_data import Split
 from fl_lightning.lightning_compat import set_current_hook
 from fl_lightning.update import ClientResult
 from fl_lightning.vectors import ModelVector
@@ -59,7 +60,7 @@ class ClientEvaluation(pl.LightningModule):
     def evaluate_clients(
         self,
         client_ids: Sequence[int],
-        split: Literal["train", "val", "test"],
+        split: Split,
         hook: Literal["validation_step", "test_step"] = "validation_step",
         personalized: bool = True,
     ) -> list[ClientResult]:

@@ -37,6 +37,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from fl_lightning.datamodules.client_data import Split
 from fl_lightning.update import ClientResult, ClientUpdate, LinearReduction, UpdateSpec
 from fl_lightning.vectors import ModelVector
 
@@ -118,7 +119,7 @@ class Federation(Protocol):
     def evaluate_clients(
         self,
         client_ids: Sequence[int],
-        split: Literal["train", "val", "test"],
+        split: Split,
         hook: Literal["validation_step", "test_step"] = "validation_step",
         personalized: bool = True,
     ) -> list[ClientResult]:

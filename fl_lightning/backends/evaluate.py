@@ -22,7 +22,7 @@ changes (outputs appended to a list on ``self``) is the module's affair.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Literal, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -31,14 +31,12 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from fl_lightning.backends.context import ClientContext
-from fl_lightning.datamodules.client_data import ClientData, to_device
+from fl_lightning.datamodules.client_data import SPLITS, ClientData, to_device
 from fl_lightning.lightning_compat import metric_snapshot, restore_metric, routed_log, unsync_metric
 from fl_lightning.local_logging import call_options
 from fl_lightning.update import ClientResult
 
-Split = Literal["train", "val", "test"]
-#: the splits and hooks a client evaluation takes
-SPLITS: tuple[str, ...] = ("train", "val", "test")
+#: the hooks a client evaluation takes
 HOOKS: tuple[str, ...] = ("validation_step", "test_step")
 #: the model a client is evaluated with: its state vector, or None for the global model
 StateOf = Callable[[int], Optional[Tensor]]

@@ -6,7 +6,7 @@ functions are for classification; the engine itself knows nothing of accuracy.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Hashable, Mapping, Optional, TypeVar
 
 import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
@@ -15,6 +15,8 @@ from torch import Tensor
 from fl_lightning.datamodules.client_data import ClientData
 from fl_lightning.hooks import Federation
 
+K = TypeVar("K", bound=Hashable)
+
 
 def client_accuracy(module: Federation, client_id: int, data: ClientData, personalized: bool = True) -> float:
     """Accuracy on ``data`` of client ``client_id``'s model (``module.client_eval_state``), or
@@ -22,21 +24,30 @@ def client_accuracy(module: Federation, client_id: int, data: ClientData, person
     return accuracy_of(module, module.client_eval_state(client_id) if personalized else None, data)
 
 
-@torch.no_grad()
 def accuracy_of(module: Federation, state: Optional[Tensor], data: ClientData) -> float:
     """Accuracy on ``data`` of the model ``state`` (None: the global model); the client module's
-    output is read as logits. ``state`` is loaded into ``module.global_model`` for the
-    evaluation and the global model restored afterwards; the client module is left as it was."""
+    output is read as logits (:func:`accuracies_of` for one piece of data)."""
+    return accuracies_of(module, state, {None: data})[None]
+
+
+@torch.no_grad()
+def accuracies_of(module: Federation, state: Optional[Tensor], data: Mapping[K, ClientData]) -> dict[K, float]:
+    """Accuracy of the model ``state`` (None: the global model) on each of ``data``'s values (a
+    client's splits, say), under their keys. ``state`` is loaded into ``module.global_model`` once
+    for all of them and the global model restored afterwards; the client module is left as it was."""
     saved = module.global_model.flatten() if state is not None else None
     if state is not None:
         module.global_model.load(state.to(module.device))
     was_training = module.client.training
     module.client.eval()
-    correct = 0
-    for x, y in data.epoch_batches(1, batch_size=module.datamodule.eval_batch_size):
-        logits = module.client(move_data_to_device(x, module.device))
-        correct += int((logits.argmax(-1).cpu() == y).sum())
+    accuracies = {}
+    for key, split in data.items():
+        correct = 0
+        for x, y in split.epoch_batches(1, batch_size=module.datamodule.eval_batch_size):
+            logits = module.client(move_data_to_device(x, module.device))
+            correct += int((logits.argmax(-1).cpu() == y).sum())
+        accuracies[key] = correct / max(len(split), 1)
     module.client.train(was_training)
     if saved is not None:
         module.global_model.load(saved)
-    return correct / max(len(data), 1)
+    return accuracies

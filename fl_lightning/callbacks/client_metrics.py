@@ -11,19 +11,22 @@ split is empty (``test_fraction=0``, say) it warns once instead of logging nothi
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Literal, Optional, Sequence, Union, get_args
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
-from fl_lightning.callbacks.accuracy import accuracy_of
+from fl_lightning.callbacks.accuracy import accuracies_of
+from fl_lightning.datamodules.client_data import SPLITS, Split
 from fl_lightning.distributed import map_clients
 from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.hooks import FederatedCallback, Federation
 
-Split = Literal["train", "val", "test"]
+#: which clients a metric callback evaluates: those that train, the unseen ones, or all
+Population = Literal["train", "unseen", "all"]
+POPULATIONS: tuple[Population, ...] = get_args(Population)
 
 
 def accuracy_summary(accuracies: Tensor, prefix: str) -> dict[str, float]:
@@ -67,14 +70,14 @@ class ClientMetrics(FederatedCallback):
     def __init__(
         self,
         split: Union[Split, Sequence[Split]] = "test",
-        clients: Literal["train", "unseen", "all"] = "train",
+        clients: Population = "train",
         prefix: Optional[str] = None,
     ) -> None:
         splits = (split,) if isinstance(split, str) else tuple(split)
-        bad = [s for s in splits if s not in ("train", "val", "test")]
+        bad = [s for s in splits if s not in SPLITS]
         if bad or not splits or len(set(splits)) != len(splits):
             raise ValueError(f"split must be 'train', 'val' or 'test', or a list of distinct ones, got {split!r}")
-        if clients not in ("train", "unseen", "all"):
+        if clients not in POPULATIONS:
             raise ValueError(f"clients must be 'train', 'unseen' or 'all', got {clients!r}")
         if prefix is not None and len(splits) > 1:
             raise ValueError(
@@ -119,6 +122,6 @@ class ClientMetrics(FederatedCallback):
             if not data:
                 return None
             state = self.client_state(module, cid)
-            return {s: accuracy_of(module, state, d) for s, d in data.items()}
+            return accuracies_of(module, state, data)
 
         return map_clients(accuracies, population(module.datamodule, self.clients))

@@ -28,10 +28,11 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
 
-from fl_lightning.callbacks.client_metrics import default_prefix, population
+from fl_lightning.callbacks.client_metrics import POPULATIONS, Population, default_prefix, population
 from fl_lightning.distributed import all_gather_object, rank_and_world
 from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.callbacks.metric_direction import direction_from_name
+from fl_lightning.datamodules.client_data import SPLITS, Split
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientResult
@@ -83,9 +84,9 @@ class FederatedEvaluation(FederatedCallback):
 
     def __init__(
         self,
-        split: Literal["train", "val", "test"] = "val",
+        split: Split = "val",
         hook: Optional[Literal["validation_step", "test_step"]] = None,
-        clients: Literal["train", "unseen", "all"] = "train",
+        clients: Population = "train",
         fraction: float = 1.0,
         min_clients: int = 1,
         num_clients: Optional[int] = None,
@@ -96,12 +97,12 @@ class FederatedEvaluation(FederatedCallback):
         table: bool = False,
         prefix: Optional[str] = None,
     ) -> None:
-        if split not in ("train", "val", "test"):
+        if split not in SPLITS:
             raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
         hook = hook or ("test_step" if split == "test" else "validation_step")
         if hook not in ("validation_step", "test_step"):
             raise ValueError(f"hook must be 'validation_step' or 'test_step', got {hook!r}")
-        if clients not in ("train", "unseen", "all"):
+        if clients not in POPULATIONS:
             raise ValueError(f"clients must be 'train', 'unseen' or 'all', got {clients!r}")
         if cohort not in ("sampled", "fixed"):
             raise ValueError(f"cohort must be 'sampled' or 'fixed', got {cohort!r}")

@@ -10,12 +10,13 @@ client selection, splits and summary it reuses: it only changes the model evalua
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import pytorch_lightning as pl
 from torch import Tensor
 
-from fl_lightning.callbacks.client_metrics import ClientMetrics, Split
+from fl_lightning.callbacks.client_metrics import ClientMetrics, Population
+from fl_lightning.datamodules.client_data import Split
 from fl_lightning.hooks import Federation
 
 
@@ -39,7 +40,7 @@ class LocalFinetuning(ClientMetrics):
         self,
         steps: int = 20,
         split: Union[Split, Sequence[Split]] = "test",
-        clients: Literal["train", "unseen", "all"] = "train",
+        clients: Population = "train",
         prefix: Optional[str] = None,
     ) -> None:
         if steps < 1:

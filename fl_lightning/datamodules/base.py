@@ -22,7 +22,7 @@ Loaders:
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterator, Literal, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import pytorch_lightning as pl
@@ -32,14 +32,13 @@ from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 from fl_lightning.checkpoints import AllowedClasses, check_weights_only, checksum, is_plain, load_from_checkpoint
-from fl_lightning.datamodules.client_data import ClientData
+from fl_lightning.datamodules.client_data import SPLITS, ClientData, Split
 from fl_lightning.datamodules.partitioners import SHORTCUTS, IidPartitioner, Partitioner, from_shortcut
 from fl_lightning.datamodules.subsample import Subsample
 from fl_lightning.functional.partition import stratified_split
 from fl_lightning.seeding import keyed_rng
 from fl_lightning.validation import check_int, check_number
 
-Split = Literal["train", "val", "test"]
 
 
 def labels_of(dataset: Dataset) -> np.ndarray:
@@ -321,7 +320,7 @@ class FederatedDataModule(pl.LightningDataModule):
         else:
             none = np.array([], dtype=np.int64)
             split = [(np.sort(p), none, none) for p in parts]
-        self.splits = {name: [s[j] for s in split] for j, name in enumerate(("train", "val", "test"))}
+        self.splits = {name: [s[j] for s in split] for j, name in enumerate(SPLITS)}
         self._partition_digest = None
         empty = [c for c, idx in enumerate(self.splits["train"]) if len(idx) == 0]
         if empty:
@@ -403,7 +402,7 @@ class FederatedDataModule(pl.LightningDataModule):
             h.update(np.ascontiguousarray(labels_of(self.pool), dtype=np.int64).tobytes())
             for features in feature_checksums(self.pool):
                 h.update(features.encode())
-        for name in ("train", "val", "test"):
+        for name in SPLITS:
             for idx in self.splits.get(name, []):
                 h.update(np.asarray(idx, dtype=np.int64).tobytes())
                 h.update(b"|")
