@@ -21,11 +21,14 @@ The format of the result file:
 :mod:`experiments.results`. ``docs/results/<paper>.json`` is such a file.
 
 With ``--jobs N`` the pending runs go, in plan order (so that the first seeds come first), to N
-slots: each run is a process of its own, started in the first slot that is free, so that no slot
-idles while runs are left, whatever their lengths. Slot ``k``'s runs write their records to a part
-file beside the result file (``<out>.part<k>.json``, their output to ``<out>.part<k>.log``); the
-parts are merged into the result file when the last run ends, and at the start of the next sweep if
-the sweep was stopped. A run whose process fails is reported at the end; the others go on.
+slots, each run to the first slot that is free, so that no slot idles while runs are left, whatever
+their lengths. A slot is a process of its own that runs the runs it is handed one after the other,
+as a sweep without ``--jobs`` does (so the imports and a GPU's set-up are paid once a slot, not once
+a run). Slot ``k``'s runs write their records to a part file beside the result file
+(``<out>.part<k>.json``, their output to ``<out>.part<k>.log``); the parts are merged into the
+result file when the last run ends, and at the start of the next sweep if the sweep was stopped. A
+run that fails ends its slot's process, and is reported at the end; the slot's next run starts a
+new process, and the others go on.
 
 With ``--time-limit S`` (a machine lent for a while) each run stops at its first evaluated round after
 ``S`` seconds from the sweep's start, and a run not begun by then is not started. A run so stopped is
@@ -44,13 +47,15 @@ import glob
 import importlib
 import os
 import shlex
+import select
 import shutil
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import IO, Any, Optional, Sequence
 
 import numpy as np
 import pytorch_lightning as pl
@@ -333,10 +338,52 @@ def merge_parts(out: Path) -> int:
     return len(added)
 
 
+def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, stop_at: Optional[float] = None,
+               backend: Optional[str] = None) -> None:
+    """Train ``run`` (:func:`fit`) and add its record to ``out``; once it is recorded for good (not
+    stopped by the time limit), its resume checkpoint goes."""
+    print(f"== {run.name}: {run.command()}", flush=True)
+    started = time.perf_counter()
+    record = fit(run, paper, plan, commit, stop_at, backend)
+    results.add(out, record)
+    print(f"{run.name}: recorded after {time.perf_counter() - started:.0f} s ({record['wall_s']:.0f} s of training "
+          "and evaluation)", flush=True)
+    if "stopped" not in record:
+        shutil.rmtree(resume_dir(paper, run.name), ignore_errors=True)
+
+
+def serve(runs: Sequence[Run], paper: str, plan: Any, out: Path, ready: int, stop_at: Optional[float] = None,
+          backend: Optional[str] = None) -> None:
+    """A slot of a parallel sweep: record the runs whose names its sweep writes to stdin, one a
+    line, one after the other, and write each name to the file descriptor ``ready`` once it is
+    recorded. Ends at the end of stdin."""
+    by_name = {run.name: run for run in runs}
+    commit = results.commit()
+    with os.fdopen(ready, "w", buffering=1) as done:
+        for line in sys.stdin:
+            record_run(by_name[line.strip()], paper, plan, out, commit, stop_at, backend)
+            done.write(line)
+
+
+def slot_command(paper: str, part: Path, ready: int, options: Sequence[str]) -> list[str]:
+    """The command of a parallel sweep's slot that records into ``part`` (:func:`serve`)."""
+    return [sys.executable, "-m", "experiments.sweep", paper, "--serve", str(ready), "--out", str(part), *options]
+
+
+@dataclass
+class Slot:
+    """A parallel sweep's slot: its process, the stream its finished runs' names come back on, and
+    the run it is on (None: idle)."""
+
+    process: subprocess.Popen
+    done: IO[str]
+    run: Optional[str] = None
+
+
 def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads: int,
                  stop_at: Optional[float] = None, backend: Optional[str] = None) -> None:
-    """Run the plan's runs ``names`` (in this order), each in a process of its own, ``jobs`` at a
-    time, and merge their results into ``out`` (``stop_at``: the sweep's time limit, see
+    """Run the plan's runs ``names`` (in this order) in ``jobs`` slots, each run in the first slot
+    that is free, and merge their results into ``out`` (``stop_at``: the sweep's time limit, see
     :class:`TimeLimit`; ``backend``: see :func:`fit`)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -345,32 +392,52 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
         options += ["--stop-at", repr(stop_at)]
     if backend is not None:
         options += ["--backend", backend]
-    running: dict[int, tuple[subprocess.Popen, str]] = {}  # slot -> its process and run
-    failed: list[str] = []
+    queue, slots, failed = deque(names), {}, []
 
-    def wait_for_a_slot() -> int:
-        while True:
-            for slot, (process, name) in list(running.items()):
-                if process.poll() is not None:
-                    del running[slot]
-                    if process.returncode != 0:
-                        failed.append(f"{name} (exit {process.returncode}, output in {part_path(out, slot).with_suffix('.log')})")
-                    return slot
-            time.sleep(0.5)
+    def start(k: int) -> Slot:
+        read, write = os.pipe()
+        with part_path(out, k).with_suffix(".log").open("a") as log:
+            process = subprocess.Popen(slot_command(paper, part_path(out, k), write, options), stdin=subprocess.PIPE,
+                                       stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(write,), text=True)
+        os.close(write)
+        return Slot(process, os.fdopen(read))
+
+    def end(k: int) -> None:  # the slot's process ended during its run
+        slot = slots.pop(k)
+        slot.done.close()
+        failed.append(f"{slot.run} (exit {slot.process.wait()}, output in {part_path(out, k).with_suffix('.log')})")
 
     print(f"{len(names)} runs, {jobs} at a time, output in {part_path(out, 0).with_suffix('.log')} ...", flush=True)
-    for name in names:
-        free = sorted(set(range(jobs)) - set(running))
-        slot = free[0] if free else wait_for_a_slot()
-        if stop_at is not None and time.time() >= stop_at:
-            print(f"time limit: {name} and the runs after it are not started", flush=True)
+    while True:
+        for k in range(jobs):  # the next runs to the free slots, the first slot first
+            if not queue or (k in slots and slots[k].run is not None):
+                continue
+            if stop_at is not None and time.time() >= stop_at:
+                print(f"time limit: {queue[0]} and the runs after it are not started", flush=True)
+                queue.clear()
+                break
+            if k not in slots:
+                slots[k] = start(k)
+            slot = slots[k]
+            slot.run = queue.popleft()
+            try:
+                slot.process.stdin.write(slot.run + "\n")
+                slot.process.stdin.flush()
+            except BrokenPipeError:  # it ended before its run began
+                end(k)
+        busy = {slot.done: k for k, slot in slots.items() if slot.run is not None}
+        if not busy:
             break
-        command = [sys.executable, "-m", "experiments.sweep", paper, "--only", glob.escape(name),
-                   "--out", str(part_path(out, slot)), *options]
-        with part_path(out, slot).with_suffix(".log").open("a") as stream:
-            running[slot] = (subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=env), name)
-    while running:
-        wait_for_a_slot()
+        for stream in select.select(list(busy), [], [])[0]:
+            k = busy[stream]
+            if stream.readline():
+                slots[k].run = None
+            else:
+                end(k)
+    for slot in slots.values():
+        slot.process.stdin.close()  # the end of its runs
+        slot.process.wait()
+        slot.done.close()
     print(f"{merge_parts(out)} runs added to {out}", flush=True)
     if failed:
         raise SystemExit(f"{len(failed)} of {len(names)} runs failed: {'; '.join(failed)}")
@@ -383,13 +450,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--only", nargs="+", metavar="PATTERN", help="only the runs matching these names or patterns")
     parser.add_argument("--out", type=Path, help="result file (default: runs/<paper>.json)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the documented runs used 1)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, one worker process each")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, one process a slot")
     parser.add_argument("--time-limit", type=float, metavar="SECONDS",
                         help="stop every run at its first evaluated round after this many seconds (recorded as "
                              "stopped; a later sweep runs it again); start no run after it")
     parser.add_argument("--backend", choices=sorted(BACKENDS),
                         help="the clients' backend of every run (default: the configs'); recorded with each run")
-    parser.add_argument("--stop-at", type=float, help=argparse.SUPPRESS)  # a worker's: the sweep's limit, as time.time()
+    parser.add_argument("--stop-at", type=float, help=argparse.SUPPRESS)  # a slot's: the sweep's limit, as time.time()
+    parser.add_argument("--serve", type=int, metavar="FD", help=argparse.SUPPRESS)  # a slot's: see serve()
     opts = parser.parse_args(argv)
     if opts.jobs < 1 or opts.threads < 1:
         parser.error(f"--jobs and --threads must be >= 1, got --jobs {opts.jobs} --threads {opts.threads}")
@@ -408,6 +476,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             print(f"# {run.name}\n{run.command()}")
         return
     out = opts.out or Path("runs") / f"{opts.paper}.json"
+    if opts.serve is not None:
+        torch.set_num_threads(opts.threads)
+        serve(runs, opts.paper, plan, out, opts.serve, stop_at, opts.backend)
+        return
     merge_parts(out)  # the finished runs of a parallel sweep that was stopped
     done = {r["name"] for r in results.load(out) if "stopped" not in r}
     pending = [run.name for run in runs if run.name not in done]
@@ -422,14 +494,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if stop_at is not None and time.time() >= stop_at:
             print(f"time limit: {run.name} and the runs after it are not started", flush=True)
             break
-        print(f"== {run.name}: {run.command()}", flush=True)
-        started = time.perf_counter()
-        record = fit(run, opts.paper, plan, commit, stop_at, opts.backend)
-        results.add(out, record)
-        print(f"{run.name}: recorded after {time.perf_counter() - started:.0f} s ({record['wall_s']:.0f} s of training "
-              "and evaluation)", flush=True)
-        if "stopped" not in record:  # recorded for good: no resuming any more
-            shutil.rmtree(resume_dir(opts.paper, run.name), ignore_errors=True)
+        record_run(run, opts.paper, plan, out, commit, stop_at, opts.backend)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -128,33 +129,40 @@ def test_merge_parts(tmp_path):
     assert {r["name"]: r["history"] for r in results.load(out)} == {"a": [{"round": 1}], "b": []}
 
 
-def test_a_parallel_sweep_starts_each_run_in_the_first_free_slot(tmp_path, monkeypatch):
+# a stand-in for a sweep's slot (experiments.sweep.serve): it notes each run it is handed, takes
+# LENGTHS[name] tenths of a second over it, fails on "c" and reports the others done
+FAKE_SLOT = """
+import os, sys, time
+part, ready, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+lengths = {"long": 30, "a": 1, "b": 1, "c": 1, "d": 1}
+with os.fdopen(ready, "w", buffering=1) as done:
+    for line in sys.stdin:
+        name = line.strip()
+        with open(log, "a") as notes:
+            notes.write(f"{part} {os.getpid()} {name}\\n")
+        time.sleep(lengths[name] / 10)
+        if name == "c":
+            sys.exit(1)
+        done.write(line)
+"""
+
+
+def test_a_parallel_sweep_hands_each_run_to_the_first_free_slot(tmp_path, monkeypatch):
     """Runs go to slots as slots free up (no slot idles while runs are left, whatever their lengths),
-    in plan order; a failed run is reported at the end without stopping the others."""
+    in plan order; a slot runs its runs in one process; a run that fails ends its slot's process, is
+    reported at the end, and the slot's next run goes to a new process."""
     from experiments import sweep
 
-    lengths = {"long": 6, "a": 1, "b": 1, "c": 1, "d": 1}  # polls until each run's process ends
-    started = []
-
-    class Process:
-        def __init__(self, command, **kwargs):
-            self.name, self.out = command[command.index("--only") + 1], command[command.index("--out") + 1]
-            self.polls, self.returncode = lengths[self.name], None
-            started.append((self.name, self.out))
-
-        def poll(self):
-            self.polls -= 1
-            if self.polls <= 0:
-                self.returncode = 1 if self.name == "c" else 0
-            return self.returncode
-
-    monkeypatch.setattr(sweep.subprocess, "Popen", Process)
-    monkeypatch.setattr(sweep.time, "sleep", lambda seconds: None)
+    log = tmp_path / "started.txt"
+    monkeypatch.setattr(sweep, "slot_command",
+                        lambda paper, part, ready, options: [sys.executable, "-c", FAKE_SLOT, str(part), str(ready), str(log)])
     with pytest.raises(SystemExit, match=r"1 of 5 runs failed: c \(exit 1"):
-        sweep.run_parallel("p", list(lengths), tmp_path / "r.json", jobs=2, threads=1)
-    assert [name for name, _ in started] == list(lengths)
-    slots = {name: out.rsplit(".part", 1)[1] for name, out in started}
-    assert slots == {"long": "0.json", "a": "1.json", "b": "1.json", "c": "1.json", "d": "1.json"}
+        sweep.run_parallel("p", ["long", "a", "b", "c", "d"], tmp_path / "r.json", jobs=2, threads=1)
+    started = [line.split() for line in log.read_text().splitlines()]  # in each slot, in the order handed
+    slots = {slot: [name for part, _, name in started if part.endswith(f".part{slot}.json")] for slot in (0, 1)}
+    assert slots == {0: ["long"], 1: ["a", "b", "c", "d"]}
+    process = {name: pid for _, pid, name in started}
+    assert process["a"] == process["b"] == process["c"] != process["d"]  # c's failure ended its process
 
 
 def test_a_parallel_sweep_records_what_a_sequential_one_does(tmp_path, monkeypatch):
