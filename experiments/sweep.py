@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import gc
 import glob
 import importlib
 import os
@@ -341,7 +342,8 @@ def merge_parts(out: Path) -> int:
 def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, stop_at: Optional[float] = None,
                backend: Optional[str] = None) -> None:
     """Train ``run`` (:func:`fit`) and add its record to ``out``; once it is recorded for good (not
-    stopped by the time limit), its resume checkpoint goes."""
+    stopped by the time limit), its resume checkpoint goes. The run's memory is handed back, so that
+    the next run of the process sizes its blocks by the device's free memory as a new process would."""
     print(f"== {run.name}: {run.command()}", flush=True)
     started = time.perf_counter()
     record = fit(run, paper, plan, commit, stop_at, backend)
@@ -350,6 +352,9 @@ def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, stop_at:
           "and evaluation)", flush=True)
     if "stopped" not in record:
         shutil.rmtree(resume_dir(paper, run.name), ignore_errors=True)
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def serve(runs: Sequence[Run], paper: str, plan: Any, out: Path, ready: int, stop_at: Optional[float] = None,
