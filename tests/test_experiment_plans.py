@@ -192,6 +192,39 @@ def test_raga_grid_table_has_the_papers_layout_with_each_columns_best_and_the_di
     assert len(table) == 2 + 2 * len(raga.ATTACKS)
 
 
+def test_raga_solver_test_swaps_the_medians_iterations_beside_the_table200_runs(monkeypatch, tmp_path):
+    """The solver study: RAGA at RFA's Weiszfeld iterations and RFA at RAGA's, each at its chosen step
+    size, in the solver cases; its table sets each beside the method's own ``table200`` run."""
+    from experiments import results
+    from experiments.raga import plan as raga
+    from experiments.raga.report import solver_table
+
+    path = tmp_path / "raga.json"
+    monkeypatch.setattr(raga, "RESULTS", path)
+    screened = raga_screened({("raga", 3.16): [0.9] * 20, ("rfa", 0.316): [0.9] * 20})
+    results.save(path, screened)
+    solver = [r for r in raga.runs() if r.name.startswith("solver/")]
+    assert [r.name for r in solver] == ["solver/raga_scale3.16_it4_ipm_0.4_s0", "solver/rfa_lr0.316_it100_ipm_0.4_s0",
+                                        "solver/raga_scale3.16_it4_ipm_0.4_s1", "solver/rfa_lr0.316_it100_ipm_0.4_s1"]
+    assert " ".join(solver[1].args).count("--model.init_args.max_iter 100") == 1
+    assert {r.params["rounds"] for r in solver} == {200} and solver[0].params["max_iter"] == 4
+
+    def record(study, method, step, seed, acc, max_iter=None):
+        planned = raga.run(study, method, seed, attack="ipm", fraction=0.4, rounds=200, step=step, max_iter=max_iter)
+        return {"name": planned.name, "params": planned.params,
+                "history": [{"round": 190, "test_acc": acc + 0.05, "val_acc": 0.9}, {"round": 200, "test_acc": acc,
+                                                                                      "val_acc": 0.1}]}
+
+    runs = screened + [record("table200", "raga", 3.16, 0, 0.3), record("solver", "raga", 3.16, 0, 0.9, max_iter=4),
+                       record("table200", "rfa", 0.316, 0, 0.9), record("solver", "rfa", 0.316, 1, 0.2, max_iter=100)]
+    table = solver_table(runs).splitlines()
+    assert table[0] == "| case (200 rounds) | method | Weiszfeld iterations | final: seed 0 | seed 1 | at best val: seed 0 | seed 1 |"
+    assert table[2:] == ["| ipm 0.4 | RAGA | 100 (its own) | 30.00 | – | 35.00 | – |",
+                         "| ipm 0.4 | RAGA | 4 | 90.00 | – | 95.00 | – |",
+                         "| ipm 0.4 | RFA | 4 (its own) | 90.00 | – | 95.00 | – |",
+                         "| ipm 0.4 | RFA | 100 | – | 20.00 | – | 25.00 |"]
+
+
 def feddro_runs(study_runs: list, seeds_value=lambda run: 0.5) -> list[dict]:
     """Made-up records of FedDRO-plan runs: every evaluated figure ``seeds_value(run)``."""
     keys = ["test_acc", "test_acc_balanced", "test_acc_worst_class", "val_acc_balanced", "train_acc", "train_acc_worst_class",

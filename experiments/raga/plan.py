@@ -35,6 +35,12 @@ pooled validation splits (by the sweep's recorder; Lightning's own validation lo
 * ``table200``: the ``table`` study's runs at the screening's 200 rounds (the first 200 of the
   T = 1000 schedule, as the tuning ran them): what a 2-core CPU affords (about 2.3 CPU-minutes a
   run against 11 for 1000 rounds), in the same order, every setting of a seed before the next seed.
+* ``solver`` (the test of why RAGA and RFA, both geometric medians, part under IPM at 0.4): the
+  median's Weiszfeld iterations swapped (``SOLVER_ITERS``): RAGA at RFA's 4, RFA at RAGA's 100,
+  each at its chosen step size, 200 rounds, seeds ``SOLVER_SEEDS``; set beside the ``table200``
+  runs of the same cases. An exact median (many iterations) falls onto a tight cluster of attackers
+  holding under half the weight when the honest uploads are spread out; 4 iterations from the
+  weighted mean stay near the mean.
 """
 
 from __future__ import annotations
@@ -70,6 +76,10 @@ DECOUPLE = (None, LOCAL_STEPS * DECOUPLE_LR)
 FRACTIONS = (0.1, 0.2, 0.3, 0.4)
 #: the Table II studies and their rounds: the paper's, and the screening's (what a CPU affords)
 TABLES = {"table": ROUNDS, "table200": SCREEN_ROUNDS}
+#: the solver test: each median's Weiszfeld iterations, swapped (RAGA's 100, RFA's 4), in the cases and seeds below
+SOLVER_ITERS = {"raga": 4, "rfa": 100}
+SOLVER_CASES = (("ipm", 0.4),)
+SOLVER_SEEDS = (0, 1)
 ATTACKS = {"gaussian": "GaussianAttack", "signflip": "SignFlipAttack", "alie": "ALIEAttack", "ipm": "IPMAttack",
            "scaling": "ScalingAttack", "labelflip": "LabelFlipAttack"}
 
@@ -85,11 +95,13 @@ def step_arguments(method: str, step: float, constant: bool = False) -> list[str
 
 
 def run(study: str, method: str, seed: int, server_lr: Optional[float] = None, attack: str = "none",
-        fraction: float = 0.0, rounds: int = ROUNDS, step: Optional[float] = None, constant: bool = False) -> Run:
+        fraction: float = 0.0, rounds: int = ROUNDS, step: Optional[float] = None, constant: bool = False,
+        max_iter: Optional[int] = None) -> Run:
     """``method`` (``raga``, ``fedavg``, ``rfa``, ``byrdsaga``) with ``seed``; ``attack`` is ``"none"``
     at fraction 0; ``step``: the step size in the method's own setup (:func:`step_arguments`), None:
     the configs' (RAGA's schedule for every method but Byrd-SAGA, whose gamma is 0.1); ``constant``:
-    RAGA at the constant local rate ``step``."""
+    RAGA at the constant local rate ``step``; ``max_iter``: the geometric median's Weiszfeld
+    iterations (RAGA, RFA; None: the method's own)."""
     args = ["--config", BASE]
     if method != "raga":
         args += ["--config", f"configs/raga/methods/{method}.yaml"]
@@ -97,6 +109,8 @@ def run(study: str, method: str, seed: int, server_lr: Optional[float] = None, a
         args += ["--model.init_args.server_lr", repr(server_lr)]
     if step is not None:
         args += step_arguments(method, step, constant)
+    if max_iter is not None:
+        args += ["--model.init_args.max_iter", str(max_iter)]
     if attack != "none":
         args += [f"--trainer.callbacks+=fl_lightning.callbacks.attacks.{ATTACKS[attack]}",
                  f"--trainer.callbacks.fraction={fraction}"]
@@ -105,10 +119,12 @@ def run(study: str, method: str, seed: int, server_lr: Optional[float] = None, a
     args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds),
              "--trainer.limit_val_batches", "0"]
     params = dict(study=study, method=method, server_lr=server_lr, step=step, attack=attack, fraction=fraction,
-                  seed=seed, rounds=rounds, **({"constant": True} if constant else {}))
+                  seed=seed, rounds=rounds, **({"constant": True} if constant else {}),
+                  **({"max_iter": max_iter} if max_iter is not None else {}))
     slr = "" if server_lr is None else f"_slr{server_lr:.3g}"
     size = "" if step is None else f"_{'scale' if method == 'raga' and not constant else 'lr'}{step:g}"
-    return Run(f"{study}/{method}{slr}{size}_{attack}_{fraction:g}_s{seed}", args, params, every=EVERY)
+    iters = "" if max_iter is None else f"_it{max_iter}"
+    return Run(f"{study}/{method}{slr}{size}{iters}_{attack}_{fraction:g}_s{seed}", args, params, every=EVERY)
 
 
 def screen_score(run: results.Run) -> float:
@@ -145,6 +161,10 @@ def runs() -> list[Run]:
     plan += [run(study, method, seed, server_lr, attack, fraction, rounds, step=step, constant=constant)
              for study, rounds in TABLES.items()
              for seed in SEEDS for attack, fraction in cases for method, server_lr, step, constant in settings]
+    plan += [run("solver", method, seed, attack=attack, fraction=fraction, rounds=SCREEN_ROUNDS, step=chosen[method],
+                 max_iter=iters)
+             for seed in SOLVER_SEEDS for attack, fraction in SOLVER_CASES for method, iters in SOLVER_ITERS.items()
+             if method in chosen]
     return plan
 
 

@@ -16,7 +16,10 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   at its chosen schedule: validation score and final test accuracy (seed 0);
 * the paper's Table II layout (``table``, ``table200``): per attack, each method's final test
   accuracy and its test accuracy at the best validation, attack-free and at each Byzantine
-  fraction, over seeds, the best method of each column in bold.
+  fraction, over seeds, the best method of each column in bold;
+* the solver test (``solver``): RAGA and RFA under its attacks at their own and at each other's
+  Weiszfeld iterations (the own from ``table200``), final test accuracy and at the best
+  validation, per seed.
 
 ``--figures DIR`` draws ``raga_control.png`` (test accuracy per round, mean over seeds, band: min–max).
 """
@@ -24,6 +27,7 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
 from __future__ import annotations
 
 import argparse
+import inspect
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -31,8 +35,10 @@ import numpy as np
 
 from experiments import results
 from experiments.raga.plan import (ATTACKS, CONTROL, CONTROL_SERVER_LR, DECOUPLE, DECOUPLE_LR, FRACTIONS, LOCAL_STEPS,
-                                   ROUNDS, SCREEN_ROUNDS, SEEDS, STEPS, TABLES, run, screen_score, tuned)
-from fl_lightning.algorithms.raga import paper_learning_rate
+                                   ROUNDS, SCREEN_ROUNDS, SEEDS, SOLVER_CASES, SOLVER_ITERS, SOLVER_SEEDS, STEPS,
+                                   TABLES, run, screen_score, tuned)
+from fl_lightning.algorithms.raga import RAGA, paper_learning_rate
+from fl_lightning.algorithms.rfa import RFA
 from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
 from experiments.seed_stats import curve_table as seed_curve_table
 
@@ -187,6 +193,32 @@ def grid_table(runs: list[results.Run], study: str, measure: Callable[[list[resu
     return "\n".join(lines)
 
 
+def solver_table(runs: list[results.Run]) -> str:
+    """The solver test: RAGA and RFA in each of its cases at their own Weiszfeld iterations (the
+    ``table200`` run) and at the other's (the ``solver`` run), final test accuracy and the test
+    accuracy at the best validation (%), per seed (``–``: not run yet)."""
+    by_name = {r["name"]: r for r in runs}
+    chosen = tuned(runs)
+    own = {name: inspect.signature(cls).parameters["max_iter"].default for name, cls in (("raga", RAGA), ("rfa", RFA))}
+    seeds = " | ".join(f"seed {s}" for s in SOLVER_SEEDS)
+    lines = [f"| case (200 rounds) | method | Weiszfeld iterations | final: {seeds} | at best val: {seeds} |",
+             "|---|---|---|" + "---|" * (2 * len(SOLVER_SEEDS))]
+    for attack, fraction in SOLVER_CASES:
+        for method, swapped in SOLVER_ITERS.items():
+            if method not in chosen:
+                continue
+            for iters in (own[method], swapped):
+                study, max_iter = ("table200", None) if iters == own[method] else ("solver", iters)
+                found = [by_name.get(run(study, method, seed, attack=attack, fraction=fraction, rounds=SCREEN_ROUNDS,
+                                         step=chosen[method], max_iter=max_iter).name) for seed in SOLVER_SEEDS]
+                found = [r if r is not None and "stopped" not in r else None for r in found]
+                finals = [f"{100 * results.last(r, 'test_acc'):.2f}" if r else "–" for r in found]
+                at_best = [f"{100 * best_validation([r])[0][0]:.2f}" if r else "–" for r in found]
+                lines.append(f"| {attack} {fraction:g} | {NAMES[method]} | {iters}{' (its own)' if iters == own[method] else ''} | "
+                             + " | ".join(finals + at_best) + " |")
+    return "\n".join(lines)
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
     out = []
@@ -202,6 +234,8 @@ def tables(runs: list[results.Run]) -> list[str]:
         if results.select(runs, study=study):
             out += [grid_table(runs, study, final, "final test accuracy, %"),
                     grid_table(runs, study, lambda g: best_validation(g)[0], "test accuracy at the best validation, %")]
+    if results.select(runs, study="solver"):
+        out.append(solver_table(runs))
     return out
 
 
