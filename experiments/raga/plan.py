@@ -79,7 +79,7 @@ TABLES = {"table": ROUNDS, "table200": SCREEN_ROUNDS}
 #: the solver test: each median's Weiszfeld iterations, swapped (RAGA's 100, RFA's 4), in the cases and seeds below
 SOLVER_ITERS = {"raga": 4, "rfa": 100}
 SOLVER_CASES = (("ipm", 0.4),)
-SOLVER_SEEDS = (0, 1)
+SOLVER_SEEDS = SEEDS
 ATTACKS = {"gaussian": "GaussianAttack", "signflip": "SignFlipAttack", "alie": "ALIEAttack", "ipm": "IPMAttack",
            "scaling": "ScalingAttack", "labelflip": "LabelFlipAttack"}
 
