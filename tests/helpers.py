@@ -12,12 +12,14 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 
 from fl_lightning.datamodules import SyntheticFederated
 from fl_lightning.models import LogisticRegression, MLP
+from tests import two_processes
 
-#: the strategy of the tests' two-process runs: ``fl_ddp_spawn``, whose processes start clean.
-#: Forking (``fl_ddp_notebook``) is not safe in a pytest-xdist worker: a lock held by one of its
-#: threads at the fork (its channel's I/O) stays locked in the child, which then hangs (seen in CI).
-#: The subprocess launcher runs in ``tests/test_ddp.py``.
-TWO_PROCESSES = "fl_ddp_spawn"
+#: the strategy of the tests' two-process runs: ``fl_ddp_spawn`` on two rank processes spawned once
+#: per test process (:mod:`tests.two_processes`). Forking (``fl_ddp_notebook``) is not safe in a
+#: pytest-xdist worker: a lock held by one of its threads at the fork (its channel's I/O) stays
+#: locked in the child, which then hangs (seen in CI). The spawn and subprocess launchers run in
+#: ``tests/test_ddp.py``.
+TWO_PROCESSES = two_processes.NAME
 
 
 def synthetic(num_clients: int = 8, **kwargs: Any) -> SyntheticFederated:

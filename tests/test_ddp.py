@@ -1,4 +1,5 @@
-"""DDP on CPU (gloo): 2 processes give the global model of 1 process, with no client run twice."""
+"""DDP on CPU (gloo): 2 processes give the global model of 1 process, with no client run twice;
+the launchers (spawn, subprocess) and the tests' kept rank processes."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from torch.nn.parallel import DistributedDataParallel
 from fl_lightning.algorithms import SCAFFOLD, FedAvg
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.distributed import all_gather_object
-from tests.helpers import global_vector, synthetic, tiny_client, trainer
+from tests import two_processes
+from tests.helpers import TWO_PROCESSES, global_vector, synthetic, tiny_client, trainer
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,20 +42,45 @@ class CheckRoundWork(FederatedCallback):
             raise AssertionError(f"round {round_idx}: ran {sorted(everyone)}, sampled {module.round_clients}")
 
 
-def run(algorithm: type, devices: int) -> pl.LightningModule:
+class FailOnRank(pl.Callback):
+    """Raises on one rank as its first round starts."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def on_train_epoch_start(self, trainer, module):
+        if trainer.global_rank == self.rank:
+            raise RuntimeError("a planned failure")
+
+
+def run(algorithm: type, devices: int, strategy: str = "auto") -> pl.LightningModule:
     pl.seed_everything(0)
     module = algorithm(tiny_client(hidden=(8,)), clients_per_round=5, local_steps=4, seed=3)
-    strategy = "fl_ddp_spawn" if devices > 1 else "auto"
     trainer(3, callbacks=[CheckRoundWork()], devices=devices, strategy=strategy).fit(module, synthetic(8))
     return module
 
 
-@pytest.mark.parametrize("algorithm", [FedAvg, SCAFFOLD])
-def test_two_processes_equal_one(algorithm):
-    one = global_vector(run(algorithm, 1))
-    two = global_vector(run(algorithm, 2))
+@pytest.mark.parametrize("strategy", ["fl_ddp_spawn", TWO_PROCESSES])
+def test_two_processes_equal_one(strategy):
+    """On the spawn launcher (two new processes) and on the tests' kept processes, which the other
+    two-process tests use (every algorithm: ``tests/test_contract.py``)."""
+    one = global_vector(run(SCAFFOLD, 1))
+    two = global_vector(run(SCAFFOLD, 2, strategy))
     assert (one - two).abs().max() <= 1e-5
-    assert (one - global_vector(algorithm(tiny_client(hidden=(8,))))).abs().max() > 1e-3  # it trained
+    assert (one - global_vector(SCAFFOLD(tiny_client(hidden=(8,))))).abs().max() > 1e-3  # it trained
+
+
+def test_the_tests_rank_pool_reports_a_failed_rank_and_replaces_the_waiting_one():
+    """The other tests' two-process fits run on kept processes (``tests/two_processes.py``): a rank
+    that raises is reported with its traceback, the rank left waiting for it in a collective is
+    not waited for, and the next fit gets new processes."""
+    with pytest.raises(RuntimeError, match="(?s)rank 1:.*a planned failure.*rank 0 gave no answer"):
+        trainer(2, callbacks=[FailOnRank(1)], devices=2, strategy=TWO_PROCESSES).fit(
+            FedAvg(tiny_client(), clients_per_round=4, local_steps=1), synthetic(4))
+    assert two_processes._pool is None
+    module = FedAvg(tiny_client(), clients_per_round=4, local_steps=1)
+    trainer(1, devices=2, strategy=TWO_PROCESSES).fit(module, synthetic(4))
+    assert (global_vector(module) - global_vector(FedAvg(tiny_client()))).abs().max() > 1e-4
 
 
 def test_lightning_ddp_is_refused():

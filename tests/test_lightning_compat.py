@@ -7,13 +7,13 @@ import importlib
 
 import pytorch_lightning as pl
 import torch
-import torch.distributed as dist
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from torch import nn
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.checkpoints import load_checkpoint
+from fl_lightning.distributed import all_gather_object
 from fl_lightning.lightning_compat import (
     OVERRIDDEN_PRIVATE_METHODS,
     TESTED_LIGHTNING,
@@ -33,6 +33,7 @@ from fl_lightning.lightning_compat import (
     tree_flatten,
     tree_unflatten,
 )
+from tests import two_processes
 from tests.helpers import synthetic, tiny_client, trainer
 
 
@@ -84,18 +85,15 @@ def test_results_batch_and_lightning_log_inside_a_training_step():
     assert probe.ran and float(t.callback_metrics["probe"]) == 3.0
 
 
-def _sync_worker(rank: int, store_path: str, out_path: str) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+def _sync_on_rank(rank: int) -> list[list[torch.Tensor]]:
     torch.manual_seed(rank)  # each process builds another model
     module = nn.Linear(3, 2)
     sync_module_states(module)
-    torch.save([p.detach() for p in module.parameters()], f"{out_path}.{rank}")
-    dist.destroy_process_group()
+    return all_gather_object([p.detach() for p in module.parameters()])
 
 
-def test_sync_module_states_gives_every_process_rank_0s_model(tmp_path):
-    torch.multiprocessing.spawn(_sync_worker, args=(str(tmp_path / "store"), str(tmp_path / "params")), nprocs=2)
-    zero, one = (torch.load(tmp_path / f"params.{rank}") for rank in (0, 1))
+def test_sync_module_states_gives_every_process_rank_0s_model():
+    zero, one = two_processes.pool(2).run(_sync_on_rank, [])
     torch.manual_seed(0)
     expected = list(nn.Linear(3, 2).parameters())
     assert all(torch.equal(a, b) and torch.equal(a, e) for a, b, e in zip(zero, one, expected))
