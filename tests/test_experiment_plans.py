@@ -192,6 +192,30 @@ def test_raga_grid_table_has_the_papers_layout_with_each_columns_best_and_the_di
     assert len(table) == 2 + 2 * len(raga.ATTACKS)
 
 
+def test_raga_against_the_best_baseline_pairs_seeds_and_picks_the_baseline_on_the_seeds_both_ran():
+    from experiments.raga import plan as raga
+    from experiments.raga.report import against_table
+
+    def record(method, seed, acc, attack="ipm", fraction=0.4, **extra):
+        server_lr, constant = (0.948, True) if method == "decoupled" else (None, False)
+        planned = raga.run("table200", "raga" if method == "decoupled" else method, seed, attack=attack, fraction=fraction,
+                           rounds=200, step=0.316, server_lr=server_lr, constant=constant)
+        return {"name": planned.name, "params": planned.params, "history": [{"round": 200, "test_acc": acc}], **extra}
+
+    runs = [record("raga", s, a) for s, a in ((0, 0.80), (1, 0.84), (2, 0.70))]
+    runs += [record("rfa", s, a) for s, a in ((0, 0.90), (1, 0.92))]  # the best baseline on seeds 0-1
+    runs += [record("fedavg", s, a) for s, a in ((0, 0.85), (1, 0.86), (2, 0.99))]  # better only with seed 2
+    runs += [record("decoupled", s, 0.99) for s in (0, 1, 2)]  # not a baseline of the paper
+    runs += [record("byrdsaga", 0, 0.95, stopped="round 50 of 200"), record("byrdsaga", 1, 0.97, diverged="round 3: nan")]
+    runs += [record("raga", 0, 0.9, attack="alie", fraction=0.1), record("fedavg", 0, 0.8, attack="alie", fraction=0.1)]
+    table = against_table(runs, "table200").splitlines()
+    assert table[0] == "| attack | 0.1 | 0.2 | 0.3 | 0.4 |"
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in table[2:]}
+    assert rows.keys() == set(raga.ATTACKS)
+    assert rows["ipm"][3] == "RFA: -9.00 ± 1.41 [-21.71, +3.71] |"  # seeds 0-1: -10 and -8
+    assert rows["alie"][0] == "FedAvg: +10.00 (1 seed)" and rows["alie"][1] == "–"
+
+
 def test_raga_solver_test_swaps_the_medians_iterations_beside_the_table200_runs(monkeypatch, tmp_path):
     """The solver study: RAGA at RFA's Weiszfeld iterations and RFA at RAGA's, each at its chosen step
     size, in the solver cases; its table sets each beside the method's own ``table200`` run."""

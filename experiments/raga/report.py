@@ -16,7 +16,8 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   at its chosen schedule: validation score and final test accuracy (seed 0);
 * the paper's Table II layout (``table``, ``table200``): per attack, each method's final test
   accuracy and its test accuracy at the best validation, attack-free and at each Byzantine
-  fraction, over seeds, the best method of each column in bold;
+  fraction, over seeds, the best method of each column in bold; and RAGA against the best of its
+  paper's baselines in each attack and fraction, paired by seed, with its 95 % confidence interval;
 * the solver test (``solver``): RAGA and RFA under its attacks at their own and at each other's
   Weiszfeld iterations (the own from ``table200``), final test accuracy and at the best
   validation, per seed.
@@ -160,36 +161,77 @@ def grid_cell(group: list[results.Run], measure: Callable[[list[results.Run]], n
     return f"{values.mean():.2f} ± {spread:.2f}" + (f" ({'; '.join(notes)})" if notes else ""), float(values.mean())
 
 
+Cells = dict[tuple, dict[tuple[str, float], list[results.Run]]]
+
+
+def study_cells(runs: list[results.Run], study: str) -> Cells:
+    """The runs of ``study`` (``table``, ``table200``) that ran all their rounds (one a sweep's time
+    limit stopped goes on from its checkpoint in the next sweep), by setting ``(method, server_lr,
+    constant)``, the paper's methods before the decoupled RAGA, and by case ``(attack, fraction)``,
+    attack-free as ``("none", 0.0)``; each cell's runs in seed order."""
+    cells: Cells = {}
+    for r in results.select(runs, study=study):
+        if "stopped" not in r:
+            p = r["params"]
+            key = (p["method"], p["server_lr"], p.get("constant", False))
+            cells.setdefault(key, {}).setdefault((p["attack"], p["fraction"]), []).append(r)
+    for by_case in cells.values():
+        for group in by_case.values():
+            group.sort(key=lambda r: r["params"]["seed"])
+    return dict(sorted(cells.items(), key=lambda item: item[0][2]))
+
+
 def grid_table(runs: list[results.Run], study: str, measure: Callable[[list[results.Run]], np.ndarray],
                what: str) -> str:
     """The paper's Table II layout for ``study`` (``table``, ``table200``): per attack, each method's
     ``measure`` (final test accuracy, or at the best validation) attack-free and at each Byzantine
-    fraction, mean ± sample std over seeds (the runs that ran all their rounds: one a sweep's time
-    limit stopped goes on from its checkpoint in the next sweep); the best method's mean of each
-    column in bold."""
-    mine = [r for r in results.select(runs, study=study) if "stopped" not in r]
-    settings: dict[tuple, list[results.Run]] = {}
-    for r in mine:
-        p = r["params"]
-        settings.setdefault((p["method"], p["server_lr"], p.get("constant", False)), []).append(r)
-    order = [key for key in settings if not key[2]] + [key for key in settings if key[2]]
-
-    def group(key: tuple, attack: str, fraction: float) -> list[results.Run]:
-        return sorted((r for r in settings[key] if r["params"]["attack"] == attack
-                       and r["params"]["fraction"] == fraction), key=lambda r: r["params"]["seed"])
-
-    rounds = mine[0]["params"]["rounds"]
+    fraction, mean ± sample std over seeds; the best method's mean of each column in bold."""
+    cells = study_cells(runs, study)
+    rounds = results.select(runs, study=study)[0]["params"]["rounds"]
     head = " | ".join(["attack-free"] + [f"{f:g}" for f in FRACTIONS])
     lines = [f"| attack | method ({what}, {rounds} rounds) | {head} |", "|---|---|" + "---|" * (len(FRACTIONS) + 1)]
     for attack in ATTACKS:
-        cells = {key: [grid_cell(group(key, *case), measure)
-                       for case in [("none", 0.0)] + [(attack, f) for f in FRACTIONS]] for key in order}
-        best = [np.nanmax([cells[key][c][1] for key in order]) if any(not np.isnan(cells[key][c][1]) for key in order)
-                else None for c in range(len(FRACTIONS) + 1)]
-        for key in order:
+        row_cells = {key: [grid_cell(by_case.get(case, []), measure)
+                           for case in [("none", 0.0)] + [(attack, f) for f in FRACTIONS]] for key, by_case in cells.items()}
+        best = [np.nanmax([row_cells[key][c][1] for key in cells])
+                if any(not np.isnan(row_cells[key][c][1]) for key in cells) else None for c in range(len(FRACTIONS) + 1)]
+        for key in cells:
             row = [f"**{text}**" if best[c] is not None and value == best[c] else text
-                   for c, (text, value) in enumerate(cells[key])]
+                   for c, (text, value) in enumerate(row_cells[key])]
             lines.append(f"| {attack} | {setting_label(*key)} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def against_table(runs: list[results.Run], study: str) -> str:
+    """RAGA (its paper's schedule) against the best of the baselines its paper compares with (FedAvg,
+    RFA, Byrd-SAGA) at each attack and Byzantine fraction of ``study``: that baseline (the highest mean
+    final test accuracy over the seeds both ran) and RAGA's final test accuracy minus its, in points,
+    paired by seed: ``mean ± std [95 % CI]`` (``–``: fewer than one seed each). Picking the baseline
+    on the same seeds favours it: an interval above 0 is the stronger for it."""
+    cells = study_cells(runs, study)
+    raga = cells.get(("raga", None, False), {})
+    baselines = [key for key in cells if key[0] != "raga"]
+
+    def common(a: list[results.Run], b: list[results.Run]) -> tuple[list[results.Run], list[results.Run]]:
+        seeds = {r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b}
+        return [r for r in a if r["params"]["seed"] in seeds], [r for r in b if r["params"]["seed"] in seeds]
+
+    lines = ["| attack | " + " | ".join(f"{f:g}" for f in FRACTIONS) + " |", "|---|" + "---|" * len(FRACTIONS)]
+    for attack in ATTACKS:
+        row = []
+        for fraction in FRACTIONS:
+            ours = [r for r in raga.get((attack, fraction), []) if "diverged" not in r]
+            scored = []
+            for key in baselines:
+                mine, theirs = common(ours, [r for r in cells[key].get((attack, fraction), []) if "diverged" not in r])
+                if mine:
+                    scored.append((final(theirs).mean(), key, mine, theirs))
+            if not scored:
+                row.append("–")
+                continue
+            _, key, mine, theirs = max(scored, key=lambda item: item[0])
+            row.append(f"{NAMES[key[0]]}: {paired(mine, theirs, final)}")
+        lines.append(f"| {attack} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -233,7 +275,8 @@ def tables(runs: list[results.Run]) -> list[str]:
     for study in TABLES:
         if results.select(runs, study=study):
             out += [grid_table(runs, study, final, "final test accuracy, %"),
-                    grid_table(runs, study, lambda g: best_validation(g)[0], "test accuracy at the best validation, %")]
+                    grid_table(runs, study, lambda g: best_validation(g)[0], "test accuracy at the best validation, %"),
+                    against_table(runs, study)]
     if results.select(runs, study="solver"):
         out.append(solver_table(runs))
     return out
