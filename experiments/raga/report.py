@@ -206,31 +206,27 @@ def against_table(runs: list[results.Run], study: str) -> str:
     """RAGA (its paper's schedule) against the best of the baselines its paper compares with (FedAvg,
     RFA, Byrd-SAGA) at each attack and Byzantine fraction of ``study``: that baseline (the highest mean
     final test accuracy over the seeds both ran) and RAGA's final test accuracy minus its, in points,
-    paired by seed: ``mean ± std [95 % CI]`` (``–``: fewer than one seed each). Picking the baseline
+    paired by seed: ``mean ± std [95 % CI]`` (``–``: no seed that both ran). Picking the baseline
     on the same seeds favours it: an interval above 0 is the stronger for it."""
     cells = study_cells(runs, study)
     raga = cells.get(("raga", None, False), {})
     baselines = [key for key in cells if key[0] != "raga"]
-
-    def common(a: list[results.Run], b: list[results.Run]) -> tuple[list[results.Run], list[results.Run]]:
-        seeds = {r["params"]["seed"] for r in a} & {r["params"]["seed"] for r in b}
-        return [r for r in a if r["params"]["seed"] in seeds], [r for r in b if r["params"]["seed"] in seeds]
-
     lines = ["| attack | " + " | ".join(f"{f:g}" for f in FRACTIONS) + " |", "|---|" + "---|" * len(FRACTIONS)]
     for attack in ATTACKS:
         row = []
-        for fraction in FRACTIONS:
-            ours = [r for r in raga.get((attack, fraction), []) if "diverged" not in r]
+        for case in [(attack, f) for f in FRACTIONS]:
+            ours = [r for r in raga.get(case, []) if "diverged" not in r]
+            seeds = {r["params"]["seed"] for r in ours}
             scored = []
             for key in baselines:
-                mine, theirs = common(ours, [r for r in cells[key].get((attack, fraction), []) if "diverged" not in r])
-                if mine:
-                    scored.append((final(theirs).mean(), key, mine, theirs))
+                theirs = [r for r in cells[key].get(case, []) if "diverged" not in r and r["params"]["seed"] in seeds]
+                if theirs:
+                    scored.append((final(theirs).mean(), key, theirs))
             if not scored:
                 row.append("–")
                 continue
-            _, key, mine, theirs = max(scored, key=lambda item: item[0])
-            row.append(f"{NAMES[key[0]]}: {paired(mine, theirs, final)}")
+            _, key, theirs = max(scored, key=lambda item: item[0])
+            row.append(f"{NAMES[key[0]]}: {paired(ours, theirs, final)}")
         lines.append(f"| {attack} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
