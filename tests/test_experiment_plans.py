@@ -217,8 +217,9 @@ def test_raga_against_the_best_baseline_pairs_seeds_and_picks_the_baseline_on_th
 
 
 def test_raga_solver_test_swaps_the_medians_iterations_beside_the_table200_runs(monkeypatch, tmp_path):
-    """The solver study: RAGA at RFA's Weiszfeld iterations and RFA at RAGA's, each at its chosen step
-    size, in the solver cases; its table sets each beside the method's own ``table200`` run."""
+    """The solver study: RAGA (and the decoupled RAGA) at RFA's Weiszfeld iterations and RFA at RAGA's,
+    each at its Table II step size, in the solver cases; its table sets each beside the setting's own
+    ``table200`` run."""
     from experiments import results
     from experiments.raga import plan as raga
     from experiments.raga.report import solver_table
@@ -229,7 +230,8 @@ def test_raga_solver_test_swaps_the_medians_iterations_beside_the_table200_runs(
     results.save(path, screened)
     solver = [r for r in raga.runs() if r.name.startswith("solver/")]
     assert [r.name for r in solver] == [f"solver/{m}_ipm_0.4_s{s}" for s in (0, 1, 2)
-                                        for m in ("raga_scale3.16_it4", "rfa_lr0.316_it100")]
+                                        for m in ("raga_scale3.16_it4", "rfa_lr0.316_it100", "raga_slr0.948_lr0.316_it4")]
+    assert solver[2].params["constant"] and solver[2].params["server_lr"] == 3 * 0.316
     assert " ".join(solver[1].args).count("--model.init_args.max_iter 100") == 1
     assert {r.params["rounds"] for r in solver} == {200} and solver[0].params["max_iter"] == 4
 
@@ -247,7 +249,9 @@ def test_raga_solver_test_swaps_the_medians_iterations_beside_the_table200_runs(
     assert table[2:] == ["| ipm 0.4 | RAGA | 100 (its own) | 30.00 | – | – | 35.00 | – | – |",
                          "| ipm 0.4 | RAGA | 4 | 90.00 | – | – | 95.00 | – | – |",
                          "| ipm 0.4 | RFA | 4 (its own) | 90.00 | – | – | 95.00 | – | – |",
-                         "| ipm 0.4 | RFA | 100 | – | 20.00 | – | – | 25.00 | – |"]
+                         "| ipm 0.4 | RFA | 100 | – | 20.00 | – | – | 25.00 | – |",
+                         "| ipm 0.4 | RAGA, decoupled (local 0.316, server 0.948) | 100 (its own) | – | – | – | – | – | – |",
+                         "| ipm 0.4 | RAGA, decoupled (local 0.316, server 0.948) | 4 | – | – | – | – | – | – |"]
 
 
 def feddro_runs(study_runs: list, seeds_value=lambda run: 0.5) -> list[dict]:

@@ -37,7 +37,9 @@ pooled validation splits (by the sweep's recorder; Lightning's own validation lo
   run against 11 for 1000 rounds), in the same order, every setting of a seed before the next seed.
 * ``solver`` (the test of why RAGA and RFA, both geometric medians, part under IPM at 0.4): the
   median's Weiszfeld iterations swapped (``SOLVER_ITERS``): RAGA at RFA's 4, RFA at RAGA's 100,
-  each at its chosen step size, 200 rounds, seeds ``SOLVER_SEEDS``; set beside the ``table200``
+  each Table II setting at its step size (the decoupled RAGA too: at 4 iterations it is RFA's
+  step up to the median's smoothing, which tests whether what is left of RAGA's gap at 4
+  iterations is its step size), 200 rounds, seeds ``SOLVER_SEEDS``; set beside the ``table200``
   runs of the same cases. An exact median (many iterations) falls onto a tight cluster of attackers
   holding under half the weight when the honest uploads are spread out; 4 iterations from the
   weighted mean stay near the mean.
@@ -154,18 +156,24 @@ def runs() -> list[Run]:
         warnings.warn(f"the table runs of {missing} are not planned: their step sizes come from the screen runs, "
                       f"which {RESULTS} lacks (python -m experiments.sweep raga --only 'screen/*')")
     cases = [("none", 0.0)] + [(attack, fraction) for attack in ATTACKS for fraction in FRACTIONS]
-    # (method, server_lr, step, constant): the tuned methods, and the decoupled RAGA beside RAGA
-    settings = [(method, None, step, False) for method, step in chosen.items()]
-    if "raga" in chosen:
-        settings.append(("raga", DECOUPLE[1], DECOUPLE_LR, True))
+    settings = table_settings(chosen)
     plan += [run(study, method, seed, server_lr, attack, fraction, rounds, step=step, constant=constant)
              for study, rounds in TABLES.items()
              for seed in SEEDS for attack, fraction in cases for method, server_lr, step, constant in settings]
-    plan += [run("solver", method, seed, attack=attack, fraction=fraction, rounds=SCREEN_ROUNDS, step=chosen[method],
-                 max_iter=iters)
-             for seed in SOLVER_SEEDS for attack, fraction in SOLVER_CASES for method, iters in SOLVER_ITERS.items()
-             if method in chosen]
+    plan += [run("solver", method, seed, server_lr, attack, fraction, SCREEN_ROUNDS, step=step, constant=constant,
+                 max_iter=SOLVER_ITERS[method])
+             for seed in SOLVER_SEEDS for attack, fraction in SOLVER_CASES
+             for method, server_lr, step, constant in settings if method in SOLVER_ITERS]
     return plan
+
+
+def table_settings(chosen: dict[str, float]) -> list[tuple[str, Optional[float], float, bool]]:
+    """The Table II rows, ``(method, server_lr, step, constant)``: each tuned method of ``chosen``
+    (:func:`tuned`) at its step size, and beside RAGA the decoupled RAGA of the ``decouple`` study."""
+    settings = [(method, None, step, False) for method, step in chosen.items()]
+    if "raga" in chosen:
+        settings.append(("raga", DECOUPLE[1], DECOUPLE_LR, True))
+    return settings
 
 
 def summary(cli: Any) -> dict[str, Any]:

@@ -18,8 +18,8 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   accuracy and its test accuracy at the best validation, attack-free and at each Byzantine
   fraction, over seeds, the best method of each column in bold; and RAGA against the best of its
   paper's baselines in each attack and fraction, paired by seed, with its 95 % confidence interval;
-* the solver test (``solver``): RAGA and RFA under its attacks at their own and at each other's
-  Weiszfeld iterations (the own from ``table200``), final test accuracy and at the best
+* the solver test (``solver``): RAGA, RFA and the decoupled RAGA under its attacks at their own and
+  at the other median's Weiszfeld iterations (the own from ``table200``), final test accuracy and at the best
   validation, per seed.
 
 ``--figures DIR`` draws ``raga_control.png`` (test accuracy per round, mean over seeds, band: min–max).
@@ -37,7 +37,7 @@ import numpy as np
 from experiments import results
 from experiments.raga.plan import (ATTACKS, CONTROL, CONTROL_SERVER_LR, DECOUPLE, DECOUPLE_LR, FRACTIONS, LOCAL_STEPS,
                                    ROUNDS, SCREEN_ROUNDS, SEEDS, SOLVER_CASES, SOLVER_ITERS, SOLVER_SEEDS, STEPS,
-                                   TABLES, run, screen_score, tuned)
+                                   TABLES, run, screen_score, table_settings, tuned)
 from fl_lightning.algorithms.raga import RAGA, paper_learning_rate
 from fl_lightning.algorithms.rfa import RFA
 from experiments.seed_stats import Groups, best_validation, final, fmt, paired, series
@@ -232,9 +232,9 @@ def against_table(runs: list[results.Run], study: str) -> str:
 
 
 def solver_table(runs: list[results.Run]) -> str:
-    """The solver test: RAGA and RFA in each of its cases at their own Weiszfeld iterations (the
-    ``table200`` run) and at the other's (the ``solver`` run), final test accuracy and the test
-    accuracy at the best validation (%), per seed (``–``: not run yet)."""
+    """The solver test: RAGA, RFA and the decoupled RAGA in each of its cases at their own Weiszfeld
+    iterations (the ``table200`` run) and at the other median's (the ``solver`` run), final test
+    accuracy and the test accuracy at the best validation (%), per seed (``–``: not run yet)."""
     by_name = {r["name"]: r for r in runs}
     chosen = tuned(runs)
     own = {name: inspect.signature(cls).parameters["max_iter"].default for name, cls in (("raga", RAGA), ("rfa", RFA))}
@@ -242,18 +242,18 @@ def solver_table(runs: list[results.Run]) -> str:
     lines = [f"| case (200 rounds) | method | Weiszfeld iterations | final: {seeds} | at best val: {seeds} |",
              "|---|---|---|" + "---|" * (2 * len(SOLVER_SEEDS))]
     for attack, fraction in SOLVER_CASES:
-        for method, swapped in SOLVER_ITERS.items():
-            if method not in chosen:
+        for method, server_lr, step, constant in table_settings(chosen):
+            if method not in SOLVER_ITERS:
                 continue
-            for iters in (own[method], swapped):
+            for iters in (own[method], SOLVER_ITERS[method]):
                 study, max_iter = ("table200", None) if iters == own[method] else ("solver", iters)
-                found = [by_name.get(run(study, method, seed, attack=attack, fraction=fraction, rounds=SCREEN_ROUNDS,
-                                         step=chosen[method], max_iter=max_iter).name) for seed in SOLVER_SEEDS]
+                found = [by_name.get(run(study, method, seed, server_lr, attack, fraction, SCREEN_ROUNDS, step=step,
+                                         constant=constant, max_iter=max_iter).name) for seed in SOLVER_SEEDS]
                 found = [r if r is not None and "stopped" not in r else None for r in found]
                 finals = [f"{100 * results.last(r, 'test_acc'):.2f}" if r else "–" for r in found]
                 at_best = [f"{100 * best_validation([r])[0][0]:.2f}" if r else "–" for r in found]
-                lines.append(f"| {attack} {fraction:g} | {NAMES[method]} | {iters}{' (its own)' if iters == own[method] else ''} | "
-                             + " | ".join(finals + at_best) + " |")
+                lines.append(f"| {attack} {fraction:g} | {setting_label(method, server_lr, constant)} | "
+                             f"{iters}{' (its own)' if iters == own[method] else ''} | " + " | ".join(finals + at_best) + " |")
     return "\n".join(lines)
 
 
