@@ -254,6 +254,47 @@ def test_raga_solver_test_swaps_the_medians_iterations_beside_the_table200_runs(
                          "| ipm 0.4 | RAGA, decoupled (local 0.316, server 0.948) | 4 | – | – | – | – | – | – |"]
 
 
+def test_fedproxvr_table2_search_gives_each_row_the_same_grid_and_plans_the_rows_at_their_choice(monkeypatch, tmp_path):
+    """Table 2's step-size search: every row over the same grid (through the authors' rates and
+    1 / (beta L)), seed 0, on the batched backend at the paper's data fraction; once every run of it
+    has finished (a stopped one does not count), each row at its best validation rate, 5 seeds,
+    1000 rounds; the search's table marks the choice."""
+    from experiments import results
+    from experiments.fedproxvr import plan as fpv
+    from experiments.fedproxvr.report import tune_table
+
+    path = tmp_path / "fedproxvr.json"
+    monkeypatch.setattr(fpv, "RESULTS", path)
+    with pytest.warns(UserWarning, match="table1_tune"):
+        search = [r for r in fpv.runs() if r.name.startswith("table2_tune/")]
+    assert [r.name for r in search] == [f"table2_tune/{m}_lr{lr}_s0" for m in ("fedavg", "svrg", "sarah")
+                                        for lr in fpv.TABLE2_LR_GRID]
+    assert {0.0005, 0.005, 0.05} <= set(fpv.TABLE2_LR_GRID)  # the authors' MNIST and Fashion-MNIST rates, 1 / (beta L)
+    args = " ".join(search[len(fpv.TABLE2_LR_GRID)].args)  # SVRG at the grid's first rate
+    assert "--model.init_args.lr 0.0005 --model.init_args.beta null" in args and "client_backend batched" in args
+    assert "used_fraction 0.3" in args and "--trainer.max_epochs 100" in args
+
+    best = {"fedavg": 0.15, "svrg": 0.015, "sarah": 0.005}
+
+    def record(r, stopped=False):
+        acc = 0.9 if r.params["lr"] == best[r.params["method"]] else 0.8
+        return {"name": r.name, "params": r.params, "history": [{"round": 100, "val_acc": acc}],
+                **({"stopped": True} if stopped else {})}
+
+    results.save(path, [record(r, stopped=r is search[-1]) for r in search])
+    with pytest.warns(UserWarning):
+        assert not [r for r in fpv.runs() if r.name.startswith("table2_tuned/")]  # one run of the search stopped
+    results.save(path, [record(r) for r in search])
+    with pytest.warns(UserWarning):
+        tuned = [r for r in fpv.runs() if r.name.startswith("table2_tuned/")]
+    assert [r.name for r in tuned] == [f"table2_tuned/{m}_lr{best[m]}_s{s}" for s in range(5) for m in best]
+    assert {r.params["rounds"] for r in tuned} == {1000}
+    table = tune_table(results.load(path), "table2").splitlines()
+    assert table[0] == ("| step size | FedAvg: val acc (%) after round 100 | FedProxVR (SVRG): val acc (%) after round 100 | "
+                        "FedProxVR (SARAH): val acc (%) after round 100 |")
+    assert table[2 + fpv.TABLE2_LR_GRID.index(0.005)] == "| 0.005 | 80.00 | 80.00 | **90.00** |"
+
+
 def feddro_runs(study_runs: list, seeds_value=lambda run: 0.5) -> list[dict]:
     """Made-up records of FedDRO-plan runs: every evaluated figure ``seeds_value(run)``."""
     keys = ["test_acc", "test_acc_balanced", "test_acc_worst_class", "val_acc_balanced", "train_acc", "train_acc_worst_class",

@@ -31,7 +31,11 @@ paper's Fashion-MNIST, every client every round.
 * ``table2``: Table 2 (the paper's CNN, 10 clients) at the paper's data fraction (30 %) and rows
   (their step sizes untuned, the same rule for each: ``TABLE2``), seeds 0-4, 1000 rounds: for a GPU;
 * ``table2_sarah_lr``: SARAH in Table 2's setting at the authors' smaller step sizes
-  (``TABLE2_SARAH_LRS``), seeds 0-2: whether its divergence at 1 / (beta L) is the step size's.
+  (``TABLE2_SARAH_LRS``), seeds 0-2: whether its divergence at 1 / (beta L) is the step size's;
+* ``table2_tune``: Table 2's step-size search, the same for every row: each of ``TABLE2_LR_GRID``,
+  seed 0, ``TABLE2_TUNE_ROUNDS`` rounds, chosen as Table 1's (:func:`tuned_lrs`);
+* ``table2_tuned``: Table 2's rows at their chosen step sizes, seeds 0-4, 1000 rounds; planned once the
+  search is complete in the document's result file. Both on the batched client backend: for a GPU.
 
 ``mu_n100_r400`` is planned, not run on today's engine yet; ``table1_long`` and ``table2`` ran in part
 (the document says how far).
@@ -69,12 +73,16 @@ MU = {"FedAvg": ["mu_synthetic_logreg.yaml", "mu/fedavg.yaml"]} | {
 MU_20 = ["--data.init_args.num_clients", "20", "--model.init_args.clients_per_round", "20"]
 #: the full-size mu study: the batched client backend (100 clients of B = 1 steps)
 BATCHED = ["--model.init_args.client_backend", "batched"]
-#: Table 2's rows: label -> (config files, the step size they give: FedAvg's client rate, 1 / (beta L) with
-#: the configs' beta and L = 2)
-TABLE2 = {"FedAvg": (["table2_mnist_cnn.yaml", "table2/fedavg.yaml"], 0.05),
-          "FedProxVR (SVRG)": (["table2_mnist_cnn.yaml"], 1 / (10 * 2)),
-          "FedProxVR (SARAH)": (["table2_mnist_cnn.yaml", "table2/sarah.yaml"], 1 / (9 * 2))}
+#: Table 2's rows: method -> (label, config files, the step size they give: FedAvg's client rate,
+#: 1 / (beta L) with the configs' beta and L = 2)
+TABLE2 = {"fedavg": ("FedAvg", ["table2_mnist_cnn.yaml", "table2/fedavg.yaml"], 0.05),
+          "svrg": ("FedProxVR (SVRG)", ["table2_mnist_cnn.yaml"], 1 / (10 * 2)),
+          "sarah": ("FedProxVR (SARAH)", ["table2_mnist_cnn.yaml", "table2/sarah.yaml"], 1 / (9 * 2))}
 TABLE2_ROUNDS = 1000
+#: Table 2's step-size search, the same for every row: half-decade steps from the authors' MNIST rate
+#: (0.0005) through their Fashion-MNIST rates (0.003-0.005) and the configs' 1 / (beta L) (0.05-0.056)
+TABLE2_LR_GRID = (0.0005, 0.0015, 0.005, 0.015, 0.05, 0.15)
+TABLE2_TUNE_ROUNDS = 100
 TABLE2_SEEDS = (0, 1, 2, 3, 4)
 #: SARAH's step sizes in Table 2's setting below the configs' 1 / (beta L) (which diverged): the
 #: authors' Fashion-MNIST and MNIST rates (spec section 3)
@@ -103,14 +111,31 @@ def table1_run(study: str, method: str, lr: float, seed: int, rounds: int, every
                every=every, at_start=True, train=True)
 
 
-def tuned_lrs(runs: Optional[list[results.Run]] = None) -> Optional[dict[str, float]]:
-    """Each method's rate: the highest validation accuracy after ``TUNE_ROUNDS`` rounds among its
-    ``table1_tune`` runs (ties: the smaller rate); None while a tuning run is missing."""
+def table2_run(study: str, method: str, lr: float, seed: int, rounds: int) -> Run:
+    """Table 2's row ``method`` at step size ``lr`` on the batched client backend (equal to the
+    sequential one to float tolerance; what makes its 1000 rounds affordable on a GPU)."""
+    label, configs, _ = TABLE2[method]
+    params = dict(study=study, label=label, method=method, lr=lr, seed=seed, rounds=rounds)
+    return Run(f"{study}/{method}_lr{lr}_s{seed}",
+               fit_args(configs, seed, rounds, [*TABLE2_DATA, *lr_overrides(method, lr), *BATCHED]), params,
+               every=10, at_start=True, train=True)
+
+
+#: a step-size search: (its study, the methods it tunes, its grid)
+TUNINGS = {"table1": ("table1_tune", TABLE1, LR_GRID), "table2": ("table2_tune", TABLE2, TABLE2_LR_GRID)}
+
+
+def tuned_lrs(runs: Optional[list[results.Run]] = None, table: str = "table1") -> Optional[dict[str, float]]:
+    """Each method's rate for ``table`` (``table1``, ``table2``): the highest validation accuracy after
+    the last round among its search's runs (:data:`TUNINGS`; ties: the smaller rate); None while a
+    run of the search is missing or stopped."""
     runs = results.load(RESULTS) if runs is None else runs
-    tune = {(r["params"]["method"], r["params"]["lr"]): r for r in results.select(runs, study="table1_tune")}
-    if len(tune) < len(TABLE1) * len(LR_GRID):
+    study, methods, grid = TUNINGS[table]
+    tune = {(r["params"]["method"], r["params"]["lr"]): r for r in results.select(runs, study=study)
+            if "stopped" not in r}
+    if len(tune) < len(methods) * len(grid):
         return None
-    return {m: max(LR_GRID, key=lambda lr: (results.last(tune[m, lr], "val_acc"), -lr)) for m in TABLE1}
+    return {m: max(grid, key=lambda lr: (results.last(tune[m, lr], "val_acc"), -lr)) for m in methods}
 
 
 def runs() -> list[Run]:
@@ -149,18 +174,22 @@ def runs() -> list[Run]:
                 plan.append(Run(f"{study}/{slug(label)}_s{seed}", fit_args(configs, seed, rounds, [*mu, *overrides]),
                                 params, every=every, at_start=True, train=True))
     for seed in TABLE2_SEEDS:
-        for label, (configs, lr) in TABLE2.items():
+        for label, configs, lr in TABLE2.values():
             params = dict(study="table2", label=label, lr=round(lr, 4), seed=seed, rounds=TABLE2_ROUNDS)
             plan.append(Run(f"table2/{slug(label)}_s{seed}", fit_args(configs, seed, TABLE2_ROUNDS, TABLE2_DATA), params,
                             every=10, at_start=True, train=True))
     for seed in (0, 1, 2):
         for lr in TABLE2_SARAH_LRS:
-            configs, _ = TABLE2["FedProxVR (SARAH)"]
+            _, configs, _ = TABLE2["sarah"]
             params = dict(study="table2_sarah_lr", label=f"FedProxVR (SARAH), step size {lr}", lr=lr, seed=seed,
                           rounds=TABLE2_ROUNDS)
             plan.append(Run(f"table2_sarah_lr/sarah_lr{lr}_s{seed}",
                             fit_args(configs, seed, TABLE2_ROUNDS, [*TABLE2_DATA, *lr_overrides("sarah", lr)]), params,
                             every=10, at_start=True, train=True))
+    plan += [table2_run("table2_tune", m, lr, 0, TABLE2_TUNE_ROUNDS) for m in TABLE2 for lr in TABLE2_LR_GRID]
+    chosen2 = tuned_lrs(table="table2")
+    if chosen2 is not None:
+        plan += [table2_run("table2_tuned", m, chosen2[m], s, TABLE2_ROUNDS) for s in TABLE2_SEEDS for m in TABLE2]
     return plan
 
 

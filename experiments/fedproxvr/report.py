@@ -2,8 +2,9 @@
 
     python -m experiments.fedproxvr.report [docs/results/fedproxvr.json] [--figures docs/results]
 
-* the learning-rate search (``table1_tune``): each method's validation accuracy after the last
-  round at every rate of the grid, and the rate chosen (``experiments.fedproxvr.plan.tuned_lrs``);
+* the learning-rate searches (``table1_tune``, ``table2_tune``): each method's validation accuracy
+  after the last round at every rate of the grid, and the rate chosen
+  (``experiments.fedproxvr.plan.tuned_lrs``);
 * per study (``table1``, and each setting of ``fig2``): a summary per method over seeds (final
   test accuracy; test accuracy at the evaluation with the best validation accuracy; training
   loss), the training loss and the test accuracy at 8 evaluations, for ``table1`` the
@@ -15,7 +16,8 @@
 * ``table2``: as ``table1``, at the last round every run reached (a sweep's time limit stopped them),
   and each row at the last round all of its seeds reached;
 * ``table2_sarah_lr``: SARAH at smaller step sizes beside Table 2's rows, at the last round all of
-  its runs reached, with the differences to FedAvg paired by seed.
+  its runs reached, with the differences to FedAvg paired by seed;
+* ``table2_tuned``: as ``table2``, each row at the step size its search chose.
 
 A study whose runs stopped at different rounds is reported at the last round all of them reached.
 
@@ -33,7 +35,7 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.fedproxvr.plan import LR_GRID, RESULTS, TABLE1, tuned_lrs
+from experiments.fedproxvr.plan import RESULTS, TUNINGS, tuned_lrs
 from experiments.seed_stats import Groups, best_validation, curve_table, final, fmt, paired, paired_interval, series
 
 #: the paired differences the document reports: (row, against)
@@ -46,7 +48,7 @@ def studies(runs: list[results.Run], cut: bool = True) -> dict[str, Groups]:
     out: dict[str, Groups] = defaultdict(lambda: defaultdict(list))
     for run in sorted(runs, key=lambda r: r["params"]["seed"]):
         p = run["params"]
-        if p["study"] != "table1_tune":
+        if not p["study"].endswith("_tune"):
             out[p["study"] + (f"/{p['setting']}" if "setting" in p else "")][p["label"]].append(run)
     if cut:
         for groups in out.values():
@@ -107,16 +109,19 @@ def sarah_lr_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
-def tune_table(runs: list[results.Run]) -> str:
-    """Validation accuracy (%) after the last round, per rate and method; the chosen rate in bold."""
-    tune = {(r["params"]["method"], r["params"]["lr"]): r for r in results.select(runs, study="table1_tune")}
-    chosen = tuned_lrs(runs) or {}
-    rounds = next(iter(tune.values()))["params"]["rounds"]
-    lines = ["| step size | " + " | ".join(f"{label}: val acc (%) after round {rounds}" for label, _ in TABLE1.values()) + " |",
-             "|---" * (len(TABLE1) + 1) + "|"]
-    for lr in LR_GRID:
+def tune_table(runs: list[results.Run], table: str = "table1") -> str:
+    """``table``'s step-size search (:data:`~experiments.fedproxvr.plan.TUNINGS`): validation accuracy
+    (%) after the last round, per rate and method (``-``: not run, or stopped); the chosen rate in bold."""
+    study, methods, grid = TUNINGS[table]
+    tune = {(r["params"]["method"], r["params"]["lr"]): r for r in results.select(runs, study=study)
+            if "stopped" not in r}
+    chosen = tuned_lrs(runs, table) or {}
+    rounds = results.select(runs, study=study)[0]["params"]["rounds"]
+    lines = ["| step size | " + " | ".join(f"{spec[0]}: val acc (%) after round {rounds}" for spec in methods.values()) + " |",
+             "|---" * (len(methods) + 1) + "|"]
+    for lr in grid:
         cells = []
-        for method in TABLE1:
+        for method in methods:
             acc = f"{100 * results.last(tune[method, lr], 'val_acc'):.2f}" if (method, lr) in tune else "-"
             cells.append(f"**{acc}**" if chosen.get(method) == lr else acc)
         lines.append(f"| {lr} | " + " | ".join(cells) + " |")
@@ -218,7 +223,7 @@ def same_work_table(runs: list[results.Run]) -> str:
 
 def tables(runs: list[results.Run]) -> list[str]:
     """Every table of the document, in its order."""
-    out = [tune_table(runs)] if results.select(runs, study="table1_tune") else []
+    out = [tune_table(runs, table) for table, (study, _, _) in TUNINGS.items() if results.select(runs, study=study)]
     whole = studies(runs, cut=False)
     for study, groups in studies(runs).items():
         if study == "table1_same_work":
@@ -230,7 +235,7 @@ def tables(runs: list[results.Run]) -> list[str]:
         out += [summary_table(groups)]
         if any("stopped" in r for group in whole[study].values() for r in group):
             out += [reached_table(whole[study])]
-        differences = differences_table(groups) if study in ("table1", "table1_long", "table2") else None
+        differences = differences_table(groups) if study in ("table1", "table1_long", "table2", "table2_tuned") else None
         if differences:
             out += [differences]
         if study.startswith("mu"):
