@@ -216,6 +216,29 @@ def test_raga_against_the_best_baseline_pairs_seeds_and_picks_the_baseline_on_th
     assert rows["alie"][0] == "FedAvg: +10.00 (1 seed)" and rows["alie"][1] == "–"
 
 
+def test_raga_difference_table_pairs_two_settings_by_seed_attack_free_and_in_every_case():
+    """The decoupled RAGA minus RFA (or RAGA): paired by seed over the seeds both ran, diverged runs
+    left out, attack-free on a row of its own."""
+    from experiments.raga import plan as raga
+    from experiments.raga.report import DECOUPLED, RFA_KEY, difference_table
+
+    def record(method, seed, acc, attack="ipm", fraction=0.4, **extra):
+        decoupled = method == "decoupled"
+        planned = raga.run("table200", "raga" if decoupled else method, seed, raga.DECOUPLE[1] if decoupled else None,
+                           attack, fraction, 200, step=0.316, constant=decoupled)
+        return {"name": planned.name, "params": planned.params, "history": [{"round": 200, "test_acc": acc}], **extra}
+
+    runs = [record("decoupled", s, a) for s, a in ((0, 0.50), (1, 0.60), (2, 0.10))]
+    runs += [record("rfa", s, a) for s, a in ((0, 0.90), (1, 0.90))] + [record("rfa", 2, 0.9, diverged="round 3: nan")]
+    runs += [record("decoupled", 0, 0.97, "none", 0.0), record("rfa", 0, 0.96, "none", 0.0)]
+    table = difference_table(runs, "table200", DECOUPLED, RFA_KEY).splitlines()
+    assert table[0] == "| attack | attack-free | 0.1 | 0.2 | 0.3 | 0.4 |"
+    assert table[2] == "| none | +1.00 (1 seed) | | | | |"
+    rows = {line.split(" | ")[0][2:]: line for line in table[3:]}
+    assert rows.keys() == set(raga.ATTACKS)
+    assert rows["ipm"] == "| ipm | | – | – | – | -35.00 ± 7.07 [-98.53, +28.53] |"  # seeds 0-1: -40 and -30
+
+
 def test_raga_solver_test_swaps_the_medians_iterations_beside_the_table200_runs(monkeypatch, tmp_path):
     """The solver study: RAGA (and the decoupled RAGA) at RFA's Weiszfeld iterations and RFA at RAGA's,
     each at its Table II step size, in the solver cases; its table sets each beside the setting's own

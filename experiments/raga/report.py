@@ -18,6 +18,8 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   accuracy and its test accuracy at the best validation, attack-free and at each Byzantine
   fraction, over seeds, the best method of each column in bold; and RAGA against the best of its
   paper's baselines in each attack and fraction, paired by seed, with its 95 % confidence interval;
+  and the decoupled RAGA minus RFA (the same step size) and minus RAGA (the same median), paired by
+  seed: what RAGA's rule costs;
 * the solver test (``solver``): RAGA, RFA and the decoupled RAGA under its attacks at their own and
   at the other median's Weiszfeld iterations (the own from ``table200``), final test accuracy and at the best
   validation, per seed.
@@ -231,6 +233,32 @@ def against_table(runs: list[results.Run], study: str) -> str:
     return "\n".join(lines)
 
 
+#: the Table II settings (``(method, server_lr, constant)``, as :func:`study_cells` keys them)
+#: whose differences show what RAGA's rule costs: the decoupled RAGA against RFA (the same step
+#: size, K times the local rate; the medians' solvers differ) and against RAGA (the same median;
+#: the step differs)
+DECOUPLED, RFA_KEY, RAGA_KEY = ("raga", DECOUPLE[1], True), ("rfa", None, False), ("raga", None, False)
+
+
+def difference_table(runs: list[results.Run], study: str, ours: tuple, theirs: tuple) -> str:
+    """``ours`` minus ``theirs`` (settings keyed as :func:`study_cells` keys them) in ``study``: final
+    test accuracy, in points, paired by seed, ``mean ± std [95 % CI]``, attack-free and under each
+    attack at each Byzantine fraction (``–``: no seed that both ran without diverging)."""
+    cells = study_cells(runs, study)
+    a, b = cells.get(ours, {}), cells.get(theirs, {})
+
+    def cell(case: tuple[str, float]) -> str:
+        mine = [r for r in a.get(case, []) if "diverged" not in r]
+        other = [r for r in b.get(case, []) if "diverged" not in r]
+        common = {r["params"]["seed"] for r in mine} & {r["params"]["seed"] for r in other}
+        return paired(mine, other, final) if common else "–"
+
+    lines = ["| attack | attack-free | " + " | ".join(f"{f:g}" for f in FRACTIONS) + " |",
+             "|---|---|" + "---|" * len(FRACTIONS), f"| none | {cell(('none', 0.0))} |" + " |" * len(FRACTIONS)]
+    lines += [f"| {attack} | | " + " | ".join(cell((attack, f)) for f in FRACTIONS) + " |" for attack in ATTACKS]
+    return "\n".join(lines)
+
+
 def solver_table(runs: list[results.Run]) -> str:
     """The solver test: RAGA, RFA and the decoupled RAGA in each of its cases at their own Weiszfeld
     iterations (the ``table200`` run) and at the other median's (the ``solver`` run), final test
@@ -272,7 +300,8 @@ def tables(runs: list[results.Run]) -> list[str]:
         if results.select(runs, study=study):
             out += [grid_table(runs, study, final, "final test accuracy, %"),
                     grid_table(runs, study, lambda g: best_validation(g)[0], "test accuracy at the best validation, %"),
-                    against_table(runs, study)]
+                    against_table(runs, study), difference_table(runs, study, DECOUPLED, RFA_KEY),
+                    difference_table(runs, study, DECOUPLED, RAGA_KEY)]
     if results.select(runs, study="solver"):
         out.append(solver_table(runs))
     return out
