@@ -24,6 +24,7 @@ import torch
 from pytorch_lightning.core.optimizer import LightningOptimizer
 from pytorch_lightning.core.saving import _default_map_location, _load_state
 from pytorch_lightning.overrides.distributed import _sync_module_states
+from pytorch_lightning.trainer.connectors.logger_connector.result import _ResultMetric
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: F401  (no public pytree module yet)
 from torchmetrics import Metric
@@ -162,6 +163,36 @@ def results_batch(trainer: pl.Trainer, batch: Optional[Any]) -> Iterator[None]:
         yield
     finally:
         results.batch = saved
+
+
+@contextmanager
+def light_result_moves() -> Iterator[None]:
+    """Make the block's ``self.log`` calls skip Lightning's move of a stored result that is where
+    the value is already.
+
+    Every ``self.log`` call moves the result it accumulates into to the value's device
+    (``_ResultMetric.to``): ``apply_to_collection`` over all of the result's attributes (it is a
+    torchmetrics ``Metric``), which copies every collection among them and deep-copies its metadata
+    dataclass, whether or not a tensor moves. That is about 0.6 of a call's 0.75 ms on this CPU (a
+    call 0.75 -> 0.13 ms without it), paid by each value the round's end logs. In the block, a move
+    to a device where each of the result's tensors is already leaves the result as it is, as the
+    move would, without the copies; any other call (a tensor elsewhere, a logged ``Metric``, a dtype)
+    is Lightning's."""
+    original = _ResultMetric.to
+
+    def to(self: _ResultMetric, *args: Any, **kwargs: Any) -> _ResultMetric:
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.device):
+            leaves = tree_flatten(list(self.__dict__.values()))[0]
+            if all(leaf.device == args[0] for leaf in leaves if isinstance(leaf, torch.Tensor)) and \
+                    not any(isinstance(leaf, Metric) for leaf in leaves):
+                return self
+        return original(self, *args, **kwargs)
+
+    _ResultMetric.to = to
+    try:
+        yield
+    finally:
+        _ResultMetric.to = original
 
 
 def sync_module_states(module: nn.Module) -> None:

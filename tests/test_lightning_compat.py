@@ -23,6 +23,7 @@ from fl_lightning.lightning_compat import (
     current_hook,
     default_map_location,
     dump_checkpoint,
+    light_result_moves,
     lightning_log,
     lightning_module_attributes,
     raw_optimizer,
@@ -90,6 +91,40 @@ def _sync_on_rank(rank: int) -> list[list[torch.Tensor]]:
     module = nn.Linear(3, 2)
     sync_module_states(module)
     return all_gather_object([p.detach() for p in module.parameters()])
+
+
+def test_light_result_moves_skip_only_a_move_that_moves_nothing():
+    """Inside the block a logged value accumulates as Lightning's own move gives it, without that
+    move's copies where no tensor moves; a tensor that moves takes Lightning's move; after the block
+    Lightning's move is back, also when the block raised."""
+    from pytorch_lightning.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
+
+    original = _ResultMetric.to
+
+    def logged(values, light):
+        results = _ResultCollection(training=True)
+        for value in values:
+            if light:
+                with light_result_moves():
+                    results.log("training_step", "x", torch.tensor(value), on_step=False, on_epoch=True, batch_size=2)
+            else:
+                results.log("training_step", "x", torch.tensor(value), on_step=False, on_epoch=True, batch_size=2)
+        return results["training_step.x"]
+
+    metric = logged([1.0, 3.0, 8.0], light=True)
+    assert metric.compute() == logged([1.0, 3.0, 8.0], light=False).compute() == 4.0
+    meta = metric.meta
+    with light_result_moves():
+        assert metric.to(torch.device("cpu")) is metric and metric.meta is meta  # Lightning's move deep-copies it
+        metric.to(torch.device("meta"))
+        assert metric.value.device.type == "meta" and metric.meta is not meta
+    assert _ResultMetric.to is original
+    try:
+        with light_result_moves():
+            raise KeyError("a failing log")
+    except KeyError:
+        pass
+    assert _ResultMetric.to is original
 
 
 def test_sync_module_states_gives_every_process_rank_0s_model():
