@@ -21,6 +21,17 @@ from tests import two_processes
 #: ``tests/test_ddp.py``.
 TWO_PROCESSES = two_processes.NAME
 
+_roots: Optional[tempfile.TemporaryDirectory] = None
+
+
+def scratch_folder() -> str:
+    """A new empty folder for a test trainer's files (client state, checkpoints), inside one folder
+    per test process that is removed, with everything in it, when the process exits."""
+    global _roots
+    if _roots is None:
+        _roots = tempfile.TemporaryDirectory(prefix="fl-tests-")
+    return tempfile.mkdtemp(prefix="fl-test-", dir=_roots.name)
+
 
 def synthetic(num_clients: int = 8, **kwargs: Any) -> SyntheticFederated:
     """Synthetic(1, 1) with small clients (fast)."""
@@ -41,7 +52,7 @@ def tiny_client(seed: int = 0, hidden: tuple[int, ...] = (), lr: float = 0.1) ->
 def trainer(max_epochs: int = 3, callbacks: Optional[list] = None, **kwargs: Any) -> pl.Trainer:
     """A quiet CPU Trainer."""
     kwargs.setdefault("logger", False)
-    kwargs.setdefault("default_root_dir", tempfile.mkdtemp(prefix="fl-test-"))  # client state, checkpoints
+    kwargs.setdefault("default_root_dir", scratch_folder())
     kwargs.setdefault("enable_checkpointing", False)
     kwargs.setdefault("accelerator", "cpu")
     kwargs.setdefault("devices", 1)
