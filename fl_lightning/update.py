@@ -179,16 +179,17 @@ def linear_sums(
     updates, in one all-reduce per round.
     """
     ordered = sorted(updates, key=lambda u: u.client_id)
-    parts = []
-    for name, (size, reduction) in reductions.items():
+    sizes = [size for size, _ in reductions.values()]
+    out = torch.empty(sum(sizes) + 3, dtype=torch.float64, device=device)
+    for part, (name, (size, reduction)) in zip(out[:-3].split(sizes), reductions.items()):
         acc = torch.zeros(size, dtype=torch.float32, device=device)
         for u in ordered:
             acc.add_(u.tensors[name].reshape(-1).to(device),
                      alpha=float(u.num_samples) if reduction == "weighted_mean" else 1.0)
-        parts.append(acc.double())
+        part.copy_(acc)  # widened as it is written: no float64 copy of its own, no concatenation
     totals = [float(sum(u.num_samples for u in ordered)), float(len(ordered)), 1.0]
-    parts.append(torch.tensor(totals, dtype=torch.float64, device=device))
-    return torch.cat(parts)
+    out[-3:] = torch.tensor(totals, dtype=torch.float64)
+    return out
 
 
 def finish_linear(sums: Tensor, reductions: Mapping[str, tuple[int, LinearReduction]]) -> dict[str, Tensor]:
@@ -199,6 +200,9 @@ def finish_linear(sums: Tensor, reductions: Mapping[str, tuple[int, LinearReduct
     out = {}
     for (name, (size, reduction)), part in zip(reductions.items(), sums[:-3].split([s for s, _ in reductions.values()])):
         denominator = {"weighted_mean": samples, "mean": count, "sum": 1.0}[reduction]
-        out[name] = (part / denominator).float() if denominator > 0 else torch.zeros_like(part, dtype=torch.float32)
+        if denominator > 0:  # divided in float64 and rounded to fp32 as it is written: one pass
+            out[name] = torch.div(part, denominator, out=torch.empty(size, dtype=torch.float32, device=sums.device))
+        else:
+            out[name] = torch.zeros(size, dtype=torch.float32, device=sums.device)
     return out
 
