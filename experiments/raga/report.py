@@ -145,13 +145,18 @@ def setting_label(method: str, server_lr: Optional[float], constant: bool) -> st
     return NAMES[method]
 
 
+def not_diverged(group: list[results.Run]) -> list[results.Run]:
+    """The runs of ``group`` that did not diverge (those that did are counted, not averaged)."""
+    return [r for r in group if "diverged" not in r]
+
+
 def grid_cell(group: list[results.Run], measure: Callable[[list[results.Run]], np.ndarray]) -> tuple[str, float]:
     """A grid cell, ``mean ± std`` (%) over the seeds that did not diverge, with their count where
     it is not the plan's and the seeds that diverged; and the mean, to find each column's best
     (nan: every seed diverged, or no run yet: ``–``)."""
     if not group:
         return "–", float("nan")
-    done = [r for r in group if "diverged" not in r]
+    done = not_diverged(group)
     gone = [str(r["params"]["seed"]) for r in group if "diverged" in r]
     diverged = f"seed{'s' if len(gone) > 1 else ''} {', '.join(gone)} diverged"
     if not done:
@@ -217,11 +222,11 @@ def against_table(runs: list[results.Run], study: str) -> str:
     for attack in ATTACKS:
         row = []
         for case in [(attack, f) for f in FRACTIONS]:
-            ours = [r for r in raga.get(case, []) if "diverged" not in r]
+            ours = not_diverged(raga.get(case, []))
             seeds = {r["params"]["seed"] for r in ours}
             scored = []
             for key in baselines:
-                theirs = [r for r in cells[key].get(case, []) if "diverged" not in r and r["params"]["seed"] in seeds]
+                theirs = [r for r in not_diverged(cells[key].get(case, [])) if r["params"]["seed"] in seeds]
                 if theirs:
                     scored.append((final(theirs).mean(), key, theirs))
             if not scored:
@@ -248,8 +253,7 @@ def difference_table(runs: list[results.Run], study: str, ours: tuple, theirs: t
     a, b = cells.get(ours, {}), cells.get(theirs, {})
 
     def cell(case: tuple[str, float]) -> str:
-        mine = [r for r in a.get(case, []) if "diverged" not in r]
-        other = [r for r in b.get(case, []) if "diverged" not in r]
+        mine, other = not_diverged(a.get(case, [])), not_diverged(b.get(case, []))
         common = {r["params"]["seed"] for r in mine} & {r["params"]["seed"] for r in other}
         return paired(mine, other, final) if common else "–"
 
