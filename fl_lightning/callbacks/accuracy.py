@@ -40,13 +40,14 @@ def accuracies_of(module: Federation, state: Optional[Tensor], data: Mapping[K, 
         module.global_model.load(state.to(module.device))
     was_training = module.client.training
     module.client.eval()
-    accuracies = {}
-    for key, split in data.items():
-        correct = 0
+    counts = {}
+    for key, split in data.items():  # the counts stay on the device: one read at the end, not one a batch
+        correct = torch.zeros((), dtype=torch.long, device=module.device)
         for x, y in split.epoch_batches(1, batch_size=module.datamodule.eval_batch_size):
             logits = module.client(move_data_to_device(x, module.device))
-            correct += int((logits.argmax(-1).cpu() == y).sum())
-        accuracies[key] = correct / max(len(split), 1)
+            correct += (logits.argmax(-1) == move_data_to_device(y, logits.device)).sum()
+        counts[key] = (correct, max(len(split), 1))
+    accuracies = {key: int(correct) / size for key, (correct, size) in counts.items()}
     module.client.train(was_training)
     if saved is not None:
         module.global_model.load(saved)
