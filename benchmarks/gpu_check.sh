@@ -12,13 +12,15 @@
 #                        `parts` stage: b100 and b1000 compiled, a1000 eager)
 #   block_memory.json    benchmarks/block_memory.py --accelerator gpu: a block's client measured against
 #                        the default block's estimate (the `memory` stage, 20 s on the CPU)
+#   finetuning_<m>.json  benchmarks/finetuning.py --accelerator gpu: 1,000 clients finetuned 20 steps one
+#                        after another and in batched blocks, model m (mlp, lenet; the `finetune` stage)
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR MNIST_ROOT [STAGE=SECONDS ...]
 #
 # Stages (default: tests=120 frameworks=230 cli=160, 8.5 min, under a 10-minute call). On an H200,
 # tests took 96 s, frameworks 202 s; cli's eager pair of runs 51 s, its compiled pair over 60 s (the
 # 10-round run alone 41-48 s). Others run when named, in a second call: `many=160` (the 1,000-client
-# workloads, 145 s), `parts=60` (each of its three runs under 60 s), `memory=60`. A stage may name its subset after
+# workloads, 145 s), `parts=60` (each of its three runs under 60 s), `memory=60`, `finetune=120` (each model's run). A stage may name its subset after
 # a colon: frameworks:b100 (those workloads, into frameworks_b100.json), cli:compiled (the compiled
 # variant alone), parts:a1000:eager. MNIST_ROOT holds MNIST/raw (the four idx files). Needs the
 # project importable (PYTHONPATH) and jsonargparse for the CLI.
@@ -89,7 +91,13 @@ for stage in "${stages[@]}"; do
     memory)
       run_stage memory "$limit" python3 benchmarks/block_memory.py --accelerator gpu --out "$out/block_memory.json"
       grep -A3 -E "^workload" "$log" | tail -n 4 ;;
+    finetune)
+      for model in ${subset:-mlp lenet}; do
+        run_stage "finetune $model" "$limit" python3 benchmarks/finetuning.py --accelerator gpu --model "$model" \
+          --clients 1000 --steps 20 --repeats 1 --mnist "$mnist" --out "$out/finetuning_$model.json"
+      done
+      grep -A3 -E "^(MNIST|random).*clients x" "$log" | tail -n 8 ;;
     *)
-      echo "unknown stage $name (tests, frameworks, cli, many, parts, memory)" | tee -a "$log" ;;
+      echo "unknown stage $name (tests, frameworks, cli, many, parts, memory, finetune)" | tee -a "$log" ;;
   esac
 done

@@ -47,11 +47,21 @@ def all_gather_object(obj: Any) -> list[Any]:
 def map_clients(fn: Callable[[int], Any], client_ids: Sequence[int]) -> dict[int, Any]:
     """``{client: fn(client)}`` for ``client_ids``, leaving out clients where ``fn`` gives None.
 
-    Each process computes its share (``client_ids[rank::world]``) and every process receives
-    the whole mapping (one ``all_gather_object``): per-client evaluations cost 1/world each.
+    Each process computes its share (:func:`my_clients`) and every process receives the whole
+    mapping (:func:`gather_clients`): per-client evaluations cost 1/world each.
     """
+    return gather_clients({cid: value for cid in my_clients(client_ids) if (value := fn(cid)) is not None})
+
+
+def my_clients(client_ids: Sequence[int]) -> list[int]:
+    """This process's share of ``client_ids``: ``client_ids[rank::world]``."""
     rank, world = rank_and_world()
-    mine = {cid: value for cid in client_ids[rank::world] if (value := fn(cid)) is not None}
+    return list(client_ids[rank::world])
+
+
+def gather_clients(mine: dict[int, Any]) -> dict[int, Any]:
+    """Every process's per-client values (each its :func:`my_clients`' share), on every process
+    (one ``all_gather_object``)."""
     merged: dict[int, Any] = {}
     for part in all_gather_object(mine):
         merged.update(part)

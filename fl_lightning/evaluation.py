@@ -9,7 +9,7 @@ module's own hook on each client's split, by the run's client backend.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Optional, Sequence
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
 import pytorch_lightning as pl
 from torch import Tensor
@@ -56,6 +56,24 @@ class ClientEvaluation(pl.LightningModule):
         end = train_plainly(self.context, client_id, start, steps, stream, round_idx)
         self.global_model.load(saved)
         return end
+
+    def train_clients_locally(
+        self,
+        client_ids: Sequence[int],
+        start: Optional[Tensor] = None,
+        steps: Optional[int] = None,
+        stream: str = "batches",
+        round_idx: Optional[int] = None,
+    ) -> Iterator[tuple[int, Tensor]]:
+        """:meth:`train_locally` of each of ``client_ids``, by the run's client backend:
+        ``(client, trained state vector)`` as each is trained. The sequential backend trains one
+        client after another; the batched one trains blocks of clients, each block's steps
+        vectorized (its blocks bounded by memory), where the plain step allows it. Each client's
+        batches are those :meth:`train_locally` draws; the client module is left as it was."""
+        start = self.global_model.flatten() if start is None else start.to(self.device)
+        round_idx = self.current_epoch if round_idx is None else round_idx
+        steps = steps if steps is not None else self.local_steps
+        return self.backend.train_clients_plainly(self.context, list(client_ids), start, steps, stream, round_idx)
 
     def evaluate_clients(
         self,

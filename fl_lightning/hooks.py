@@ -31,7 +31,7 @@ hook and keeps its state in ``state_dict``) plus hooks the engine calls each rou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, Optional, Protocol, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -115,6 +115,17 @@ class Federation(Protocol):
         round_idx: Optional[int] = None,
     ) -> Tensor:
         """Plain local training of ``client_id`` from ``start`` (default: the global model); the trained state vector."""
+
+    def train_clients_locally(
+        self,
+        client_ids: Sequence[int],
+        start: Optional[Tensor] = None,
+        steps: Optional[int] = None,
+        stream: str = "batches",
+        round_idx: Optional[int] = None,
+    ) -> Iterator[tuple[int, Tensor]]:
+        """:meth:`train_locally` of each of ``client_ids``: ``(client, trained state vector)`` as
+        each is trained (the run's client backend may train many at once)."""
 
     def evaluate_clients(
         self,

@@ -26,6 +26,7 @@ from fl_lightning.algorithms import (
     LocalOnly,
 )
 from fl_lightning.backends import BatchedBackend
+from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.backends.batched.sizing import activation_bytes
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import MLP
@@ -655,3 +656,103 @@ def test_a_block_copies_and_checks_its_clients_with_operations_that_do_not_grow_
         return sum(name.startswith(("aten.clone", "aten.aminmax")) for name in counted.names)
 
     assert copies_and_checks(12) == copies_and_checks(4)
+
+
+def _finetuned(module: pl.LightningModule, clients: list[int], steps: int = 4) -> dict[int, torch.Tensor]:
+    return dict(module.train_clients_locally(clients, steps=steps, stream="finetune", round_idx=0))
+
+
+@pytest.mark.parametrize("name", ["FedAvg", "FedAvg-momentum-wd", "FedProx", "SCAFFOLD"])
+@pytest.mark.parametrize("block", [None, 3])
+def test_plain_training_of_many_clients_equals_one_by_one(name, block, monkeypatch):
+    """``train_clients_locally`` (finetuning, say) trains blocks of clients at once, each step one
+    vectorized call over the block (the client's loss and its optimizer as a function, momentum and
+    weight decay included; clients with fewer samples than the batch in blocks of their own): the
+    sequential backend's models to 1e-5, from the same global model, the client module left as it was."""
+    module, _ = fitted(SUPPORTED[name], "batched", block=4, rounds=1, batch_size=64)
+    module.backend.requested_block = block  # the asked-for block, or (None) what memory holds
+    if block is not None:
+        module.backend.clients_per_block = block
+    clients = list(range(6))
+    before = module.global_model.flatten().clone()
+    one_by_one = dict(train_one_by_one(module.context, clients, before, 4, "finetune", 0))
+    assert torch.equal(module.global_model.flatten(), before)
+    calls = []
+    advance = BatchedBackend._advance
+    monkeypatch.setattr(BatchedBackend, "_advance", lambda self, context, block_, groups, step, phase: calls.append(
+        [len(g.members) for g in groups]) or advance(self, context, block_, groups, step, phase))
+    monkeypatch.setattr("fl_lightning.backends.batched.backend.train_one_by_one", None)  # not used: all vectorized
+    together = _finetuned(module, clients)
+    assert torch.equal(module.global_model.flatten(), before)
+    assert list(together) == clients
+    assert_close(one_by_one, together, atol=1e-5)
+    assert max(abs(float((one_by_one[c] - before).abs().max())) for c in clients) > 1e-3  # they trained
+    assert sum(sum(sizes) for sizes in calls) == 4 * len(clients)  # every client's 4 steps, in vectorized calls
+    assert len(calls) < 4 * len(clients)
+
+
+def test_plain_training_keeps_each_clients_batches_and_its_stream():
+    """A client's finetuned model does not depend on the others trained beside it, and another
+    stream (or round) draws other batches."""
+    module, _ = fitted(SUPPORTED["FedAvg"], "batched", rounds=1)
+    alone = _finetuned(module, [2])[2]
+    assert_close({2: alone}, {2: _finetuned(module, [0, 1, 2, 5])[2]}, atol=1e-6)
+    other = dict(module.train_clients_locally([2], steps=4, stream="batches", round_idx=0))[2]
+    assert float((other - alone).abs().max()) > 1e-4
+
+
+def test_plain_training_with_batches_a_callback_changes_runs_one_client_after_another(monkeypatch):
+    """Where a callback rewrites local batches (label flipping), the batched backend trains the clients
+    one after another through the callbacks, as the sequential backend does."""
+    from fl_lightning.backends.batched import backend as batched_module
+    from fl_lightning.callbacks import LabelFlipAttack
+
+    results, one_by_one = [], []
+    monkeypatch.setattr(batched_module, "train_one_by_one",
+                        lambda *args: one_by_one.append(args[1]) or train_one_by_one(*args))
+    for backend in ("sequential", "batched"):
+        module = FedAvg(mlp(), clients_per_round=5, local_steps=3, client_backend=backend, seed=1)
+        trainer(1, callbacks=[LabelFlipAttack(fraction=0.4, seed=0)]).fit(module, synthetic(6))
+        results.append(_finetuned(module, list(range(6))))
+    assert one_by_one == [list(range(6))]
+    assert_close(*results, atol=1e-5)
+
+
+def test_finetuning_figures_are_the_same_in_both_backends():
+    """``LocalFinetuning`` logs the same figures whichever backend finetunes the clients."""
+    from fl_lightning.callbacks import LocalFinetuning
+
+    figures = []
+    for backend in ("sequential", "batched"):
+        module = FedAvg(mlp(0.9), clients_per_round=5, local_steps=3, client_backend=backend, seed=1)
+        t = trainer(2, callbacks=[LocalFinetuning(steps=5, split=["val", "test"])], check_val_every_n_epoch=1)
+        t.fit(module, synthetic(6, val_fraction=0.2))
+        figures.append({k: float(v) for k, v in t.callback_metrics.items() if k.startswith("finetuned_")})
+    assert figures[0] and figures[0] == figures[1]
+
+
+def test_plain_training_out_of_memory_goes_again_in_halves(monkeypatch):
+    """A default-sized block of plain training that runs out of device memory (simulated: any block of
+    more than 2 clients, at its second step) trains again in halves from the start, with one warning,
+    and gives the same models; a block size the user chose raises the error."""
+    module, _ = fitted(SUPPORTED["FedAvg-momentum-wd"], "batched", rounds=1)
+    module.backend.requested_block = None
+    module.backend._memory = (1, torch.device("cpu"))  # sized by memory: all 6 clients fit
+    start = module.global_model.flatten().clone()
+    expected = dict(train_one_by_one(module.context, list(range(6)), start, 4, "finetune", 0))
+    advance = BatchedBackend._advance
+
+    def failing_advance(self, context, block, groups, step, phase):
+        if len(block.runs) > 2 and step == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return advance(self, context, block, groups, step, phase)
+
+    monkeypatch.setattr(BatchedBackend, "_advance", failing_advance)
+    with pytest.warns(UserWarning, match="ran out of memory in training, in a block of 6 clients"):
+        halved = _finetuned(module, list(range(6)))
+    assert module.backend._fitting == {"training": 2}  # 6 -> 3 -> 2
+    assert list(halved) == list(range(6))
+    assert_close(expected, halved, atol=1e-5)
+    module.backend.requested_block = module.backend.clients_per_block = 4
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        _finetuned(module, list(range(6)))

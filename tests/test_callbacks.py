@@ -125,9 +125,16 @@ def test_client_metrics_on_several_splits_equal_one_callback_per_split_and_make_
     def fit(callbacks):
         made = []
         module = FedAvg(tiny_client(), clients_per_round=6, local_steps=3)
-        for name in ("client_eval_state", "train_locally"):
-            method = getattr(module, name)
-            setattr(module, name, lambda cid, *a, _m=method, _n=name, **k: made.append((_n, cid)) or _m(cid, *a, **k))
+        global_model = module.client_eval_state
+        module.client_eval_state = lambda cid: made.append(("global", cid)) or global_model(cid)
+        finetune = module.train_clients_locally
+
+        def finetuned(ids, *args, **kwargs):
+            for cid, state in finetune(ids, *args, **kwargs):
+                made.append(("finetuned", cid))
+                yield cid, state
+
+        module.train_clients_locally = finetuned
         t = trainer(2, callbacks=callbacks, check_val_every_n_epoch=2)
         t.fit(module, synthetic(6, val_fraction=0.2, test_fraction=0.3))
         return {k: float(v) for k, v in t.callback_metrics.items() if k.startswith(("clients_", "finetuned_"))}, made

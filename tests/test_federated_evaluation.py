@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fl_lightning.algorithms import FedAvg, FedDeper
-from fl_lightning.callbacks import ClientMetrics, FederatedEvaluation
+from fl_lightning.callbacks import ClientMetrics, FederatedEvaluation, LocalFinetuning
 from fl_lightning.callbacks.federated_evaluation import TABLE_FILE, short_name
 from fl_lightning.callbacks.metric_direction import direction_from_name
 from fl_lightning.functional.client_summaries import summarize
@@ -264,21 +264,24 @@ def test_personalized_models_are_evaluated_per_client():
 
 
 # ------------------------------------------------------------------ DDP
-def ddp_run(devices: int) -> dict[str, float]:
+def ddp_run(devices: int, backend: str) -> dict[str, float]:
     torch.manual_seed(0)
-    module = FedAvg(Regressor(), clients_per_round=4, local_steps=2, seed=3)
+    module = FedAvg(Regressor(), clients_per_round=4, local_steps=2, seed=3, client_backend=backend)
     evaluation = FederatedEvaluation(fraction=0.5, higher_is_better={"bias": True})
     strategy = TWO_PROCESSES if devices > 1 else "auto"
     clients = ClientMetrics(split=["train", "val"])  # two splits, each client's model made once
-    t = trainer(2, callbacks=[evaluation, clients], devices=devices, strategy=strategy)
+    finetuned = LocalFinetuning(steps=3, split="val")  # each process finetunes its share of the clients
+    t = trainer(2, callbacks=[evaluation, clients, finetuned], devices=devices, strategy=strategy)
     t.fit(module, synthetic(8, val_fraction=0.3, eval_batch_size=5))
-    return logged(t, "clients_")
+    return {**logged(t, "clients_"), **logged(t, "finetuned_")}
 
 
 @pytest.mark.slow
-def test_two_processes_log_the_figures_of_one():
-    one, two = ddp_run(1), ddp_run(2)
-    assert one.keys() == two.keys() and {"clients_val/l1_mean", "clients_train/acc_mean", "clients_val/acc_worst"} <= set(one)
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+def test_two_processes_log_the_figures_of_one(backend):
+    one, two = ddp_run(1, backend), ddp_run(2, backend)
+    assert one.keys() == two.keys() and {"clients_val/l1_mean", "clients_train/acc_mean", "clients_val/acc_worst",
+                                         "finetuned_val/acc_mean"} <= set(one)
     for name in one:
         assert two[name] == pytest.approx(one[name], rel=1e-5, abs=1e-7), name
 

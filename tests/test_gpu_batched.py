@@ -74,3 +74,21 @@ def test_compiled_step_equals_eager_step_on_the_device(device, name):
     compiled = fitted_outcome(name, "batched", device, compile_step=True)
     assert counters["stats"]["unique_graphs"] > 0
     assert_close(eager, compiled, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", [CUDA])
+def test_finetuning_figures_of_both_backends_on_the_device(device):
+    """``LocalFinetuning`` on the device: the batched backend finetunes blocks of clients at once and
+    logs the sequential backend's figures (on the CPU: ``tests/test_batched.py``)."""
+    from fl_lightning.algorithms import FedAvg
+    from fl_lightning.callbacks import LocalFinetuning
+    from tests.test_batched import mlp
+
+    figures = []
+    for backend in ("sequential", "batched"):
+        module = FedAvg(mlp(0.9), clients_per_round=5, local_steps=3, client_backend=backend, seed=1)
+        t = trainer(2, callbacks=[LocalFinetuning(steps=5, split=["val", "test"])], check_val_every_n_epoch=1,
+                    accelerator="gpu")
+        t.fit(module, synthetic(6, val_fraction=0.2))
+        figures.append({k: float(v) for k, v in t.callback_metrics.items() if k.startswith("finetuned_")})
+    assert figures[0] and figures[0] == figures[1]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Generic, Optional, Sequence, TypeVar
+from typing import Any, Generic, Iterator, Optional, Sequence, TypeVar
 
 import torch
 from torch import Tensor
@@ -98,6 +98,15 @@ class ClientBackend(ABC, Generic[Group]):
         order; empty splits left out), each with its model ``state_of(client)`` (None: the global
         model); by default one client after another (:mod:`fl_lightning.backends.evaluate`)."""
         return evaluate_in_module(context, client_ids, state_of, split, hook)
+
+    # ------------------------------------------------------------ plain local training
+    @abstractmethod
+    def train_clients_plainly(self, context: ClientContext, client_ids: list[int], start: Tensor, steps: Optional[int],
+                              stream: str, round_idx: int) -> Iterator[tuple[int, Tensor]]:
+        """Plain local training of each of ``client_ids`` (its module's loss and local optimizer, for
+        any algorithm) from ``start``, on ``steps`` batches of ``stream`` keyed by ``round_idx``
+        (:func:`~fl_lightning.backends.sequential.train_plainly`'s batches): ``(client, trained state
+        vector)`` as each is trained. The client module is as it was at every ``yield``."""
 
     # ------------------------------------------------------------ lock-step group operations
     @abstractmethod

@@ -241,6 +241,11 @@ class SequentialBackend(ClientBackend[_Parked]):
             uploads = algorithm.client_final(run)
         context.finish(run, uploads)
 
+    def train_clients_plainly(self, context: ClientContext, client_ids: list[int], start: Tensor, steps: Optional[int],
+                              stream: str, round_idx: int) -> Iterator[tuple[int, Tensor]]:
+        """One client after another (:func:`train_plainly`)."""
+        return train_one_by_one(context, client_ids, start, steps, stream, round_idx)
+
     # ------------------------------------------------------------ lock-step group operations (one client each)
     def start_group(self, context: ClientContext, clients: list[int]) -> _Parked:
         (client_id,) = clients
@@ -299,3 +304,14 @@ def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: 
         for batch in context.batches(client_id, steps, stream, round_idx):
             run.record(plain_step(run, batch))
     return run.end()
+
+
+def train_one_by_one(context: ClientContext, client_ids: list[int], start: Tensor, steps: Optional[int], stream: str,
+                     round_idx: int) -> Iterator[tuple[int, Tensor]]:
+    """:func:`train_plainly` of each of ``client_ids`` in turn, the client module's model put back
+    after each: ``(client, trained state vector)``."""
+    saved = context.global_model.flatten()
+    for client_id in client_ids:
+        end = train_plainly(context, client_id, start, steps, stream, round_idx)
+        context.global_model.load(saved)
+        yield client_id, end

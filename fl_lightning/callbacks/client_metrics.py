@@ -11,7 +11,7 @@ split is empty (``test_fraction=0``, say) it warns once instead of logging nothi
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Sequence, Union, get_args
+from typing import Any, Iterator, Literal, Optional, Sequence, Union, get_args
 
 import pytorch_lightning as pl
 import torch
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from fl_lightning.callbacks.accuracy import accuracies_of
 from fl_lightning.datamodules.client_data import SPLITS, Split
-from fl_lightning.distributed import map_clients
+from fl_lightning.distributed import gather_clients, my_clients
 from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.hooks import FederatedCallback, Federation
 
@@ -111,17 +111,18 @@ class ClientMetrics(FederatedCallback):
         algorithm's own model for the client (``FederatedModule.client_eval_state``)."""
         return module.client_eval_state(client_id)
 
+    def client_states(self, module: Federation, client_ids: Sequence[int]) -> Iterator[tuple[int, Optional[Tensor]]]:
+        """``(client, its model)`` for each of ``client_ids`` in turn (:meth:`client_state`); a
+        subclass that makes many clients' models at once yields them as they are made."""
+        for cid in client_ids:
+            yield cid, self.client_state(module, cid)
+
     def evaluate(self, module: Federation) -> dict[int, dict[str, float]]:
-        """``{client: {split: accuracy}}``: each selected client's model (:meth:`client_state`,
-        made once) on each of its non-empty splits, gathered from all processes; clients whose
-        splits are all empty are left out."""
+        """``{client: {split: accuracy}}``: each selected client's model (:meth:`client_states`,
+        made once) on each of its non-empty splits, this process's share of the clients
+        (``my_clients``), gathered from all processes; clients whose splits are all empty are left out."""
         dm = module.datamodule
-
-        def accuracies(cid: int) -> Optional[dict[str, float]]:
-            data = {s: d for s in self.splits if len(d := dm.client_data(cid, s)) > 0}
-            if not data:
-                return None
-            state = self.client_state(module, cid)
-            return accuracies_of(module, state, data)
-
-        return map_clients(accuracies, population(module.datamodule, self.clients))
+        data = {cid: splits for cid in my_clients(population(dm, self.clients))
+                if (splits := {s: d for s in self.splits if len(d := dm.client_data(cid, s)) > 0})}
+        return gather_clients({cid: accuracies_of(module, state, data[cid])
+                               for cid, state in self.client_states(module, list(data))})

@@ -2,7 +2,8 @@
 
 After each validation run, every selected client copies the global model, runs ``steps``
 plain local optimizer steps (its own loss and ``configure_optimizers``, whatever the
-algorithm: ``FederatedModule.train_locally``) on its training split and is evaluated on its
+algorithm: ``FederatedModule.train_clients_locally``; the batched client backend finetunes
+blocks of clients at once, each block's steps vectorized) on its training split and is evaluated on its
 own split; the global model is left unchanged, so training is not affected. Logs the mean /
 worst / 10th percentile of the finetuned clients' accuracies, like ``ClientMetrics`` (whose
 client selection, splits and summary it reuses: it only changes the model evaluated).
@@ -10,7 +11,7 @@ client selection, splits and summary it reuses: it only changes the model evalua
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import pytorch_lightning as pl
 from torch import Tensor
@@ -58,3 +59,8 @@ class LocalFinetuning(ClientMetrics):
     def client_state(self, module: Federation, client_id: int) -> Tensor:
         """The global model after ``steps`` plain local steps on the client's training split."""
         return module.train_locally(client_id, steps=self.steps, stream="finetune", round_idx=0)
+
+    def client_states(self, module: Federation, client_ids: Sequence[int]) -> Iterator[tuple[int, Tensor]]:
+        """:meth:`client_state` of each of ``client_ids``, by the run's client backend: the batched
+        backend finetunes blocks of clients at once (``FederatedModule.train_clients_locally``)."""
+        return module.train_clients_locally(client_ids, steps=self.steps, stream="finetune", round_idx=0)

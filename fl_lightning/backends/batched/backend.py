@@ -24,9 +24,11 @@ from fl_lightning.backends.batched.sizing import MEMORY_SHARE, activation_bytes,
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
+from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.distributed import rank_and_world
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
 from fl_lightning.optim.sgd_function import FunctionalSGD, functional_optimizer
+from fl_lightning.run import plain_step
 from fl_lightning.update import ClientResult
 
 
@@ -35,8 +37,11 @@ class Block:
     (:func:`~fl_lightning.backends.batched.batches.plan_steps`), and while they step, their carries
     stacked along the client dimension (built once, taken back into the runs once, at the end)."""
 
-    def __init__(self, runs: list[FunctionalRun], plan: Iterator[list[StepGroup]]) -> None:
+    def __init__(self, runs: list[FunctionalRun], plan: Iterator[list[StepGroup]],
+                 step: Optional[Callable[[FunctionalRun, Any], Any]] = None, work: str = "block") -> None:
         self.runs, self.plan = runs, plan
+        #: the step the runs take (None: the algorithm's ``client_step``), and the key of its local work
+        self.step, self.work = step, work
         self.tensors, self.spec, self.static = stack_carries([run.carry() for run in runs]) if runs else ([], None, {})
         #: each step's outputs (name -> values stacked over the clients that took part, None: all of them)
         self.outputs: list[tuple[Optional[list[int]], dict[str, Tensor]]] = []
@@ -140,6 +145,8 @@ class BatchedBackend(ClientBackend[Block]):
         self._eager_final: Optional[str] = None
         #: a client's bytes in an evaluation and the device, for evaluation blocks sized by memory
         self._memory: Optional[tuple[int, torch.device]] = None
+        #: a client's bytes in plain local training (its run and a step's activations)
+        self._plain_memory = 0
         #: the largest block that fits, by work ("training", "evaluation"), once one ran out of memory
         self._fitting: dict[str, int] = {}
 
@@ -163,6 +170,7 @@ class BatchedBackend(ClientBackend[Block]):
             per_client = activations.step + (0 if context.lockstep else tensors)
             self.clients_per_block = block_size(clients, per_client, free, held=held)
             self._memory = (tensors + activations.evaluation, context.device)
+            self._plain_memory = tensors + activations.step
 
     def evaluation_block(self, clients: int) -> int:
         """Clients per block when ``clients`` clients are evaluated: the asked-for block size, or
@@ -207,12 +215,14 @@ class BatchedBackend(ClientBackend[Block]):
         self._finish_runs(context, runs, uploads)
 
     @staticmethod
-    def _blocks_of(context: ClientContext, runs: list[FunctionalRun]) -> list[tuple[list[FunctionalRun], Any]]:
+    def _blocks_of(context: ClientContext, runs: list[FunctionalRun], stream: Optional[str] = None
+                   ) -> list[tuple[list[FunctionalRun], Any]]:
         """The blocks ``runs`` step in, each as its runs and the plan of its steps: one block, or one
-        for each shape of batch where clients differ in it at every step (none for no run)."""
+        for each shape of batch where clients differ in it at every step (none for no run). Their
+        batches are the round's, or ``stream``'s (plain local training: a fixed number of steps)."""
         if not runs:
             return []
-        groups = fixed_groups(context, runs)
+        groups = fixed_groups(context, runs, stream)
         if groups is None or len(groups) == 1:
             return [(runs, plan_steps(context, runs) if groups is None else steps_of(groups))]
         return [([runs[i] for i in g.members], steps_of([IndexGroup(list(range(len(g.members))), g.indices)]))
@@ -298,6 +308,55 @@ class BatchedBackend(ClientBackend[Block]):
         if context.device.type == "cuda":
             torch.cuda.empty_cache()
         return half
+
+    # ------------------------------------------------------------ plain local training
+    def train_clients_plainly(self, context: ClientContext, client_ids: list[int], start: Tensor, steps: Optional[int],
+                              stream: str, round_idx: int) -> Iterator[tuple[int, Tensor]]:
+        """Blocks of clients trained plainly at once, each block's steps one vectorized call of the
+        plain step (:func:`~fl_lightning.run.plain_step`, the local optimizer as a function) over its
+        clients: the batches :func:`~fl_lightning.backends.sequential.train_plainly` draws, and its
+        results to float tolerance (a client's random draws, Dropout's, are keyed by its block, as in
+        the round's blocks). Blocks are the asked-for ``clients_per_block``, or (None) as many clients
+        as a quarter of the device's free memory holds (a block that runs out of memory goes again
+        in halves). One client after another (:func:`train_one_by_one`) where a callback changes local
+        batches or the training is by epochs (``steps`` None)."""
+        if context.changes_local_batches or steps is None:
+            yield from train_one_by_one(context, client_ids, start, steps, stream, round_idx)
+            return
+        function = functional_optimizer(context.algorithm.local_optimizer(), context.global_model.params)
+        views = context.global_model.layout.split(start)  # shared by the runs until their block stacks them
+        first = 0
+        while first < len(client_ids):
+            size = self._plain_block(context, len(client_ids) - first)
+            runs = []
+            for client_id in client_ids[first:first + size]:
+                run = context.new_run(FunctionalRun, client_id, context, function, [], start=start, plain=True,
+                                      round_idx=round_idx)
+                run.num_steps, run.tensors = steps, list(views)
+                runs.append(run)
+            try:
+                for members, plan in self._blocks_of(context, runs, stream):
+                    block = Block(members, plan, step=plain_step, work=stream)
+                    for k, step_groups in enumerate(block.plan):
+                        self._advance(context, block, step_groups, k, "step")
+                    block.unstack()
+            except torch.cuda.OutOfMemoryError:
+                if self.requested_block is not None or size == 1:
+                    raise
+                self._halve(context, "training", size)
+                continue
+            for run in runs:
+                yield run.client_id, run.end()
+            first += size
+
+    def _plain_block(self, context: ClientContext, clients: int) -> int:
+        """Clients per block of plain local training (``clients`` left to train): the asked-for block
+        size, or as many as memory holds and no more than a training block that fitted after one ran
+        out of memory."""
+        if self.requested_block is not None or self._memory is None:
+            return min(self.clients_per_block, clients)
+        return min(block_size(clients, self._plain_memory, free_memory(context.device)),
+                   self._fitting.get("training", clients))
 
     # ------------------------------------------------------------ runs
     def new_run(self, context: ClientContext, client_id: int, function: Optional[FunctionalSGD] = None,
@@ -433,7 +492,7 @@ class BatchedBackend(ClientBackend[Block]):
         everyone = len(groups) == 1 and len(groups[0].members) == len(block.runs)
         results = []
         first, last = block.runs[0], block.runs[-1]
-        with context.local_work(first.client_id, "block", first.round, last.client_id, phase, step):
+        with context.local_work(first.client_id, block.work, first.round, last.client_id, phase, step):
             for group in groups:
                 index = None if everyone else torch.tensor(group.members, device=block.tensors[0].device)
                 tensors = block.tensors if index is None else [t.index_select(0, index) for t in block.tensors]
@@ -482,7 +541,7 @@ class BatchedBackend(ClientBackend[Block]):
         and the ``group``'s batches (compiled with ``compile_step``); returns the new stacked carry,
         its structure and the hook's outputs, stacked."""
         batch, extras = group.load(context)
-        hook = context.algorithm.client_step if phase == "step" else context.lockstep_algorithm().client_share
+        hook = (block.step or context.algorithm.client_step) if phase == "step" else context.lockstep_algorithm().client_share
         side: dict[str, Any] = {}
         guard = None if block.checked else PythonState(context.client)  # at the block's first step
         try:

@@ -76,14 +76,17 @@ def plan_steps(context: ClientContext, runs: list[FunctionalRun]) -> Iterator[li
         yield index_groups(tables, k)
 
 
-def fixed_groups(context: ClientContext, runs: list[FunctionalRun]) -> Optional[list[IndexGroup]]:
-    """Where every run takes ``local_steps`` steps of dataset indices (no real batches), the runs
+def fixed_groups(context: ClientContext, runs: list[FunctionalRun], stream: Optional[str] = None
+                 ) -> Optional[list[IndexGroup]]:
+    """Where every run takes ``num_steps`` steps of dataset indices (no real batches), the runs
     grouped by the shapes of their index tables, each group's tables stacked once
-    (``[len(members), steps, batch]`` per stream): the groups are the same at every step. None
-    otherwise (``local_epochs``, real batches)."""
+    (``[len(members), steps, batch]`` per stream, drawn for each run's round): the groups are the
+    same at every step. The streams are the round's (its batches, the algorithm's extra streams), or
+    ``stream`` alone as the main batches (plain local training). None otherwise (``local_epochs``,
+    real batches)."""
     if context.changes_local_batches or any(run.batches is not None or run.num_steps is None for run in runs):
         return None
-    streams = _streams(context)
+    streams = {"batches": stream} if stream is not None else {s: s for s in _streams(context)}
     splits = [context.client_data(run.client_id) for run in runs]
     members: dict[tuple[int, int], list[int]] = {}  # the shape of a step's batch indices -> its clients
     for i, (run, split) in enumerate(zip(runs, splits)):
@@ -92,9 +95,9 @@ def fixed_groups(context: ClientContext, runs: list[FunctionalRun]) -> Optional[
     for (steps, _), group in members.items():
         chosen = [splits[i] for i in group]
         groups.append(IndexGroup(group, {
-            s: stacked_indices(chosen, stacked_step_positions(
-                chosen, steps, [context.batch_order(runs[i].client_id, s) for i in group]))
-            for s in streams}))
+            key: stacked_indices(chosen, stacked_step_positions(
+                chosen, steps, [context.batch_order(runs[i].client_id, s, runs[i].round) for i in group]))
+            for key, s in streams.items()}))
     return groups
 
 
