@@ -35,13 +35,15 @@ With ``--time-limit S`` (a machine lent for a while) each run stops at its first
 recorded with its evaluations so far and ``"stopped"`` (the round it stopped after, of how many); a
 later sweep runs it again (resuming from its checkpoint where that is still there) and replaces it.
 A run records the project commit it ran on (:func:`experiments.results.commit`) and the device it
-trained on. ``--backend batched`` runs every client of the plan on the batched backend (a GPU sweep
+trained on. Each process keeps the memory its runs free for their next allocations
+(:func:`keep_freed_memory`: glibc would map large vectors anew every round). ``--backend batched`` runs every client of the plan on the batched backend (a GPU sweep
 of plans written for the sequential one: the same figures to float tolerance), recorded with each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fnmatch
 import gc
 import glob
@@ -448,6 +450,23 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
         raise SystemExit(f"{len(failed)} of {len(names)} runs failed: {'; '.join(failed)}")
 
 
+def keep_freed_memory() -> None:
+    """Keep the memory a run frees for its next allocations (glibc's ``M_MMAP_MAX`` 0 and
+    ``M_TRIM_THRESHOLD`` at its largest; a no-op elsewhere). glibc maps each allocation above its
+    threshold (32 MiB at most) anew and unmaps it when it is freed, so a model's large vectors are
+    page-faulted in again every round: PeFLL's and pFedHN's hypernetwork updates (8.7 M entries, 35
+    MB) are summed and divided in 44-53 ms a round instead of 128-161 ms, and a 500-client pFedHN
+    run's 60 rounds take 44-45 s instead of 53 s on this CPU. The arithmetic is the same."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_max = -1, -4
+    mallopt(m_mmap_max, 0)
+    mallopt(m_trim_threshold, 2**31 - 1)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paper", help="the plan: experiments/<paper>/plan.py")
@@ -483,6 +502,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     out = opts.out or Path("runs") / f"{opts.paper}.json"
     if opts.serve is not None:
         torch.set_num_threads(opts.threads)
+        keep_freed_memory()
         serve(runs, opts.paper, plan, out, opts.serve, stop_at, opts.backend)
         return
     merge_parts(out)  # the finished runs of a parallel sweep that was stopped
@@ -492,6 +512,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, stop_at, opts.backend)
         return
     torch.set_num_threads(opts.threads)
+    keep_freed_memory()
     commit = results.commit()  # the code imported now, which every run of this process runs
     for run in runs:
         if run.name in done:

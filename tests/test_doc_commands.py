@@ -10,6 +10,8 @@ run in ``tests/test_docs.py``, which also checks what they do):
   checked with ``--print_config``;
 * ``python benchmarks/...`` scripts and ``python -m experiments...`` modules answer ``--help``
   (an experiment's ``--list``, which only prints its runs, runs as written);
+* a command's leading environment assignments (``NAME=value``) are dropped: the command runs in
+  this process;
 * the set-up lines (``python3 -m venv``, ``pip install``, ``pytest``) are what CI runs
   (``.ci/run``: the README's test command), so they are not repeated here.
 
@@ -82,6 +84,8 @@ def run_command(command: str) -> None:
     if command.startswith(SETUP):
         return  # CI runs the set-up (.ci/run)
     argv = shlex.split(command)
+    while re.match(r"[A-Za-z_][A-Za-z0-9_]*=", argv[0]):  # the command's environment (malloc's, say): run without
+        argv = argv[1:]
     if argv[0] == "fl-lightning":
         run_fl_lightning(argv[1:])
         return

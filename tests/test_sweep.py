@@ -266,3 +266,37 @@ def test_a_run_stopped_by_the_time_limit_is_recorded_as_such_and_finished_by_the
 
 def _no_git(*args, **kwargs):
     raise FileNotFoundError("git")
+
+
+MAPPED_BLOCKS = """
+import ctypes, sys
+from experiments.sweep import keep_freed_memory
+if sys.argv[1] == "kept":
+    keep_freed_memory()
+import torch
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+before = libc.mallinfo2().hblks
+vector = torch.ones(10_000_000)  # 40 MB: above glibc's largest mmap threshold
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+def test_a_sweep_keeps_freed_memory_in_the_heap():
+    """A sweep's processes keep large allocations in the heap (reused after they are freed) instead of
+    glibc's fresh memory map per allocation, which page-faults a large model's vectors every round."""
+    import ctypes
+    import subprocess
+    from pathlib import Path
+
+    try:
+        ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        pytest.skip("needs glibc >= 2.33")
+    mapped = {how: int(subprocess.run([sys.executable, "-c", MAPPED_BLOCKS, how], capture_output=True, text=True,
+                                      check=True, cwd=Path(__file__).resolve().parents[1]).stdout.split()[-1])
+              for how in ("default", "kept")}
+    assert mapped == {"default": 1, "kept": 0}  # the vector's own memory map, or none
