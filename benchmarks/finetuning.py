@@ -43,7 +43,8 @@ class Timing(pl.Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, module: FedAvg) -> None:
         start = module.global_model.flatten().clone()
         ways = {
-            "one after another": lambda: train_one_by_one(module.context, self.clients, start, self.steps, "finetune", 0),
+            "one after another": lambda: train_one_by_one(module.context, self.clients, start, self.steps, "finetune",
+                                                          0),
             "batched blocks": lambda: module.train_clients_locally(self.clients, steps=self.steps, stream="finetune",
                                                                    round_idx=0),
         }

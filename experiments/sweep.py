@@ -36,8 +36,9 @@ recorded with its evaluations so far and ``"stopped"`` (the round it stopped aft
 later sweep runs it again (resuming from its checkpoint where that is still there) and replaces it.
 A run records the project commit it ran on (:func:`experiments.results.commit`) and the device it
 trained on. Each process keeps the memory its runs free for their next allocations
-(:func:`keep_freed_memory`: glibc would map large vectors anew every round). ``--backend batched`` runs every client of the plan on the batched backend (a GPU sweep
-of plans written for the sequential one: the same figures to float tolerance), recorded with each run.
+(:func:`keep_freed_memory`: glibc would map large vectors anew every round). ``--backend batched``
+runs every client of the plan on the batched backend (a GPU sweep of plans written for the
+sequential one: the same figures to float tolerance), recorded with each run.
 """
 
 from __future__ import annotations

@@ -80,12 +80,19 @@ def script(argv: list[str]) -> list[str] | None:
     return None
 
 
+def arguments(command: str) -> list[str]:
+    """The command's words after its leading environment assignments (``NAME=value``: malloc's, say;
+    the command runs in this process, without them)."""
+    argv = shlex.split(command)
+    while argv and re.match(r"[A-Za-z_][A-Za-z0-9_]*=", argv[0]):
+        argv = argv[1:]
+    return argv
+
+
 def run_command(command: str) -> None:
     if command.startswith(SETUP):
         return  # CI runs the set-up (.ci/run)
-    argv = shlex.split(command)
-    while re.match(r"[A-Za-z_][A-Za-z0-9_]*=", argv[0]):  # the command's environment (malloc's, say): run without
-        argv = argv[1:]
+    argv = arguments(command)
     if argv[0] == "fl-lightning":
         run_fl_lightning(argv[1:])
         return
@@ -136,6 +143,6 @@ def test_every_page_is_collected_and_every_command_has_a_handler():
     for page in PAGES:
         for lang, code in blocks(page):
             for command in commands(code) if lang == "bash" else []:
-                argv = shlex.split(command)
+                argv = arguments(command)
                 assert command.startswith(SETUP) or argv[0] == "fl-lightning" or script(argv) is not None, (
                     f"{page.name}: no handler for {command!r}")

@@ -541,7 +541,10 @@ class BatchedBackend(ClientBackend[Block]):
         and the ``group``'s batches (compiled with ``compile_step``); returns the new stacked carry,
         its structure and the hook's outputs, stacked."""
         batch, extras = group.load(context)
-        hook = (block.step or context.algorithm.client_step) if phase == "step" else context.lockstep_algorithm().client_share
+        if phase == "step":
+            hook = block.step or context.algorithm.client_step
+        else:
+            hook = context.lockstep_algorithm().client_share
         side: dict[str, Any] = {}
         guard = None if block.checked else PythonState(context.client)  # at the block's first step
         try:
