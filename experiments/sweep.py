@@ -415,6 +415,11 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
         slot.done.close()
         failed.append(f"{slot.run} (exit {slot.process.wait()}, output in {part_path(out, k).with_suffix('.log')})")
 
+    def close(slot: Slot) -> None:  # the end of the slot's runs: its process exits
+        slot.process.stdin.close()
+        slot.process.wait()
+        slot.done.close()
+
     print(f"{len(names)} runs, {jobs} at a time, output in {part_path(out, 0).with_suffix('.log')} ...", flush=True)
     while True:
         for k in range(jobs):  # the next runs to the free slots, the first slot first
@@ -433,6 +438,9 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
                 slot.process.stdin.flush()
             except BrokenPipeError:  # it ended before its run began
                 end(k)
+        if not queue:  # nothing left to hand out: an idle slot's process ends now, its memory freed
+            for k in [k for k, slot in slots.items() if slot.run is None]:
+                close(slots.pop(k))
         busy = {slot.done: k for k, slot in slots.items() if slot.run is not None}
         if not busy:
             break
@@ -443,9 +451,7 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
             else:
                 end(k)
     for slot in slots.values():
-        slot.process.stdin.close()  # the end of its runs
-        slot.process.wait()
-        slot.done.close()
+        close(slot)
     print(f"{merge_parts(out)} runs added to {out}", flush=True)
     if failed:
         raise SystemExit(f"{len(failed)} of {len(names)} runs failed: {'; '.join(failed)}")

@@ -143,14 +143,19 @@ with os.fdopen(ready, "w", buffering=1) as done:
         time.sleep(lengths[name] / 10)
         if name == "c":
             sys.exit(1)
+        with open(log, "a") as notes:
+            notes.write(f"{part} {os.getpid()} finished-{name}\\n")
         done.write(line)
+with open(log, "a") as notes:
+    notes.write(f"{part} {os.getpid()} exit\\n")
 """
 
 
 def test_a_parallel_sweep_hands_each_run_to_the_first_free_slot(tmp_path, monkeypatch):
     """Runs go to slots as slots free up (no slot idles while runs are left, whatever their lengths),
     in plan order; a slot runs its runs in one process; a run that fails ends its slot's process, is
-    reported at the end, and the slot's next run goes to a new process."""
+    reported at the end, and the slot's next run goes to a new process; a slot left without runs
+    ends at once (its memory freed), not when the sweep ends."""
     from experiments import sweep
 
     log = tmp_path / "started.txt"
@@ -158,11 +163,15 @@ def test_a_parallel_sweep_hands_each_run_to_the_first_free_slot(tmp_path, monkey
                         lambda paper, part, ready, options: [sys.executable, "-c", FAKE_SLOT, str(part), str(ready), str(log)])
     with pytest.raises(SystemExit, match=r"1 of 5 runs failed: c \(exit 1"):
         sweep.run_parallel("p", ["long", "a", "b", "c", "d"], tmp_path / "r.json", jobs=2, threads=1)
-    started = [line.split() for line in log.read_text().splitlines()]  # in each slot, in the order handed
+    notes = [line.split() for line in log.read_text().splitlines()]
+    started = [note for note in notes if note[2] in ("long", "a", "b", "c", "d")]  # in each slot, in the order handed
     slots = {slot: [name for part, _, name in started if part.endswith(f".part{slot}.json")] for slot in (0, 1)}
     assert slots == {0: ["long"], 1: ["a", "b", "c", "d"]}
     process = {name: pid for _, pid, name in started}
     assert process["a"] == process["b"] == process["c"] != process["d"]  # c's failure ended its process
+    # slot 1, idle once "d" is done and nothing is left, exits before "long" ends, not at the sweep's end
+    events = [(pid, what) for _, pid, what in notes if what in ("exit", "finished-long")]
+    assert events == [(process["d"], "exit"), (process["long"], "finished-long"), (process["long"], "exit")]
 
 
 def test_a_parallel_sweep_records_what_a_sequential_one_does(tmp_path, monkeypatch):
