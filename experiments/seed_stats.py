@@ -25,10 +25,13 @@ def series(runs: list[results.Run], key: str) -> tuple[np.ndarray, np.ndarray]:
 
 def fmt(values: np.ndarray, scale: float = 1.0, digits: int = 2, style: str = "f") -> str:
     """``mean ± std (min–max)`` over seeds, each with ``digits`` after the point (``style`` "f") or
-    significant (``style`` "g": for figures that can span orders of magnitude)."""
+    significant (``style`` "g": for figures that can span orders of magnitude); ``value (1 seed)``
+    for one seed, which has no spread."""
     v = np.asarray(values) * scale
     spec = f".{digits}{style}"
-    return f"{v.mean():{spec}} ± {v.std(ddof=1) if len(v) > 1 else 0.0:{spec}} ({v.min():{spec}}–{v.max():{spec}})"
+    if len(v) == 1:
+        return f"{v[0]:{spec}} (1 seed)"
+    return f"{v.mean():{spec}} ± {v.std(ddof=1):{spec}} ({v.min():{spec}}–{v.max():{spec}})"
 
 
 def last_cell(run: Optional[results.Run], key: str, scale: float = 100.0, spec: str = ".2f") -> str:
