@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 import pytorch_lightning as pl
 from torch import Tensor
 
-from fl_lightning.backends import ClientBackend, ClientContext, train_plainly
+from fl_lightning.backends import ClientBackend, ClientContext
+from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.backends.evaluate import check_evaluation
 from fl_lightning.datamodules.client_data import Split
 from fl_lightning.lightning_compat import set_current_hook
@@ -49,12 +50,7 @@ class ClientEvaluation(pl.LightningModule):
         client). The client module is left as it was; batches come from
         ``(seed, stream, round_idx, client)`` (``round_idx`` defaults to the current round).
         """
-        saved = self.global_model.flatten()
-        start = saved if start is None else start.to(self.device)
-        round_idx = self.current_epoch if round_idx is None else round_idx
-        steps = steps if steps is not None else self.local_steps
-        end = train_plainly(self.context, client_id, start, steps, stream, round_idx)
-        self.global_model.load(saved)
+        ((_, end),) = train_one_by_one(self.context, [client_id], *self._plain_work(start, steps, round_idx, stream))
         return end
 
     def train_clients_locally(
@@ -70,10 +66,16 @@ class ClientEvaluation(pl.LightningModule):
         client after another; the batched one trains blocks of clients, each block's steps
         vectorized (its blocks bounded by memory), where the plain step allows it. Each client's
         batches are those :meth:`train_locally` draws; the client module is left as it was."""
+        return self.backend.train_clients_plainly(self.context, list(client_ids),
+                                                  *self._plain_work(start, steps, round_idx, stream))
+
+    def _plain_work(self, start: Optional[Tensor], steps: Optional[int], round_idx: Optional[int], stream: str
+                    ) -> tuple[Tensor, Optional[int], str, int]:
+        """Plain local training's ``(start, steps, stream, round_idx)`` with their defaults: the global
+        model, the module's ``local_steps``, the current round."""
         start = self.global_model.flatten() if start is None else start.to(self.device)
-        round_idx = self.current_epoch if round_idx is None else round_idx
-        steps = steps if steps is not None else self.local_steps
-        return self.backend.train_clients_plainly(self.context, list(client_ids), start, steps, stream, round_idx)
+        return (start, steps if steps is not None else self.local_steps, stream,
+                self.current_epoch if round_idx is None else round_idx)
 
     def evaluate_clients(
         self,

@@ -106,16 +106,12 @@ class ClientMetrics(FederatedCallback):
                     f"{split}_fraction > 0, or choose another split)"
                 )
 
-    def client_state(self, module: Federation, client_id: int) -> Optional[Tensor]:
-        """The model evaluated for ``client_id`` (flat parameters; None: the global model): the
-        algorithm's own model for the client (``FederatedModule.client_eval_state``)."""
-        return module.client_eval_state(client_id)
-
     def client_states(self, module: Federation, client_ids: Sequence[int]) -> Iterator[tuple[int, Optional[Tensor]]]:
-        """``(client, its model)`` for each of ``client_ids`` in turn (:meth:`client_state`); a
-        subclass that makes many clients' models at once yields them as they are made."""
+        """``(client, the model evaluated for it)`` for each of ``client_ids``, as each is made (flat
+        parameters; None: the global model): the algorithm's own model for the client
+        (``FederatedModule.client_eval_state``). The one extension point of the model evaluated."""
         for cid in client_ids:
-            yield cid, self.client_state(module, cid)
+            yield cid, module.client_eval_state(cid)
 
     def evaluate(self, module: Federation) -> dict[int, dict[str, float]]:
         """``{client: {split: accuracy}}``: each selected client's model (:meth:`client_states`,

@@ -56,11 +56,8 @@ class LocalFinetuning(ClientMetrics):
                 "model comes from the algorithm itself): evaluate the clients' own models with ClientMetrics instead"
             )
 
-    def client_state(self, module: Federation, client_id: int) -> Tensor:
-        """The global model after ``steps`` plain local steps on the client's training split."""
-        return module.train_locally(client_id, steps=self.steps, stream="finetune", round_idx=0)
-
     def client_states(self, module: Federation, client_ids: Sequence[int]) -> Iterator[tuple[int, Tensor]]:
-        """:meth:`client_state` of each of ``client_ids``, by the run's client backend: the batched
-        backend finetunes blocks of clients at once (``FederatedModule.train_clients_locally``)."""
+        """Each client's global model after ``steps`` plain local steps on its training split, by
+        the run's client backend: the batched backend finetunes blocks of clients at once
+        (``FederatedModule.train_clients_locally``)."""
         return module.train_clients_locally(client_ids, steps=self.steps, stream="finetune", round_idx=0)
