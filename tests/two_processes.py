@@ -42,9 +42,14 @@ TIMEOUT_S = 300
 FAILED_GRACE_S = 5
 
 
-def serve(rank: int, world_size: int, init_file: str, connection: Any) -> None:
+def serve(rank: int, world_size: int, folder: str, connection: Any) -> None:
     """A rank process: join the pool's gloo group, then run each pickled ``(function, args)`` as
-    ``function(rank, *args)`` and answer ``("ok", its result)`` or ``("error", traceback)``."""
+    ``function(rank, *args)`` and answer ``("ok", its result)`` or ``("error", traceback)``.
+
+    Its temporary files go inside the pool's ``folder``: the process is killed, not ended, so
+    its own clean-up never runs, and the pool removes that folder."""
+    tempfile.tempdir = tempfile.mkdtemp(prefix=f"rank{rank}-", dir=folder)
+    init_file = os.path.join(folder, "group")
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     while True:
         try:
@@ -69,7 +74,7 @@ class RankPool:
         self.connections, self.processes = [], []
         for rank in range(nprocs):
             ours, theirs = context.Pipe()
-            process = context.Process(target=serve, args=(rank, nprocs, os.path.join(self.folder, "group"), theirs),
+            process = context.Process(target=serve, args=(rank, nprocs, self.folder, theirs),
                                       daemon=True, name=f"{NAME}-rank{rank}")
             process.start()
             theirs.close()
