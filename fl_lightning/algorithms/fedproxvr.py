@@ -15,6 +15,12 @@ server step with ``server_lr=1``). Nothing persists per client between rounds. T
 point of the estimator (``w_0`` for SVRG, ``w_{t-1}`` for SARAH) is a second model of the run,
 so a step takes its two gradients without moving the trained model.
 
+With ``log_local_accuracy=True`` each client also measures the local accuracy ``theta`` it reached
+(the paper's eq. 11, spec check C7): ``||grad J_n(w_n)|| / ||grad F_n(w_0)||`` with the surrogate
+``J_n(w) = F_n(w) + mu/2 ||w - w_0||^2`` and ``w_n`` the model it sends, both gradients full passes
+over its training data in eval mode; the round's mean over clients is logged as ``fedproxvr/theta``.
+It costs one more full-gradient pass per client and round (two for ``sgd``), so it is off by default.
+
 ``estimator="sgd"`` is proximal SGD (tau minibatch steps, no full-gradient step); with
 ``mu=0`` and ``output_iterate="last"`` it is exactly FedAvg.
 
@@ -33,6 +39,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from fl_lightning.functional.fedproxvr_theory import achieved_local_accuracy
 from fl_lightning.functional.variance_reduction import full_gradient, sarah_direction, svrg_direction
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.prox_sgd import ProxSGD
@@ -65,6 +72,8 @@ class FedProxVR(FederatedModule):
         clients_per_round: clients per round; None (default) takes all training clients, as the paper.
         full_gradient_batch_size: chunk size of the full-gradient pass (None: the datamodule's
             ``eval_batch_size``); it changes only the speed, not the gradient.
+        log_local_accuracy: measure and log the local accuracy ``theta`` each client reached
+            (``fedproxvr/theta``, the mean over the round's clients; see above).
         **kwargs: the other ``FederatedModule`` arguments (``seed``, ``nonfinite_updates``...).
     """
 
@@ -80,6 +89,7 @@ class FedProxVR(FederatedModule):
         output_iterate: OutputIterate = "random",
         clients_per_round: Optional[int] = None,
         full_gradient_batch_size: Optional[int] = None,
+        log_local_accuracy: bool = False,
         **kwargs: Any,
     ) -> None:
         if estimator not in ("svrg", "sarah", "sgd"):
@@ -108,6 +118,7 @@ class FedProxVR(FederatedModule):
         self.output_iterate = output_iterate
         self.all_clients = clients_per_round is None
         self.full_gradient_batch_size = full_gradient_batch_size
+        self.log_local_accuracy = log_local_accuracy
         if lr is None and beta is not None and smoothness is not None:
             lr = 1.0 / (beta * smoothness)
         self.eta = lr  # None: the client optimizer's scheduled learning rate of the round
@@ -138,17 +149,13 @@ class FedProxVR(FederatedModule):
         run.optimizer = ProxSGD(run.params, lr=eta, mu=self.mu)  # anchors: the global model
         if self.estimator == "sgd":
             run.num_steps = target
+            if self.log_local_accuracy and target >= 1:
+                run.scratch["anchor_gradient"] = self.full_gradient(run)
             return
         run.num_steps = max(target - 1, 0)
         if target >= 1:
-            size = self.full_gradient_batch_size or self.datamodule.eval_batch_size
-            chunks = ((batch, len(batch[-1])) for batch in run.epoch(size))
-            was_training = self.client.training
-            self.client.eval()
-            try:
-                v0 = full_gradient(lambda batch: run.loss_and_grad(batch)[1], chunks)
-            finally:
-                self.client.train(was_training)
+            v0 = self.full_gradient(run)
+            run.scratch["anchor_gradient"] = v0
             run.scratch["reference"] = run.copy_model()  # w_0
             run.scratch["direction"] = v0
             run.step(v0)
@@ -170,3 +177,29 @@ class FedProxVR(FederatedModule):
             run.scratch["reference"] = run.copy_model()  # w_t: the previous point of the next step
         run.step(direction)
         return loss
+
+    def client_final(self, run: ClientRun) -> dict[str, Tensor]:
+        """The default upload (``end - start``); with ``log_local_accuracy``, first the local
+        accuracy ``theta`` of the model sent (1 where the client sends the global model, ``t' = 0``)."""
+        if self.log_local_accuracy:
+            anchor_gradient = run.scratch.get("anchor_gradient")
+            if anchor_gradient is None:  # t' = 0: w_n = w_0, so grad J_n(w_n) = grad F_n(w_0)
+                theta = torch.ones((), device=run.start.device)
+            else:
+                end = [p.detach() for p in run.params]
+                theta = achieved_local_accuracy(self.full_gradient(run), end, run.layout.split_params(run.start),
+                                                anchor_gradient, self.mu)
+            self.client.log("fedproxvr/theta", theta, batch_size=1, sync_dist=True)
+        return super().client_final(run)
+
+    def full_gradient(self, run: ClientRun) -> list[Tensor]:
+        """``grad F_n`` at the run's current model, over the client's whole training split, in eval
+        mode (no Dropout, BatchNorm on its running statistics, left unchanged): deterministic."""
+        size = self.full_gradient_batch_size or self.datamodule.eval_batch_size
+        chunks = ((batch, len(batch[-1])) for batch in run.epoch(size))
+        was_training = self.client.training
+        self.client.eval()
+        try:
+            return full_gradient(lambda batch: run.loss_and_grad(batch)[1], chunks)
+        finally:
+            self.client.train(was_training)

@@ -4,7 +4,8 @@ What the paper's analysis says about its step-size parameter ``beta`` (``eta = 1
 the proximal penalty ``mu`` and the local steps ``tau``: which ``tau`` reach a local accuracy
 ``theta`` (Lemma 1), the rate constant ``Theta`` of Theorem 1, and the parameters that minimize
 the training-time bound of Sec. 4.3 for a computation/communication cost ratio ``gamma``
-(the paper's Fig. 1). ``lam`` is the weak-convexity constant of the local losses and
+(the paper's Fig. 1), and the local accuracy a client actually reached in a round
+(:func:`achieved_local_accuracy`). ``lam`` is the weak-convexity constant of the local losses and
 ``mu_bar = mu - lam`` the strong convexity of the proximal surrogate; ``sigma2`` is the
 data-weighted gradient dissimilarity ``sigma_bar^2``. Spec: ``../shared/specs/fedproxvr.md`` §2.8.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Sequence, TypeVar
 
 import torch
 from torch import Tensor
@@ -86,6 +87,26 @@ def local_accuracy(beta: float, mu: float, smoothness: float = 1.0, lam: float =
     """Eq. (22): the ``theta`` reached with the largest ``tau`` SARAH allows at ``beta`` (eq. 16)."""
     _check(beta, mu, lam)
     return _accuracy_formula(beta, mu, smoothness, lam)
+
+
+def achieved_local_accuracy(
+    grad_end: Sequence[Tensor], end: Sequence[Tensor], anchor: Sequence[Tensor], grad_anchor: Sequence[Tensor], mu: float
+) -> Tensor:
+    """The local accuracy a client reached, eq. (11) without the expectation:
+    ``||grad J_n(w_n)|| / ||grad F_n(w_bar)||`` with ``grad J_n(w) = grad F_n(w) + mu (w - w_bar)``.
+
+    ``grad_end`` is ``grad F_n`` at the client's model ``end`` (``w_n``), ``grad_anchor`` at the
+    global model ``anchor`` (``w_bar``), each a list of tensors shaped like the parameters; the
+    result is a 0-dim tensor (no host sync). ``theta = 1`` means no progress on the local problem
+    (``w_n = w_bar``), ``0`` its exact solution.
+    """
+    surrogate = [g + mu * (w - a) for g, w, a in zip(grad_end, end, anchor)]
+    return _norm(surrogate) / _norm(grad_anchor)
+
+
+def _norm(tensors: Sequence[Tensor]) -> Tensor:
+    """The Euclidean norm of a list of tensors taken as one vector."""
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
 def rate_constant(mu: float, theta: float, smoothness: float = 1.0, lam: float = 0.5, sigma2: float = 0.0) -> float:
