@@ -149,6 +149,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     default_local_steps: int = 10
     #: the mean aggregate's client weights in the algorithm's paper (``weighting=None``; see :attr:`weighting`)
     paper_weighting: Weighting = "num_samples"
+    #: names of the clients' ``run.metrics`` the round's end logs as ``round/client_<name>``: the mean
+    #: over the round's kept updates on all processes, as it logs their step losses (``round/client_loss``)
+    round_metrics: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -425,7 +428,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     def finish_round(self) -> None:
         """Drop non-finite updates, store the kept clients' state, aggregate, update the server,
         step the local LR schedule, log ``round/excluded`` (updates left out for NaN/Inf),
-        ``round/client_loss`` (mean local loss) and the clients' own buffered logs, call
+        ``round/client_loss`` (mean local loss) and the algorithm's other :attr:`round_metrics`, the
+        clients' own buffered logs, call
         ``on_round_end``."""
         updates = sorted(self._updates, key=lambda u: u.client_id)
         for cb in self._callbacks:
@@ -452,13 +456,16 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             warnings.warn(f"round {self.current_epoch}: no valid client update; the global model is unchanged")
         self.local_schedule.step()
         set_logger_step(self.trainer, self.current_epoch)  # + this last work item = the rounds done
-        losses = [u.metrics["loss"] for u in kept if "loss" in u.metrics]
-        parts = all_gather_object((len(self._excluded), losses))
+        names = ("loss", *self.round_metrics)
+        values = {name: [u.metrics[name] for u in kept if name in u.metrics] for name in names}
+        parts = all_gather_object((len(self._excluded), values))
         with light_result_moves():  # a self.log call costs a fraction of a fast round otherwise
             self.log("round/excluded", float(sum(n for n, _ in parts)), on_step=False, on_epoch=True, batch_size=1)
-            losses = [loss for _, part in parts for loss in part]
-            if losses:
-                self.log("round/client_loss", sum(losses) / len(losses), on_step=False, on_epoch=True, batch_size=1)
+            for name in names:
+                gathered = [value for _, part in parts for value in part[name]]
+                if gathered:
+                    self.log(f"round/client_{name}", sum(gathered) / len(gathered), on_step=False, on_epoch=True,
+                             batch_size=1)
             self.context.logs.flush()
             self.log_round_step()
         for cb in self._callbacks:

@@ -18,7 +18,8 @@ so a step takes its two gradients without moving the trained model.
 With ``log_local_accuracy=True`` each client also measures the local accuracy ``theta`` it reached
 (the paper's eq. 11, spec check C7): ``||grad J_n(w_n)|| / ||grad F_n(w_0)||`` with the surrogate
 ``J_n(w) = F_n(w) + mu/2 ||w - w_0||^2`` and ``w_n`` the model it sends, both gradients full passes
-over its training data in eval mode; the round's mean over clients is logged as ``fedproxvr/theta``.
+over its training data in eval mode; the round's mean over its clients is logged as
+``round/client_theta``.
 It costs one more full-gradient pass per client and round (two for ``sgd``), so it is off by default.
 
 ``estimator="sgd"`` is proximal SGD (tau minibatch steps, no full-gradient step); with
@@ -73,7 +74,7 @@ class FedProxVR(FederatedModule):
         full_gradient_batch_size: chunk size of the full-gradient pass (None: the datamodule's
             ``eval_batch_size``); it changes only the speed, not the gradient.
         log_local_accuracy: measure and log the local accuracy ``theta`` each client reached
-            (``fedproxvr/theta``, the mean over the round's clients; see above).
+            (``round/client_theta``, the mean over the round's clients; see above).
         **kwargs: the other ``FederatedModule`` arguments (``seed``, ``nonfinite_updates``...).
     """
 
@@ -119,6 +120,7 @@ class FedProxVR(FederatedModule):
         self.all_clients = clients_per_round is None
         self.full_gradient_batch_size = full_gradient_batch_size
         self.log_local_accuracy = log_local_accuracy
+        self.round_metrics = ("theta",) if log_local_accuracy else ()
         if lr is None and beta is not None and smoothness is not None:
             lr = 1.0 / (beta * smoothness)
         self.eta = lr  # None: the client optimizer's scheduled learning rate of the round
@@ -184,12 +186,12 @@ class FedProxVR(FederatedModule):
         if self.log_local_accuracy:
             anchor_gradient = run.scratch.get("anchor_gradient")
             if anchor_gradient is None:  # t' = 0: w_n = w_0, so grad J_n(w_n) = grad F_n(w_0)
-                theta = torch.ones((), device=run.start.device)
+                run.metrics["theta"] = 1.0
             else:
                 end = [p.detach() for p in run.params]
                 theta = achieved_local_accuracy(self.full_gradient(run), end, run.layout.split_params(run.start),
                                                 anchor_gradient, self.mu)
-            self.client.log("fedproxvr/theta", theta, batch_size=1, sync_dist=True)
+                run.metrics["theta"] = float(theta)
         return super().client_final(run)
 
     def full_gradient(self, run: ClientRun) -> list[Tensor]:

@@ -10,7 +10,10 @@ import math
 
 import pytest
 
+import torch
+
 from fl_lightning.functional.fedproxvr_theory import (
+    achieved_local_accuracy,
     local_accuracy,
     optimal_parameters,
     rate_constant,
@@ -98,3 +101,14 @@ def test_more_dissimilarity_needs_more_penalty_and_converges_slower():
 def test_invalid_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_the_achieved_local_accuracy_is_the_surrogate_gradient_norm_over_the_first():
+    anchor = [torch.tensor([1.0, 2.0]), torch.tensor([[0.0]])]
+    grad_anchor = [torch.tensor([3.0, 0.0]), torch.tensor([[4.0]])]  # norm 5
+    assert float(achieved_local_accuracy(grad_anchor, anchor, anchor, grad_anchor, mu=2.0)) == 1.0  # w_n = w_bar
+    end = [torch.tensor([1.5, 2.0]), torch.tensor([[-1.0]])]
+    grad_end = [torch.tensor([0.0, 1.0]), torch.tensor([[0.5]])]
+    # grad J = grad F(w_n) + 2 (w_n - w_bar) = (1, 1, -1.5): norm sqrt(4.25)
+    theta = achieved_local_accuracy(grad_end, end, anchor, grad_anchor, mu=2.0)
+    assert theta.dim() == 0 and float(theta) == pytest.approx(math.sqrt(4.25) / 5)
