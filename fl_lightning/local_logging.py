@@ -8,7 +8,8 @@ the engine routes the client's calls here instead: each name's values are accumu
 by batch size, and logged once per round, through Lightning's own ``self.log`` with the options
 of the client's call (``on_step``, ``on_epoch``, ``prog_bar``, ``sync_dist``...). The logged
 value is the batch-size-weighted mean over this process's local steps of the round, which is
-what Lightning's ``on_epoch`` mean would have given. Calls that are not a mean of scalars (a
+what Lightning's ``on_epoch`` mean would have given; with ``sync_dist=True``, over every process's
+local steps (:meth:`LocalLogBuffer.flush`). Calls that are not a mean of scalars (a
 torchmetrics ``Metric``, another ``reduce_fx``, a non-scalar value) go to Lightning unbuffered.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -79,14 +80,39 @@ class LocalLogBuffer:
             entry.total = entry.total + total
             entry.weight += weight
 
-    def flush(self) -> None:
+    def synced(self) -> dict[str, tuple[float, int, dict[str, Any]]]:
+        """The names logged with ``sync_dist=True``: ``{name: (weighted sum, weight, options)}``, for
+        the caller to gather across processes and hand to :meth:`flush` (reads each sum once)."""
+        return {
+            name: (float(entry.total), entry.weight, {k: v for k, v in entry.options.items() if k != "sync_dist_group"})
+            for name, entry in self._entries.items()
+            if entry.options.get("sync_dist")
+        }
+
+    def flush(self, synced: Optional[Sequence[dict[str, tuple[float, int, dict[str, Any]]]]] = None) -> None:
         """Log each buffered name once (its weighted mean) through Lightning, and empty the buffer.
 
         The mean is the round's value: it is logged with ``on_epoch=True, on_step=False`` (so it
         reaches the loggers every round, whatever ``log_every_n_steps`` is, under the name the
         client gave it), with the call's other options.
+
+        ``synced``: every process's :meth:`synced`, gathered. The names logged with ``sync_dist=True``
+        are then logged on every process (also one whose clients logged none this round) as the mean
+        over all processes' values, weighted by their sample counts, instead of through Lightning's
+        own sync, whose mean floors the processes' mean sample count where they differ, as the
+        clients' sizes do (Lightning-AI/pytorch-lightning#21859: two processes of 3 and 2 clients
+        logged 0.80 for 0.64).
         """
         entries, self._entries = self._entries, {}
+        merged: dict[str, tuple[float, int, dict[str, Any]]] = {}
+        for part in synced or ():
+            for name, (total, weight, options) in part.items():
+                previous_total, previous_weight, _ = merged.get(name, (0.0, 0, options))
+                merged[name] = (previous_total + total, previous_weight + weight, options)
+        for name, (total, weight, options) in merged.items():
+            entries.pop(name, None)
+            options = {**options, "on_step": False, "on_epoch": True, "sync_dist": False}
+            self._log_now(name, torch.tensor(total / weight), batch_size=weight, **options)
         for name, entry in entries.items():
             options = {**entry.options, "on_step": False, "on_epoch": True}
             self._log_now(name, entry.total / entry.weight, batch_size=entry.weight, **options)

@@ -458,15 +458,17 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         set_logger_step(self.trainer, self.current_epoch)  # + this last work item = the rounds done
         names = ("loss", *self.round_metrics)
         values = {name: [u.metrics[name] for u in kept if name in u.metrics] for name in names}
-        parts = all_gather_object((len(self._excluded), values))
+        distributed = rank_and_world()[1] > 1
+        synced_logs = self.context.logs.synced() if distributed else {}
+        parts = all_gather_object((len(self._excluded), values, synced_logs))
         with light_result_moves():  # a self.log call costs a fraction of a fast round otherwise
-            self.log("round/excluded", float(sum(n for n, _ in parts)), on_step=False, on_epoch=True, batch_size=1)
+            self.log("round/excluded", float(sum(n for n, _, _ in parts)), on_step=False, on_epoch=True, batch_size=1)
             for name in names:
-                gathered = [value for _, part in parts for value in part[name]]
+                gathered = [value for _, part, _ in parts for value in part[name]]
                 if gathered:
                     self.log(f"round/client_{name}", sum(gathered) / len(gathered), on_step=False, on_epoch=True,
                              batch_size=1)
-            self.context.logs.flush()
+            self.context.logs.flush([logs for _, _, logs in parts] if distributed else None)
             self.log_round_step()
         for cb in self._callbacks:
             cb.on_round_end(self.trainer, self, self.current_epoch, result)

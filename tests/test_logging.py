@@ -6,11 +6,13 @@ import csv
 
 import pytest
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.callbacks import ClientMetrics, FederatedCallback
-from tests.helpers import synthetic, tiny_client, trainer
+from fl_lightning.models import LogisticRegression
+from tests.helpers import TWO_PROCESSES, global_vector, synthetic, tiny_client, trainer
 
 
 def test_csv_and_tensorboard_get_global_and_client_metrics(tmp_path):
@@ -40,6 +42,33 @@ def test_metrics_are_logged_per_round_with_the_round_as_step(tmp_path):
     assert sorted(int(r["step"]) for r in rows if r.get("train_loss")) == [1, 2, 3, 4]  # the client's own log
     assert sorted(int(r["step"]) for r in rows if r.get("round/client_loss")) == [1, 2, 3, 4]
     assert sorted(int(r["step"]) for r in rows if r.get("val_acc")) == [2, 4]  # after rounds 2 and 4
+
+
+class SyncedLoss(LogisticRegression):
+    """A client that also logs its loss with ``sync_dist=True``, as many Lightning modules do."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("synced_loss", loss, sync_dist=True)
+        return loss
+
+
+def test_a_client_log_synced_across_processes_is_the_mean_over_all_their_samples():
+    """Two processes whose clients trained on different numbers of samples log the mean over all of
+    them, what one process logs (Lightning's own sync floors their mean sample count)."""
+    logged = {}
+    for devices in (1, 2):
+        torch.manual_seed(0)
+        module = FedAvg(SyncedLoss(in_features=20, num_classes=10, lr=0.1), clients_per_round=5, local_epochs=1)
+        fit = trainer(2, devices=devices, strategy=TWO_PROCESSES if devices > 1 else "auto")
+        fit.fit(module, synthetic(5, seed=1))  # 351 samples: 3 clients on one process, 2 on the other
+        logged[devices] = {name: float(fit.callback_metrics[name]) for name in ("synced_loss", "train_loss")}, \
+            global_vector(module)
+    (one, model_one), (two, model_two) = logged[1], logged[2]
+    assert one["synced_loss"] == pytest.approx(one["train_loss"], abs=1e-7)
+    assert two["synced_loss"] == pytest.approx(one["synced_loss"], abs=1e-6)
+    assert two["train_loss"] != pytest.approx(one["train_loss"], abs=1e-4)  # not synced: the first process's clients
+    assert (model_two - model_one).abs().max() <= 1e-5
 
 
 def test_the_progress_bar_counts_rounds_and_clients(capsys, caplog):
