@@ -209,6 +209,23 @@ def test_pefll_learns_personalized_models():
     assert curve.values[-1] >= curve.values[0] + 0.15, curve.values
 
 
+class _DeltaNorms(FederatedCallback):
+    def __init__(self):
+        self.norms = []
+
+    def on_client_update(self, trainer, module, update):
+        self.norms.append(update.metrics["delta_norm"])
+        return update
+
+
+def test_the_round_logs_the_mean_norm_of_the_clients_differences():
+    module, spy = pefll(clients_per_round=3, local_steps=2), _DeltaNorms()
+    fit = trainer(1, callbacks=[spy])
+    fit.fit(module, data(6))
+    assert len(spy.norms) == 3 and min(spy.norms) > 0
+    assert float(fit.callback_metrics["round/client_delta_norm"]) == pytest.approx(sum(spy.norms) / 3, rel=1e-6)
+
+
 # ------------------------------------------------------------------ PeFLL-predict
 def trained(use_labels: bool = True) -> tuple[PeFLL, object]:
     module, dm = pefll(use_labels=use_labels), data(10, unseen_fraction=0.2)

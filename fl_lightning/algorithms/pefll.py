@@ -110,6 +110,9 @@ class HypernetworkFederation(FederatedModule):
     #: the server networks' updates are averaged uniformly over the round's clients P (PeFLL's Algorithm 2,
     #: ``(1/|P|) sum_i deta_i``); ``weighting="num_samples"`` weighs them by sample count
     paper_weighting = "uniform"
+    #: the norm of each client's parameter difference (what the hypernetwork is trained through),
+    #: logged as the round's mean, ``round/client_delta_norm``
+    round_metrics = ("delta_norm",)
 
     hypernetwork: HyperNetwork
 
