@@ -26,11 +26,13 @@ from fl_lightning.algorithms import (
     LocalOnly,
 )
 from fl_lightning.backends import BatchedBackend
+from fl_lightning.backends.batched import backend as backend_module
 from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.backends.batched.sizing import activation_bytes
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import MLP
 from fl_lightning.optim.prox_sgd import ProxSGD
+from fl_lightning.run import plain_step
 from tests.helpers import TWO_PROCESSES, synthetic, trainer
 from tests.test_contract import outcome
 
@@ -328,6 +330,38 @@ def test_dropout_is_reproducible_for_a_seed_and_block_layout():
     assert torch.equal(first, run(0, 3))
     assert not torch.equal(first, run(1, 3))  # another seed, other draws
     assert not torch.equal(first, run(0, 2))  # another block layout, other draws (equal in distribution only)
+
+
+class _StepWrittenOut(FedAvg):
+    """FedAvg with its plain step written out as its own ``client_step``: the batched backend takes
+    its gradient inside ``vmap``, as it does for any algorithm's step."""
+
+    def client_step(self, run, batch):
+        return plain_step(run, batch)
+
+
+@pytest.mark.parametrize("client", [lambda: mlp(0.9, 1e-3), _nesterov, BatchNormClient, DropoutClient],
+                         ids=["momentum-wd", "nesterov", "batchnorm-logs", "dropout"])
+def test_the_plain_step_takes_its_gradient_outside_vmap_with_the_same_result(client, monkeypatch):
+    calls = []
+    fast = backend_module.vectorized_plain_step
+    monkeypatch.setattr(backend_module, "vectorized_plain_step", lambda *args: calls.append(1) or fast(*args))
+    runs = []
+    for cls in (FedAvg, _StepWrittenOut):
+        module = cls(client(), clients_per_round=5, **common("batched", 4))
+        fit = trainer(2)
+        fit.fit(module, synthetic(6))
+        runs.append((module.global_model.flatten(), {k: float(v) for k, v in fit.callback_metrics.items()}))
+        if cls is FedAvg:
+            assert calls, "the plain step did not take the gradient outside vmap"
+            del calls[:]
+    assert not calls  # a client_step of the algorithm's own runs under vmap(grad)
+    (plain, plain_metrics), (written, written_metrics) = runs
+    if client is BatchNormClient:  # its normalization runs other kernels under grad than under vmap alone
+        assert (plain - written).abs().max() <= 1e-6
+        assert plain_metrics == pytest.approx(written_metrics, rel=1e-6)
+    else:
+        assert torch.equal(plain, written) and plain_metrics == written_metrics
 
 
 def test_dropout_draws_are_independent_per_client():

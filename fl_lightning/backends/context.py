@@ -113,6 +113,9 @@ class ClientContext:
         #: whether the algorithm computes its own uploads (overrides ``client_final``): the default,
         #: ``end - start``, needs no local-work setting (no draw, no log, no forward)
         self.finalizes_rounds = _overrides_default(algorithm, "client_final")
+        #: whether the algorithm's local step is the plain one (the client's loss and optimizer:
+        #: ``plain_step``), which the batched backend takes with the gradient outside ``vmap``
+        self.plain_steps = not _overrides_default(algorithm, "client_step")
         self._callbacks: list[FederatedCallback] = []
         self._batch_callbacks: list[FederatedCallback] = []
         self._integer_buffers: Optional[list[Tensor]] = None

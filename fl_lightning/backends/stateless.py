@@ -73,13 +73,15 @@ class StatelessClient:
         return functional_call(self._steps[hook], named, (batch, index))
 
 
-def training_loss(output: Any) -> Tensor:
+def training_loss(output: Any, check_grad: bool = True) -> Tensor:
     """The loss of a ``training_step`` result: a tensor, or the ``"loss"`` of a dict, as a 0-dim tensor.
 
     Both backends take the loss here. A loss of more than one element, or one that does not
     require grad (detached, or computed under ``no_grad``), is refused with a ValueError: the
     first fails in ``backward`` / ``torch.func.grad``, the second would give the batched backend
-    a zero gradient. The checks read tensor metadata only (no device sync)."""
+    a zero gradient. The checks read tensor metadata only (no device sync). ``check_grad=False``
+    leaves the second to the caller: under ``vmap`` a loss reads ``requires_grad=False`` even where
+    its gradient is taken outside (:func:`loss_requiring_grad` checks the vmapped losses)."""
     loss = output["loss"] if isinstance(output, Mapping) and "loss" in output else output
     if not isinstance(loss, Tensor):
         got = f"a dict with keys {sorted(output)}" if isinstance(output, Mapping) else type(output).__name__
@@ -89,8 +91,15 @@ def training_loss(output: Any) -> Tensor:
     if loss.numel() != 1:
         raise ValueError(f"the client's training_step returned a loss of shape {tuple(loss.shape)}: it must be a "
                          "scalar tensor (one element); reduce it, e.g. with .mean()")
+    if check_grad:
+        loss_requiring_grad(loss)
+    return loss.reshape(())
+
+
+def loss_requiring_grad(loss: Tensor) -> Tensor:
+    """``loss``, refused with a ValueError where it does not require grad."""
     if not loss.requires_grad:
         raise ValueError("the client's training_step returned a loss that does not require grad (detached, computed "
                          "under torch.no_grad(), or from no trainable parameter): it must be a tensor computed from "
                          "the model's parameters with grad enabled")
-    return loss.reshape(())
+    return loss

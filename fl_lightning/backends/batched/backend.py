@@ -25,6 +25,7 @@ from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflatten
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
 from fl_lightning.backends.sequential import train_one_by_one
+from fl_lightning.backends.stateless import loss_requiring_grad
 from fl_lightning.distributed import rank_and_world
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
 from fl_lightning.optim.sgd_function import FunctionalSGD, functional_optimizer
@@ -547,9 +548,15 @@ class BatchedBackend(ClientBackend[Block]):
             hook = context.lockstep_algorithm().client_share
         side: dict[str, Any] = {}
         guard = None if block.checked else PythonState(context.client)  # at the block's first step
+        plain = (phase == "step" and (block.step is plain_step or (block.step is None and context.plain_steps))
+                 and type(block.runs[0].function) is FunctionalSGD)
         try:
-            new_tensors, outputs, logs = self._vectorize(hook, block.runs[0], block.spec, block.static, phase, side,
-                                                         tensors, batch, extras, step)
+            if plain and self._vectorized is vectorized_hook:  # eager: the gradient outside vmap
+                new_tensors, outputs, logs = vectorized_plain_step(block.runs[0], block.spec, block.static, side,
+                                                                   tensors, batch, extras, step)
+            else:
+                new_tensors, outputs, logs = self._vectorize(hook, block.runs[0], block.spec, block.static, phase,
+                                                             side, tensors, batch, extras, step)
         except RuntimeError as error:
             if "vmap" not in str(error):
                 raise
@@ -631,6 +638,40 @@ def vectorized_hook(hook: Callable[[FunctionalRun, Any], Any], template: Functio
         return new_tensors, outputs, run.logs
 
     return vmap(one_client, in_dims=(0, 0, 0, None), randomness="different")(tensors, batch, extras, step)
+
+
+def vectorized_plain_step(template: FunctionalRun, spec: Any, static: dict[int, Any], side: dict[str, Any],
+                          tensors: list[Tensor], batch: Any, extras: Any, step: int
+                          ) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """:func:`vectorized_hook` of :func:`~fl_lightning.run.plain_step` (the client's loss, its gradient,
+    one step of its optimizer), with the gradient taken outside ``vmap``: one backward of the sum of
+    the clients' vmapped losses, whose gradient's rows are each client's own (the clients are
+    independent). It gives the same step as ``vmap(grad(loss))`` with one of torch.func's transforms
+    fewer, the cost of an eager step of a small model (``benchmarks/grad_transforms.py``)."""
+    k = template.layout.num_param_tensors
+    carry = tree_unflatten(merge_leaves(tensors, static), spec)
+    params = [t.detach().requires_grad_() for t in carry["tensors"][:k]]
+    # which stacked leaves are the model's parameters (the carry's other leaves stay as they are)
+    is_param = {id(t): i for i, t in enumerate(carry["tensors"][:k])}
+    positions = [is_param.get(id(t)) for t in tensors]
+
+    def one_loss(params: list[Tensor], tensors: list[Tensor], batch: Any, extras: Any
+                 ) -> tuple[Tensor, dict[str, Tensor]]:
+        tensors = [t if i is None else params[i] for t, i in zip(tensors, positions)]
+        run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), step, extras)
+        loss = run.training_loss(batch)
+        side["options"], side["sizes"] = run.log_options, run.log_sizes
+        return loss, run.logs
+
+    with torch.enable_grad():
+        losses, logs = vmap(one_loss, randomness="different")(params, tensors, batch, extras)
+        grads = torch.autograd.grad(loss_requiring_grad(losses).sum(), params, allow_unused=True)
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    # SGD's update is elementwise with the clients' shared hyperparameters: one call on the stacked tensors
+    carry["opt"] = template.function.step_(carry["tensors"][:k], grads, carry["opt"])
+    new_leaves, side["spec"] = tree_flatten(carry)
+    new_tensors, side["static"] = split_leaves(new_leaves)
+    return new_tensors, {"loss": losses.detach()}, {name: total.detach() for name, total in logs.items()}
 
 
 def vectorized_final(hook: Callable[[FunctionalRun], dict[str, Tensor]], template: FunctionalRun, spec: Any,

@@ -79,19 +79,42 @@ class FunctionalRun(ClientRun):
     ) -> tuple[Any, list[Tensor]]:
         k = self.layout.num_param_tensors
         target = list(self.tensors if model is None else model)
+        loss_of, _, sizes = self._loss_function(batch, loss_fn, has_aux)
+        with self.context.forward_context():
+            grads, carried = func_grad(loss_of, has_aux=True)(tuple(target[:k]), tuple(target[k:]))
+        self._keep_logs(carried["logs"], sizes)  # the values as the transform returns them
+        loss, aux = carried["loss"], carried.get("aux")
+        return ((loss, aux), list(grads)) if has_aux else (loss, list(grads))
+
+    def training_loss(self, batch: Any) -> Tensor:
+        """The trained model's loss on ``batch`` (the client module's ``training_step``), with its
+        graph: the caller takes the gradient (the batched backend's plain step, outside ``vmap``) and
+        checks that the loss requires it."""
+        k = self.layout.num_param_tensors
+        loss_of, logs, sizes = self._loss_function(batch, None, False, check_grad=False)
+        with self.context.forward_context():
+            loss, _ = loss_of(tuple(self.tensors[:k]), tuple(self.tensors[k:]))
+        self._keep_logs(logs, sizes)
+        return loss
+
+    def _loss_function(self, batch: Any, loss_fn: Optional[Callable[[Any], Any]], has_aux: bool,
+                       check_grad: bool = True) -> tuple[Callable[..., tuple[Tensor, dict[str, Any]]], dict[str, Tensor], dict[str, int]]:
+        """``loss_of(params, buffers) -> (loss, carried)`` on ``batch`` (``loss_fn``'s, or the client
+        module's training loss), and the dicts it fills with the client's ``self.log`` values and
+        batch sizes. ``check_grad``: :func:`~fl_lightning.backends.stateless.training_loss`'s."""
         stateless = self.context.stateless
+        logs: dict[str, Tensor] = {}
         sizes: dict[str, int] = {}
 
-        def loss_of(params: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> tuple[Tensor, Any]:
+        def loss_of(params: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Any]]:
             tensors = [*params, *buffers]
-            logs: dict[str, Tensor] = {}
             self._active = tensors
             try:
                 with routed_log(self.context.client, self._collector(logs, sizes, batch)):
                     if loss_fn is not None:
                         out = loss_fn(batch)
                     else:
-                        out = training_loss(stateless.training_step(tensors, batch, self.step_index))
+                        out = training_loss(stateless.training_step(tensors, batch, self.step_index), check_grad)
             finally:
                 self._active = None
             loss, aux = out if has_aux else (out, None)
@@ -100,13 +123,14 @@ class FunctionalRun(ClientRun):
                 carried["aux"] = aux
             return loss, carried
 
-        with self.context.forward_context():
-            grads, carried = func_grad(loss_of, has_aux=True)(tuple(target[:k]), tuple(target[k:]))
-        loss, aux, logs = carried["loss"], carried.get("aux"), carried["logs"]
-        for name, total in logs.items():  # a second model of the step that logs the same name: both count
+        return loss_of, logs, sizes
+
+    def _keep_logs(self, logs: dict[str, Tensor], sizes: dict[str, int]) -> None:
+        """Add one loss's ``self.log`` values to the run's (a second model of the step that logs the
+        same name: both count)."""
+        for name, total in logs.items():
             self.logs[name] = total + self.logs[name] if name in self.logs else total
             self.log_sizes[name] = self.log_sizes.get(name, 0) + sizes[name]
-        return ((loss, aux), list(grads)) if has_aux else (loss, list(grads))
 
     def flush_logs(self) -> None:
         """Hand the round the client's ``self.log`` values of this run's eager work (``client_init``,
