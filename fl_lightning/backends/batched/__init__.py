@@ -5,7 +5,10 @@ stacked along a new client dimension (parameters, floating buffers, optimizer st
 entries, scratch tensors) and ``client_step`` runs once per local step under ``torch.func.vmap``:
 the client module's ``training_step`` (or forward) is evaluated with ``functional_call`` at each
 client's tensors, gradients come from ``torch.func.grad``, and the local optimizer is a pure
-function (:class:`~fl_lightning.optim.sgd_function.FunctionalSGD`). After the last step the runs
+function (:class:`~fl_lightning.optim.sgd_function.FunctionalSGD`). The plain step (the client's
+loss and SGD: the default ``client_step``, and finetuning) is taken with its gradient outside
+``vmap``, one backward of the block's summed losses, and its update on the stacked tensors, with
+the same result (``vectorized_plain_step``). After the last step the runs
 are unstacked and each client runs ``client_final``; its update goes through the same callbacks
 and aggregation as in the sequential backend.
 
