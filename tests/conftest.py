@@ -1,13 +1,9 @@
 """Test session settings: one intra-op thread per test process (tiny models; pytest-xdist
-runs several processes), quiet Lightning info logs, a distinct DDP port per test, and one folder
-for every temporary file of the process and of those it starts."""
+runs several processes), quiet Lightning info logs, and a distinct DDP port per test."""
 
-import atexit
 import itertools
 import logging
 import os
-import shutil
-import tempfile
 
 import pytest
 import torch
@@ -15,13 +11,6 @@ import torch
 torch.set_num_threads(1)
 logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
 logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-
-#: this test process's temporary files and those of the processes it starts (DDP ranks, which are
-#: killed or leave by ``os._exit``, so that their own clean-up never runs) go in one folder, removed
-#: when this process exits
-_TEMP_ROOT = tempfile.mkdtemp(prefix="fl-tests-process-")
-os.environ["TMPDIR"] = tempfile.tempdir = _TEMP_ROOT
-atexit.register(shutil.rmtree, _TEMP_ROOT, ignore_errors=True)
 
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 _ports = itertools.count(29500 + 200 * int(_worker[2:] or 0) + 1)
