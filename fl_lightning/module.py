@@ -34,6 +34,7 @@ from torch import Tensor
 
 from fl_lightning.aggregation import aggregate, find_aggregator
 from fl_lightning.backends import BACKENDS, BatchedBackend, ClientBackend, ClientContext
+from fl_lightning.backends.context import overrides_default
 from fl_lightning.checkpoints import is_plain
 from fl_lightning.client_store import ClientStateStore, StateDefault, StateSpec, check_folder, run_folder
 from fl_lightning.distributed import all_gather_object, rank_and_world
@@ -534,6 +535,14 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         """The client's uploads, one flat tensor per declared name; also the place to set the
         client's new ``run.state`` entries. Default: ``{"delta": end - start}``."""
         return {"delta": run.end() - run.start}
+
+    @property
+    def finalizes_rounds(self) -> bool:
+        """Whether :meth:`client_final` computes more than the default upload, ``end - start``
+        (a backend then sets up the client's local work around it: its draws, its logging). By
+        default, whether the class overrides it; an override that is the default's for some of
+        its arguments says so here."""
+        return overrides_default(self, "client_final")
 
     # ------------------------------------------------------------ server side
     def server_update(self, aggregate: dict[str, Tensor]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,15 +23,22 @@ from tests import two_processes
 TWO_PROCESSES = two_processes.NAME
 
 _roots: Optional[tempfile.TemporaryDirectory] = None
+#: the environment variable that hands a test process's folder to the processes it starts
+_ROOT_VARIABLE = "FL_LIGHTNING_TESTS_ROOT"
 
 
 def scratch_folder() -> str:
     """A new empty folder for a test trainer's files (client state, checkpoints), inside one folder
-    per test process that is removed, with everything in it, when the process exits."""
+    per test process that is removed, with everything in it, when the process exits. The processes
+    a test starts (DDP ranks, which leave by ``os._exit`` and so never clean up) make theirs inside
+    their parent's folder, which the environment hands them."""
     global _roots
-    if _roots is None:
-        _roots = tempfile.TemporaryDirectory(prefix="fl-tests-")
-    return tempfile.mkdtemp(prefix="fl-test-", dir=_roots.name)
+    root = os.environ.get(_ROOT_VARIABLE)
+    if root is None or not os.path.isdir(root):
+        if _roots is None:
+            _roots = tempfile.TemporaryDirectory(prefix="fl-tests-")
+        root = os.environ[_ROOT_VARIABLE] = _roots.name
+    return tempfile.mkdtemp(prefix="fl-test-", dir=root)
 
 
 def synthetic(num_clients: int = 8, **kwargs: Any) -> SyntheticFederated:

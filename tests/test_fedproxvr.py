@@ -16,6 +16,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.fedproxvr import FedProxVR
+from fl_lightning.backends import ClientContext
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.datamodules.partitioners import PowerLawPartitioner
@@ -188,6 +189,24 @@ def test_the_local_accuracy_is_the_same_on_both_backends_and_on_two_processes():
     for other_theta, other_vector in others:
         assert other_theta == pytest.approx(theta, abs=1e-6)
         assert (other_vector - vector).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("log_local_accuracy", [False, True])
+def test_the_batched_backend_sets_up_local_work_for_uploads_only_to_measure_theta(monkeypatch, log_local_accuracy):
+    """Without ``log_local_accuracy`` FedProxVR's ``client_final`` is the default upload, which
+    the batched backend computes without setting up each client's local work (its draws, its logs)."""
+    finals = []
+    local_work = ClientContext.local_work
+    monkeypatch.setattr(ClientContext, "local_work", lambda self, client_id, *keys: (
+        finals.append(client_id) if keys[:1] == ("final",) else None, local_work(self, client_id, *keys))[1])
+    module = FedProxVR(tiny_client(), estimator="svrg", mu=0.5, lr=0.1, local_steps=3, clients_per_round=3, seed=1,
+                       log_local_accuracy=log_local_accuracy, client_backend="batched")
+    trainer(2).fit(module, synthetic(6))
+    assert module.finalizes_rounds is log_local_accuracy
+    assert len(finals) == (6 if log_local_accuracy else 0)
+    reference = FedProxVR(tiny_client(), estimator="svrg", mu=0.5, lr=0.1, local_steps=3, clients_per_round=3, seed=1)
+    trainer(2).fit(reference, synthetic(6))
+    assert (global_vector(module) - global_vector(reference)).abs().max() <= 1e-5
 
 
 # ------------------------------------------------------------------ the algorithm

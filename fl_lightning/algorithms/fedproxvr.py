@@ -194,6 +194,11 @@ class FedProxVR(FederatedModule):
                 run.metrics["theta"] = float(theta)
         return super().client_final(run)
 
+    @property
+    def finalizes_rounds(self) -> bool:
+        """Only with ``log_local_accuracy``: otherwise :meth:`client_final` is the default upload."""
+        return self.log_local_accuracy
+
     def full_gradient(self, run: ClientRun) -> list[Tensor]:
         """``grad F_n`` at the run's current model, over the client's whole training split, in eval
         mode (no Dropout, BatchNorm on its running statistics, left unchanged): deterministic."""

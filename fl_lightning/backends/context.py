@@ -47,6 +47,8 @@ class Algorithm(Federation, Protocol):
     batchable: bool
     #: whether ``client_final`` can run ``vmap``-ped over a block's clients (see ``FederatedModule``)
     vectorized_final: bool
+    #: whether ``client_final`` computes more than the default upload, ``end - start``
+    finalizes_rounds: bool
     #: the declared uploads and per-client state entries
     update_specs: dict[str, UpdateSpec]
     state_specs: dict[str, StateSpec]
@@ -109,13 +111,10 @@ class ClientContext:
         self.lockstep: bool = bool(getattr(algorithm, "lockstep", False))
         #: whether the algorithm prepares its clients' rounds (overrides ``client_init``): a backend
         #: need not set up a client's local work to run the default, which does nothing
-        self.prepares_rounds = _overrides_default(algorithm, "client_init")
-        #: whether the algorithm computes its own uploads (overrides ``client_final``): the default,
-        #: ``end - start``, needs no local-work setting (no draw, no log, no forward)
-        self.finalizes_rounds = _overrides_default(algorithm, "client_final")
+        self.prepares_rounds = overrides_default(algorithm, "client_init")
         #: whether the algorithm's local step is the plain one (the client's loss and optimizer:
         #: ``plain_step``), which the batched backend takes with the gradient outside ``vmap``
-        self.plain_steps = not _overrides_default(algorithm, "client_step")
+        self.plain_steps = not overrides_default(algorithm, "client_step")
         self._callbacks: list[FederatedCallback] = []
         self._batch_callbacks: list[FederatedCallback] = []
         self._integer_buffers: Optional[list[Tensor]] = None
@@ -127,6 +126,12 @@ class ClientContext:
         self._batch_callbacks = [cb for cb in callbacks
                                  if type(cb).on_local_batch is not FederatedCallback.on_local_batch]
         self._integer_buffers = None  # looked up again once per round (the module may have moved)
+
+    @property
+    def finalizes_rounds(self) -> bool:
+        """Whether the algorithm computes its own uploads (``Algorithm.finalizes_rounds``): the
+        default, ``end - start``, needs no local-work setting (no draw, no log, no forward)."""
+        return self.algorithm.finalizes_rounds
 
     @property
     def round(self) -> int:
@@ -330,7 +335,7 @@ class ClientContext:
                         buffer.copy_(value)
 
 
-def _overrides_default(obj: Any, name: str) -> bool:
+def overrides_default(obj: Any, name: str) -> bool:
     """Whether ``obj``'s class overrides the default of method ``name`` (its first definition in
     the class hierarchy, the engine's)."""
     defining = [klass for klass in type(obj).__mro__ if name in vars(klass)]
