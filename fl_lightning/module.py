@@ -148,6 +148,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     has_global_model: bool = True
     #: ``local_steps`` when neither ``local_steps`` nor ``local_epochs`` is given (an algorithm sets its paper's)
     default_local_steps: int = 10
+    #: the fewest ``local_steps`` the algorithm takes: 1, or 0 for an algorithm whose round does its
+    #: own work before the minibatch steps (FedProxVR's full-gradient step)
+    min_local_steps: int = 1
     #: the mean aggregate's client weights in the algorithm's paper (``weighting=None``; see :attr:`weighting`)
     paper_weighting: Weighting = "num_samples"
     #: names of the clients' ``run.metrics`` the round's end logs as ``round/client_<name>``: the mean
@@ -182,7 +185,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             raise TypeError(f"client must be a LightningModule, got {type(client).__name__}")
         clients_per_round, local_steps = check_federation_arguments(
             clients_per_round, clients_fraction, min_clients, local_steps, local_epochs, self.default_local_steps,
-            server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS), clients_per_block,
+            self.min_local_steps, server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS), clients_per_block,
             compile_step, client_state_memory, client_state_checkpoints, weighting)
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
         # that checkpoints hold no pickled object and load with weights_only=True

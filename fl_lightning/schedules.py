@@ -163,6 +163,9 @@ def lr_drop_rounds(epochs: Sequence[float], per_round: float) -> list[int]:
     """The rounds after which the rate drops: the first round count whose passes reach each epoch,
     ``ceil(e / per_round)`` (``per_round`` from :func:`epochs_per_round`); drops that fall in the
     same round are refused (the epochs are closer than a round)."""
+    if not per_round > 0:
+        raise ValueError(f"lr_drop_epochs={list(epochs)} need rounds that pass over the data, got {per_round:g} "
+                         "passes a round (local_steps=0)")
     rounds = [max(1, math.ceil(e / per_round - 1e-9)) for e in epochs]
     if len(set(rounds)) != len(rounds):
         raise ValueError(f"lr_drop_epochs={list(epochs)} put two drops in one round (a round is {per_round:.4g} "

@@ -34,13 +34,14 @@ def check_number(name: str, value: Any, low: float, high: float = math.inf, low_
 
 def check_federation_arguments(
     clients_per_round: Optional[int], clients_fraction: Optional[float], min_clients: int, local_steps: Optional[int],
-    local_epochs: Optional[int], default_local_steps: int, server_lr: float, server_momentum: float,
+    local_epochs: Optional[int], default_local_steps: int, min_local_steps: int, server_lr: float, server_momentum: float,
     nonfinite_updates: str, seed: int, client_backend: str, backends: Sequence[str], clients_per_block: Optional[int],
     compile_step: bool, client_state_memory: int, client_state_checkpoints: Optional[int], weighting: Optional[str],
 ) -> tuple[Optional[int], Optional[int]]:
     """Check ``FederatedModule``'s arguments (see its docstring); returns ``clients_per_round`` (10
     unless ``clients_fraction`` is given) and ``local_steps`` (``default_local_steps`` unless
-    ``local_epochs`` is given) with their defaults resolved."""
+    ``local_epochs`` is given) with their defaults resolved; ``local_steps`` may be as low as
+    ``min_local_steps``."""
     if local_steps is None and local_epochs is None:
         local_steps = default_local_steps
     if clients_per_round is not None and clients_fraction is not None:
@@ -58,9 +59,10 @@ def check_federation_arguments(
             f"give exactly one of local_steps and local_epochs, got local_steps={local_steps}, "
             f"local_epochs={local_epochs}"
         )
-    for name, value in (("local_steps", local_steps), ("local_epochs", local_epochs)):
-        if value is not None:
-            check_int(name, value, 1)
+    if local_steps is not None:
+        check_int("local_steps", local_steps, min_local_steps)
+    if local_epochs is not None:
+        check_int("local_epochs", local_epochs, 1)
     check_number("server_lr", server_lr, 0.0, low_open=True)
     check_number("server_momentum", server_momentum, 0.0, 1.0)
     if nonfinite_updates not in ("skip", "raise"):

@@ -67,7 +67,8 @@ class FedProxVR(FederatedModule):
             With neither ``lr`` nor ``beta``, ``eta`` is the learning rate of the client's
             own optimizer in the round (the step size FedAvg would use, following the client's
             learning-rate schedule, if any); ``lr`` or ``beta`` fix it for every round.
-        local_steps: ``tau``, the variance-reduced minibatch steps after the full-gradient step.
+        local_steps: ``tau``, the variance-reduced minibatch steps after the full-gradient step
+            (0: the full-gradient step alone; for ``sgd``, no step: the client sends ``w_0``).
         output_iterate: ``"random"`` (the paper's Algorithm 1: a uniform ``t'`` in ``{0..tau}``)
             or ``"last"`` (the authors' code).
         clients_per_round: clients per round; None (default) takes all training clients, as the paper.
@@ -77,6 +78,8 @@ class FedProxVR(FederatedModule):
             (``round/client_theta``, the mean over the round's clients; see above).
         **kwargs: the other ``FederatedModule`` arguments (``seed``, ``nonfinite_updates``...).
     """
+
+    min_local_steps = 0  # tau = 0: the full-gradient step alone (spec checks C6, C7)
 
     def __init__(
         self,
