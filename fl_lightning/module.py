@@ -52,7 +52,7 @@ from fl_lightning.schedules import (
 from fl_lightning.seeding import sample_clients
 from fl_lightning.trainer_setup import prepare_trainer
 from fl_lightning.update import (
-    ClientUpdate, LinearReduction, Reduction, UpdateSpec, Weighting, finite_flags, weighted_reduction,
+    ClientUpdate, LinearReduction, Reduction, UpdateSpec, Weighting, finite_flags, read_metrics, weighted_reduction,
 )
 from fl_lightning.validation import check_federation_arguments
 from fl_lightning.vectors import ModelVector
@@ -185,8 +185,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             raise TypeError(f"client must be a LightningModule, got {type(client).__name__}")
         clients_per_round, local_steps = check_federation_arguments(
             clients_per_round, clients_fraction, min_clients, local_steps, local_epochs, self.default_local_steps,
-            self.min_local_steps, server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS), clients_per_block,
-            compile_step, client_state_memory, client_state_checkpoints, weighting)
+            self.min_local_steps, server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS),
+            clients_per_block, compile_step, client_state_memory, client_state_checkpoints, weighting)
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
         # that checkpoints hold no pickled object and load with weights_only=True
         self.save_hyperparameters(ignore=["client"])
@@ -436,6 +436,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         clients' own buffered logs, call
         ``on_round_end``."""
         updates = sorted(self._updates, key=lambda u: u.client_id)
+        read_metrics(updates)
         for cb in self._callbacks:
             updates = cb.on_round_updates(self.trainer, self, updates)
         finite = finite_flags([[*u.tensors.values(), *(self._pending_state.get(u.client_id) or {}).values()]

@@ -61,7 +61,8 @@ class ClientRun:
         shared: in a lock-step round, the server's latest per-step value (``server_share``).
         step_index: the index of the current local step.
         steps_taken: local steps run so far.
-        metrics: extra scalars reported with the client's update.
+        metrics: extra scalars reported with the client's update: floats, or 0-dim tensors that
+            the round's end reads with the others at once (no device sync per client).
         optimizer: the local optimizer :meth:`step` applies (the client's ``configure_optimizers``
             one, at the round's scheduled rate); an algorithm with an update rule of its own may
             replace it in ``client_init`` (FedProxVR's proximal SGD). Backends that run the
@@ -92,7 +93,7 @@ class ClientRun:
         self.shared = shared
         self.step_index = 0
         self.steps_taken = 0
-        self.metrics: dict[str, float] = {}
+        self.metrics: dict[str, float | Tensor] = {}
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self._step_values: dict[str, list[Tensor]] = {}
         self._means: dict[str, float] = {}
@@ -178,23 +179,24 @@ class ClientRun:
         of many clients together (and read all their means with one device sync)."""
         self._means[name] = value
 
-    def summary(self) -> dict[str, float]:
-        """The client's metrics: the mean of each recorded step value, the step count and ``metrics``."""
-        out = {name: mean_value(values) for name, values in self._step_values.items()}
+    def summary(self) -> dict[str, float | Tensor]:
+        """The client's metrics: the mean of each recorded step value (a 0-dim tensor, not read
+        here: the round's end reads all its clients' at once), the step count and ``metrics``."""
+        out: dict[str, float | Tensor] = {name: step_mean(values) for name, values in self._step_values.items()}
         out.update(self._means)
         out["steps"] = float(self.steps_taken)
         out.update(self.metrics)
         return out
 
 
-def mean_value(values: list[Tensor]) -> float:
-    """The mean of detached step values (scalars, or series of several steps), read with one device
-    sync (NaN for none)."""
+def step_mean(values: list[Tensor]) -> Tensor:
+    """The mean of detached step values (scalars, or series of several steps) as a 0-dim fp32
+    tensor on their device, without reading it (NaN for none)."""
     if not values:
-        return float("nan")
+        return torch.tensor(float("nan"))
     if all(v.dim() == 0 for v in values):
-        return float(torch.stack(values).float().mean())
-    return float(torch.cat([v.reshape(-1) for v in values]).float().mean())
+        return torch.stack(values).float().mean()
+    return torch.cat([v.reshape(-1) for v in values]).float().mean()
 
 
 def plain_step(run: ClientRun, batch: Any) -> Tensor:

@@ -60,13 +60,15 @@ class ClientUpdate:
         num_samples: size of the client's training split (the weight of sample-weighted means).
         tensors: named flat fp32 tensors to aggregate, e.g. ``{"delta": y - x}``, one per
             declared upload.
-        metrics: scalars for logging (local loss, ...), not aggregated into the model.
+        metrics: scalars for logging (local loss, ...), not aggregated into the model: floats,
+            or 0-dim tensors until the round's end reads them all with one device sync
+            (:func:`read_metrics`; callbacks from ``on_round_updates`` on see floats).
     """
 
     client_id: int
     num_samples: int
     tensors: dict[str, Tensor]
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float | Tensor] = field(default_factory=dict)
 
     def to(self, device: torch.device | str) -> "ClientUpdate":
         """A copy with every tensor on ``device``."""
@@ -100,6 +102,18 @@ class ClientResult:
 def all_finite(tensors: Iterable[Tensor]) -> bool:
     """Whether every tensor is free of NaN and Inf (:func:`finite_flags` of one group)."""
     return finite_flags([tensors])[0]
+
+
+def read_metrics(updates: Iterable[ClientUpdate]) -> None:
+    """Replace the tensor metrics of ``updates`` by floats, read with one device sync for all of
+    them (a client's local losses stay on the device until the round's end)."""
+    pending = [(u.metrics, name) for u in updates for name, value in u.metrics.items() if isinstance(value, Tensor)]
+    if not pending:
+        return
+    device = pending[0][0][pending[0][1]].device
+    values = torch.stack([metrics[name].detach().float().reshape(()).to(device) for metrics, name in pending])
+    for (metrics, name), value in zip(pending, values.tolist()):
+        metrics[name] = value
 
 
 def finite_flags(groups: Sequence[Iterable[Tensor]]) -> list[bool]:

@@ -141,6 +141,35 @@ def test_server_momentum_changes_the_trajectory():
     assert not torch.allclose(global_vector(a), global_vector(b))
 
 
+class MetricTypes(FederatedCallback):
+    """Records the type of each update's local loss when the client hands it in and at the round's end."""
+
+    def __init__(self) -> None:
+        self.handed_in: list[type] = []
+        self.losses: list[list[float]] = []
+
+    def on_client_update(self, trainer, module, update):
+        self.handed_in.append(type(update.metrics["loss"]))
+        return update
+
+    def on_round_updates(self, trainer, module, updates):
+        self.losses.append([u.metrics["loss"] for u in updates])
+        return updates
+
+
+def test_local_losses_stay_on_the_device_until_the_round_reads_them_together():
+    """A client's mean local loss is not read when it ends (no device sync per client): the round's
+    end reads every client's at once, and logs their mean."""
+    types = MetricTypes()
+    module = FedAvg(tiny_client(), clients_per_round=4, local_steps=3)
+    fit = trainer(2, callbacks=[types])
+    fit.fit(module, synthetic(6))
+    assert types.handed_in == [torch.Tensor] * 8
+    assert all(type(loss) is float for losses in types.losses for loss in losses)
+    last = types.losses[-1]
+    assert float(fit.callback_metrics["round/client_loss"]) == pytest.approx(sum(last) / len(last), rel=1e-6)
+
+
 class Poison(FederatedCallback):
     def on_client_update(self, trainer, module, update):
         if update.client_id == module.round_clients[0]:

@@ -1,10 +1,11 @@
-"""``finite_flags``: the round's updates checked for NaN and Inf together, with one device read."""
+"""The round's updates read at its end with one device read: ``finite_flags`` checks them for NaN
+and Inf together, ``read_metrics`` reads their metrics together."""
 
 from __future__ import annotations
 
 import torch
 
-from fl_lightning.update import all_finite, finite_flags
+from fl_lightning.update import ClientUpdate, all_finite, finite_flags, read_metrics
 
 
 def test_each_group_is_flagged_with_one_read(monkeypatch):
@@ -50,3 +51,19 @@ def test_row_of_finds_only_whole_rows():
     assert row_of(base[3])[1] == 3 and row_of(base[3])[0] is base
     assert row_of(base[1, 1]) is None and row_of(base[:, 0]) is None and row_of(base.transpose(0, 1)[0]) is None
     assert row_of(torch.zeros(3)) is None and row_of(base.reshape(10, 3)[2]) is None
+
+
+def test_the_updates_tensor_metrics_are_read_with_one_read(monkeypatch):
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or tolist(self))
+    updates = [ClientUpdate(i, 10, {}, {"loss": torch.tensor(0.5 + i, dtype=torch.float64), "steps": 3.0,
+                                        "norm": torch.tensor([2.0 * i])}) for i in range(3)]
+    updates.append(ClientUpdate(3, 10, {}, {"steps": 1.0}))
+    read_metrics(updates)
+    assert len(reads) == 1
+    assert [u.metrics for u in updates] == [{"loss": 0.5, "steps": 3.0, "norm": 0.0}, {"loss": 1.5, "steps": 3.0, "norm": 2.0},
+                                            {"loss": 2.5, "steps": 3.0, "norm": 4.0}, {"steps": 1.0}]
+    assert all(type(v) is float for u in updates for v in u.metrics.values())
+    read_metrics(updates)  # nothing left to read
+    assert len(reads) == 1

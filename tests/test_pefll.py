@@ -214,7 +214,7 @@ class _DeltaNorms(FederatedCallback):
         self.norms = []
 
     def on_client_update(self, trainer, module, update):
-        self.norms.append(update.metrics["delta_norm"])
+        self.norms.append(float(update.metrics["delta_norm"]))  # a device tensor until the round ends
         return update
 
 

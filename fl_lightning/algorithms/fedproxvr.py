@@ -194,7 +194,7 @@ class FedProxVR(FederatedModule):
                 end = [p.detach() for p in run.params]
                 theta = achieved_local_accuracy(self.full_gradient(run), end, run.layout.split_params(run.start),
                                                 anchor_gradient, self.mu)
-                run.metrics["theta"] = float(theta)
+                run.metrics["theta"] = theta
         return super().client_final(run)
 
     @property

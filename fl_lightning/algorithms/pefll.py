@@ -204,7 +204,7 @@ class HypernetworkFederation(FederatedModule):
         """The difference ``dtheta`` back-propagated through ``h`` (and, by :meth:`code_update`,
         further) into the server networks' updates."""
         delta = run.end() - run.start
-        run.metrics["delta_norm"] = float(delta.norm())
+        run.metrics["delta_norm"] = delta.norm()
         with torch.autocast(self.device.type, enabled=False):
             grads = vector_jacobian(run.scratch["theta"], [*self.hypernetwork.parameters(), run.scratch["leaf"]], delta)
             return {"hyper": Layout.flatten(grads[:-1]), **self.code_update(run, grads[-1])}
