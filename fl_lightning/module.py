@@ -135,7 +135,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     #: batch of each is in ``run.extra_batches``
     extra_batch_streams: tuple[str, ...] = ()
     #: whether the local rule is a function of tensors that the batched backend can vectorize (False
-    #: for rules with a torch optimizer of their own or a start model that carries a graph)
+    #: for rules with a torch optimizer of their own; a graph for ``client_final`` waits in ``run.held``)
     batchable: bool = True
     #: whether ``client_final`` is a function of the run's tensors and of Python values all the clients
     #: of a block share (the steps taken, the rate): no ``client_id`` or ``num_samples``, no data, no

@@ -52,6 +52,9 @@ class ClientRun:
         state: the client's declared state entries, on the device (absent entries have no
             default); what is here after ``client_final`` is stored if the round keeps the update.
         scratch: the algorithm's per-run values.
+        held: values ``client_init`` leaves for ``client_final`` that no local step reads (a graph
+            to back-propagate through at the round's end): the batched backend neither stacks
+            nor carries them through its steps, where ``held`` is empty.
         num_steps: local steps to run; None runs ``local_epochs`` passes. ``client_init`` may
             change it (e.g. FedProxVR's random output iterate).
         batches: None draws the steps' batches from the engine's keyed stream;
@@ -87,6 +90,7 @@ class ClientRun:
         self.start = start
         self.state = state
         self.scratch: dict[str, Any] = {}
+        self.held: dict[str, Any] = {}
         self.num_steps = num_steps
         self.batches: Optional[Iterable[Any]] = None
         self.extra_batches: dict[str, Any] = {}

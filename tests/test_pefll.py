@@ -346,6 +346,29 @@ class RecordSteps(FederatedCallback):
         return update
 
 
+def _pfedhn(**kwargs) -> PFedHN:
+    torch.manual_seed(0)
+    return PFedHN(tiny_client(hidden=(8,)), embedding_dim=4, clients_per_round=3, local_steps=2, hypernetwork_width=16,
+                  **kwargs)
+
+
+@pytest.mark.parametrize("make", [lambda **kw: pefll(client_clip=0.05, **kw), lambda **kw: pefll(False, **kw), _pfedhn],
+                         ids=["pefll, local gradients clipped", "pefll, label-free", "pfedhn"])
+def test_the_batched_backend_trains_the_hypernetwork_as_the_sequential_one(make):
+    """The clients start from their generated models, detached; the graph back to the hypernetwork
+    (and the embedding) waits in ``run.held`` until ``client_final``, outside the vectorized steps."""
+    runs = {}
+    for backend in ("sequential", "batched"):
+        module, fit = make(client_backend=backend), trainer(3)
+        fit.fit(module, data(8))
+        runs[backend] = (torch.cat([p.detach().flatten() for p in module.parameters()]),
+                         {name: float(value) for name, value in fit.callback_metrics.items()})
+    (sequential, logged), (batched, batched_logged) = runs["sequential"], runs["batched"]
+    assert not torch.equal(sequential, torch.cat([p.detach().flatten() for p in make().parameters()]))  # it trained
+    assert (batched - sequential).abs().max() <= 1e-6
+    assert batched_logged == pytest.approx(logged, abs=1e-6) and "round/client_delta_norm" in logged
+
+
 @pytest.mark.parametrize("backend", ["sequential", "batched"])
 def test_local_only_spends_one_budget_per_client_whatever_the_rounds(backend):
     """Three rounds leave every client's model as one round does (the budget of an unseen client,

@@ -105,7 +105,6 @@ class HypernetworkFederation(FederatedModule):
         **kwargs: the ``FederatedModule`` arguments (``clients_per_round``, ``local_steps``, ``seed``...).
     """
 
-    batchable = False  # the start model carries the hypernetwork's graph
     has_global_model = False  # every client's model is generated: the client module holds none between rounds
     #: the server networks' updates are averaged uniformly over the round's clients P (PeFLL's Algorithm 2,
     #: ``(1/|P|) sum_i deta_i``); ``weighting="num_samples"`` weighs them by sample count
@@ -167,7 +166,7 @@ class HypernetworkFederation(FederatedModule):
     def client_code(self, run: ClientRun) -> tuple[Tensor, Tensor]:
         """``(leaf, z)``: the tensor the server differentiates with respect to (detached, with
         ``requires_grad``) and the hypernetwork input ``z`` computed from it; what the client
-        keeps to go on from ``leaf``'s gradient goes to ``run.scratch``."""
+        keeps to go on from ``leaf``'s gradient goes to ``run.held``."""
         raise NotImplementedError
 
     def code_update(self, run: ClientRun, code_grad: Tensor) -> dict[str, Tensor]:
@@ -184,12 +183,12 @@ class HypernetworkFederation(FederatedModule):
 
     # ------------------------------------------------------------ client side
     def client_init(self, run: ClientRun) -> None:
-        """``theta_i = h(z_i)``: the client starts from it; the graph is kept until the client's
-        difference arrives."""
+        """``theta_i = h(z_i)``: the client starts from it (detached: its local steps are plain ones,
+        which the batched backend vectorizes); the graph is held until the client's difference arrives."""
         with torch.enable_grad(), torch.autocast(self.device.type, enabled=False):
             leaf, code = self.client_code(run)
             theta = self.hypernetwork(code)
-        run.scratch["leaf"], run.scratch["theta"] = leaf, theta
+        run.held["leaf"], run.held["theta"] = leaf, theta
         run.restart(theta.detach())
 
     def client_step(self, run: ClientRun, batch: Any) -> Tensor:
@@ -206,7 +205,7 @@ class HypernetworkFederation(FederatedModule):
         delta = run.end() - run.start
         run.metrics["delta_norm"] = delta.norm()
         with torch.autocast(self.device.type, enabled=False):
-            grads = vector_jacobian(run.scratch["theta"], [*self.hypernetwork.parameters(), run.scratch["leaf"]], delta)
+            grads = vector_jacobian(run.held["theta"], [*self.hypernetwork.parameters(), run.held["leaf"]], delta)
             return {"hyper": Layout.flatten(grads[:-1]), **self.code_update(run, grads[-1])}
 
     # ------------------------------------------------------------ server side
@@ -347,13 +346,13 @@ class PeFLL(HypernetworkFederation):
     def client_code(self, run: ClientRun) -> tuple[Tensor, Tensor]:
         x, y = self.descriptor_batch(run.client_id, run.round)
         v = mean_descriptor(self.embedding, x, y if self.uses_labels else None)  # client side, graph kept
-        run.scratch["descriptor"] = v
+        run.held["descriptor"] = v
         received = v.detach().requires_grad_()  # what the server receives
         return received, self.to_code(received)
 
     def code_update(self, run: ClientRun, code_grad: Tensor) -> dict[str, Tensor]:
         """The client's ``deta_v = K^T dv_i`` through its descriptor graph."""
-        return {"embed": Layout.flatten(vector_jacobian(run.scratch["descriptor"], list(self.embedding.parameters()), code_grad))}
+        return {"embed": Layout.flatten(vector_jacobian(run.held["descriptor"], list(self.embedding.parameters()), code_grad))}
 
     @torch.no_grad()
     def descriptor(self, batches: Iterable[tuple[Tensor, Optional[Tensor]]]) -> Tensor:

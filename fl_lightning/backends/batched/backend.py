@@ -188,8 +188,9 @@ class BatchedBackend(ClientBackend[Block]):
         reasons = []
         if not context.algorithm.batchable:
             reasons.append(
-                f"{type(context.algorithm).__name__}'s local rule cannot run in the batched client backend (it needs "
-                "a torch optimizer of its own or a start model with a graph); use client_backend='sequential'"
+                f"{type(context.algorithm).__name__}'s local rule cannot run in the batched client backend (it declares "
+                "batchable = False: its steps are not a function of the clients' tensors alone); use "
+                "client_backend='sequential'"
             )
         if context.grad_scaler is not None:
             reasons.append("precision '16-mixed' scales each optimizer's loss; the batched client backend runs the "
