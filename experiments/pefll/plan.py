@@ -27,6 +27,11 @@ after 50 local finetuning steps (FedAvg + finetuning).
   sets beside them (the paper runs 5000 rounds at every n: 250 visits per client). At the table's
   500 rounds a run would take 5 (n = 500) and 10 (n = 1000) times a table run, 30 runs about 45
   CPU hours here; at 100 rounds about 16 (pFedHN and FedAvg + finetuning the longest).
+* ``clients_long``: PeFLL and FedAvg (+ finetuning) at n = 500 for ``LONG_ROUNDS`` rounds evaluated
+  every ``LONG_EVERY``, seeds 0-2, at the same rates: the experiment on why FedAvg + finetuning beats
+  PeFLL on the unseen clients at 100 rounds, where PeFLL's accuracy still rises (by a point over
+  its last 25 rounds) and FedAvg + finetuning's has been flat since round 50. If PeFLL is only
+  slower to train, 3x the rounds closes the gap.
 
 Budgets. pFedHN takes one client per server step (its reference code), so it runs as many times
 the rounds as the others take clients per round (and evaluates as many times less often): every
@@ -53,6 +58,9 @@ EVERY = 50
 #: the clients study's rounds and evaluation interval (see the module's docstring)
 CLIENTS_ROUNDS = 100
 CLIENTS_EVERY = 25
+#: the longer runs at n = 500 (``clients_long``)
+LONG_ROUNDS = 300
+LONG_EVERY = 50
 SEEDS = (0, 1, 2)
 #: method -> (the argument that sets its learning rate, its reference value)
 RATES = {
@@ -164,6 +172,8 @@ def runs() -> list[Run]:
     plan += [run("table", method, lr, seed, TABLE_ROUNDS) for seed in SEEDS for method, lr in settings]
     plan += [run("clients", method, lr, seed, CLIENTS_ROUNDS, n, CLIENTS_EVERY) for n in CLIENT_COUNTS
              for seed in SEEDS for method, lr in settings]
+    plan += [run("clients_long", method, lr, seed, LONG_ROUNDS, 500, LONG_EVERY) for seed in SEEDS
+             for method, lr in settings if method in ("pefll", "fedavg")]
     return plan
 
 
