@@ -24,6 +24,8 @@ from fl_lightning.algorithms import (
     FedProx,
     FedProxVR,
     LocalOnly,
+    PeFLL,
+    PFedHN,
 )
 from fl_lightning.backends import BatchedBackend
 from fl_lightning.backends.batched import backend as backend_module
@@ -31,6 +33,7 @@ from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.backends.batched.sizing import activation_bytes
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import MLP
+from fl_lightning.models.hypernetwork import MLPEmbedding
 from fl_lightning.optim.prox_sgd import ProxSGD
 from fl_lightning.run import plain_step
 from tests.helpers import TWO_PROCESSES, synthetic, trainer
@@ -72,6 +75,9 @@ SUPPORTED = {
                                                      **common(b, k)),
     "FedProxVR-sgd-client-rate": lambda b, k: FedProxVR(mlp(), estimator="sgd", mu=0.5, clients_per_round=5,
                                                         **common(b, k)),
+    "PeFLL": lambda b, k: PeFLL(mlp(0.9), MLPEmbedding(20, 10, 4, hidden=(8,)), hypernetwork_width=16,
+                                clients_per_round=5, **common(b, k)),
+    "pFedHN": lambda b, k: PFedHN(mlp(), embedding_dim=4, hypernetwork_width=16, clients_per_round=5, **common(b, k)),
 }
 
 

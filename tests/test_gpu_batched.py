@@ -1,5 +1,5 @@
 """On a CUDA device: the batched client backend gives the sequential backend's results (FedAvg,
-SCAFFOLD, FedProx, RAGA, FedDeper, FedProxVR; fp32 and bf16-mixed), and its compiled step
+SCAFFOLD, FedProx, RAGA, FedDeper, FedProxVR, PeFLL; fp32 and bf16-mixed), and its compiled step
 (``BatchedBackend(compile_step=True)``) the eager step's. The federations are those of
 ``tests/test_batched.py`` (which checks fp32 on the CPU); the CUDA tests skip without a GPU."""
 
@@ -20,7 +20,7 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.gpu,
                                    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])
 
 #: the algorithms whose batched runs are compared (keys of ``tests.test_batched.SUPPORTED``)
-ALGORITHMS = ["FedAvg", "SCAFFOLD", "FedProx", "RAGA", "FedDeper", "FedProxVR-svrg-last"]
+ALGORITHMS = ["FedAvg", "SCAFFOLD", "FedProx", "RAGA", "FedDeper", "FedProxVR-svrg-last", "PeFLL"]
 
 #: the clients a vectorized block holds: 5 clients a round make a block of 4 and a remainder of 1
 BLOCK = 4

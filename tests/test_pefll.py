@@ -346,17 +346,12 @@ class RecordSteps(FederatedCallback):
         return update
 
 
-def _pfedhn(**kwargs) -> PFedHN:
-    torch.manual_seed(0)
-    return PFedHN(tiny_client(hidden=(8,)), embedding_dim=4, clients_per_round=3, local_steps=2, hypernetwork_width=16,
-                  **kwargs)
-
-
-@pytest.mark.parametrize("make", [lambda **kw: pefll(client_clip=0.05, **kw), lambda **kw: pefll(False, **kw), _pfedhn],
-                         ids=["pefll, local gradients clipped", "pefll, label-free", "pfedhn"])
+@pytest.mark.parametrize("make", [lambda **kw: pefll(client_clip=0.05, **kw), lambda **kw: pefll(False, **kw)],
+                         ids=["local gradients clipped", "label-free"])
 def test_the_batched_backend_trains_the_hypernetwork_as_the_sequential_one(make):
     """The clients start from their generated models, detached; the graph back to the hypernetwork
-    (and the embedding) waits in ``run.held`` until ``client_final``, outside the vectorized steps."""
+    (and the embedding) waits in ``run.held`` until ``client_final``, outside the vectorized steps.
+    (``tests/test_batched.py`` runs PeFLL with client momentum and pFedHN the same way.)"""
     runs = {}
     for backend in ("sequential", "batched"):
         module, fit = make(client_backend=backend), trainer(3)
