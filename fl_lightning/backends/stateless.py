@@ -11,7 +11,8 @@ take the loss of a ``training_step`` with :func:`training_loss`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from torch import Tensor, nn
 from torch.func import functional_call
