@@ -52,7 +52,8 @@ from fl_lightning.schedules import (
 from fl_lightning.seeding import sample_clients
 from fl_lightning.trainer_setup import prepare_trainer
 from fl_lightning.update import (
-    ClientUpdate, LinearReduction, Reduction, UpdateSpec, Weighting, finite_flags, read_metrics, weighted_reduction,
+    ClientUpdate, LinearReduction, Reduction, UpdateSpec, Weighting, finite_flags, read_metrics,
+    weighted_reduction,
 )
 from fl_lightning.validation import check_federation_arguments
 from fl_lightning.vectors import ModelVector

@@ -41,11 +41,12 @@ What it guarantees:
 What it refuses, with the reason and the way out: local optimizers other than
 ``torch.optim.SGD``; ``16-mixed`` (its loss scaler steps one optimizer); algorithms whose local
 rule is not a function of tensors (``batchable = False``: a torch optimizer of their own, a
-step that is not a function of the clients' tensors alone; a graph that ``client_final`` back-propagates through
-waits in ``run.held``, outside the steps); a ``training_step`` that changes Python state of the client
-module (a counter, a list it appends to, a tensor kept on ``self``, a torchmetrics ``Metric``
-updated there), checked at the first step of every block; and one that reads a tensor's value
-in Python (``.item()``, an ``if`` on a tensor), which ``vmap`` cannot run.
+step that is not a function of the clients' tensors alone; a graph that ``client_final``
+back-propagates through waits in ``run.held``, outside the steps); a ``training_step`` that
+changes Python state of the client module (a counter, a list it appends to, a tensor kept on
+``self``, a torchmetrics ``Metric`` updated there), checked at the first step of every block; and
+one that reads a tensor's value in Python (``.item()``, an ``if`` on a tensor), which ``vmap``
+cannot run.
 """
 
 from fl_lightning.backends.batched.backend import BatchedBackend
