@@ -11,7 +11,8 @@ Accuracies in % are means over clients of each client's accuracy on its own spli
   unseen clients' test accuracy after the last round and at the round of best seen-client
   validation accuracy, beside the paper's CIFAR-10 figures with as many training clients; before
   the ``clients`` tables, the ``table`` runs up to the ``clients`` runs' length
-  (:func:`at_client_round`), where each client has taken part as often as in those;
+  (:func:`at_client_round`), where each client has taken part as often as in those; after them the
+  longer runs at n = 500 (``clients_long``);
 * PeFLL minus each row, paired by seed, with 95 % confidence intervals.
 """
 
@@ -135,8 +136,9 @@ def tables(runs: list[results.Run]) -> list[str]:
     if sizes(runs, "clients"):
         short = [at_client_round(r, CLIENTS_ROUNDS) if r["params"]["study"] == "table" else r for r in runs]
         out += [comparison_table(short, "table", NUM_CLIENTS), differences_table(short, "table", NUM_CLIENTS)]
-    for n in sizes(runs, "clients"):
-        out += [comparison_table(runs, "clients", n), differences_table(runs, "clients", n)]
+    for study in ("clients", "clients_long"):
+        for n in sizes(runs, study):
+            out += [comparison_table(runs, study, n), differences_table(runs, study, n)]
     return out
 
 
