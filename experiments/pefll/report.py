@@ -101,7 +101,8 @@ def comparison_table(runs: list[results.Run], study: str, num_clients: int) -> s
 
 
 def differences_table(runs: list[results.Run], study: str, num_clients: int) -> str:
-    """PeFLL minus each other row after the last round, paired by seed (points)."""
+    """PeFLL minus each other row after the last round, paired by seed (points); empty before
+    another row has runs."""
     ours = chosen_runs(runs, study, "pefll", num_clients=num_clients)
     lines = ["| PeFLL minus | seen clients: mean ± std [95 % CI] | unseen clients |", "|---|---|---|"]
     for row, (label, _, prefix) in ROWS.items():
@@ -111,7 +112,7 @@ def differences_table(runs: list[results.Run], study: str, num_clients: int) -> 
         cells = [paired(ours, theirs, lambda g, k=a: final(g, k), lambda g, k=b: final(g, k))
                  for a, b in zip(keys("clients")[1:], keys(prefix)[1:])]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def sizes(runs: list[results.Run], study: str) -> list[int]:
@@ -139,7 +140,7 @@ def tables(runs: list[results.Run]) -> list[str]:
     for study in ("clients", "clients_long"):
         for n in sizes(runs, study):
             out += [comparison_table(runs, study, n), differences_table(runs, study, n)]
-    return out
+    return [table for table in out if table]
 
 
 def main() -> None:
