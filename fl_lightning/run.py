@@ -100,7 +100,7 @@ class ClientRun:
         self.metrics: dict[str, float | Tensor] = {}
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self._step_values: dict[str, list[Tensor]] = {}
-        self._means: dict[str, float] = {}
+        self._means: dict[str, Tensor] = {}
 
     # ------------------------------------------------------------ backend operations
     @property
@@ -178,9 +178,9 @@ class ClientRun:
         for name, value in values.items():
             self._step_values.setdefault(name, []).append(value.detach())
 
-    def record_mean(self, name: str, value: float) -> None:
-        """Keep the mean of ``name`` over the round's steps, computed by a backend that ran the steps
-        of many clients together (and read all their means with one device sync)."""
+    def record_mean(self, name: str, value: Tensor) -> None:
+        """Keep the mean of ``name`` over the round's steps (a 0-dim tensor, not read), computed by a
+        backend that ran the steps of many clients together."""
         self._means[name] = value
 
     def summary(self) -> dict[str, float | Tensor]:

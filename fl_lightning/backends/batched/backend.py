@@ -59,7 +59,7 @@ class Block:
 
     def unstack(self) -> None:
         """Give every run its values back, and the mean of each of its step outputs over its steps
-        (all clients' means read with one device sync)."""
+        (on the device: the round's end reads every client's at once)."""
         rows = [t.unbind(0) for t in self.tensors]  # every client's views of a leaf at once
         rebuild = plain_unflattener(self.spec) or (lambda leaves: tree_unflatten(leaves, self.spec))
         for i, run in enumerate(self.runs):
@@ -67,11 +67,18 @@ class Block:
         names = sorted({name for _, outputs in self.outputs for name in outputs})
         if not names:
             return
-        means = torch.stack([self._means(name) for name in names]).tolist()
-        for name, values in zip(names, means):
-            for run, value in zip(self.runs, values):
-                if value == value:  # NaN: the client has no value of this name
-                    run.record_mean(name, value)
+        for name in names:
+            means = self._means(name)
+            for i in self._holders(name):
+                self.runs[i].record_mean(name, means[i])
+
+    def _holders(self, name: str) -> set[int]:
+        """The clients (indices in the block) with at least one step output ``name``."""
+        holders: set[int] = set()
+        for members, out in self.outputs:
+            if name in out:
+                holders.update(range(len(self.runs)) if members is None else members)
+        return holders
 
     def flush_logs(self, context: ClientContext) -> None:
         """Hand the round the steps' ``self.log`` values, in the order the steps logged them."""
