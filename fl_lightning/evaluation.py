@@ -18,7 +18,7 @@ from fl_lightning.backends import ClientBackend, ClientContext
 from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.backends.evaluate import check_evaluation
 from fl_lightning.datamodules.client_data import Split
-from fl_lightning.lightning_compat import set_current_hook
+from fl_lightning.lightning_compat import log_agreed, set_current_hook
 from fl_lightning.update import ClientResult
 from fl_lightning.vectors import ModelVector
 
@@ -127,8 +127,8 @@ class ClientEvaluation(pl.LightningModule):
         logger there is no axis to set (and each ``self.log`` costs a fraction of a millisecond)."""
         if not self.trainer.loggers:
             return
-        self.log("step", float(self.current_epoch + 1), on_step=False, on_epoch=True, batch_size=1)
-        self.log("epoch", float(self.current_epoch), on_step=False, on_epoch=True, batch_size=1)
+        log_agreed(self, "step", float(self.current_epoch + 1), on_step=False, on_epoch=True, batch_size=1)
+        log_agreed(self, "epoch", float(self.current_epoch), on_step=False, on_epoch=True, batch_size=1)
 
     def on_test_epoch_start(self) -> None:
         self._client_hook("on_test_epoch_start")

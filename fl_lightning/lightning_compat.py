@@ -24,6 +24,7 @@ import torch
 from pytorch_lightning.core.optimizer import LightningOptimizer
 from pytorch_lightning.core.saving import _default_map_location, _load_state
 from pytorch_lightning.overrides.distributed import _sync_module_states
+from pytorch_lightning.trainer.connectors.logger_connector import result as lightning_results
 from pytorch_lightning.trainer.connectors.logger_connector.result import _ResultMetric
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: F401  (no public pytree module yet)
@@ -148,6 +149,24 @@ def routed_log(module: pl.LightningModule, log: Callable[..., None]) -> Iterator
 def lightning_log(module: pl.LightningModule, *args: Any, **kwargs: Any) -> None:
     """Lightning's own ``self.log`` of ``module``, even while :func:`routed_log` replaces it."""
     type(module).log(module, *args, **kwargs)
+
+
+#: Lightning's advice, given once per name, to reduce a value logged on epoch level across processes
+SYNC_DIST_ADVICE = ("It is recommended to use `self.log({name!r}, ..., sync_dist=True)` when logging on epoch level"
+                    " in distributed setting to accumulate the metric across devices.")
+
+
+def log_agreed(module: pl.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+    """``module.log(name, value, *args, **kwargs)`` of a value that is the same on every process: merged
+    across processes by fl_lightning (the round's client losses, federated evaluation's summaries)
+    or the same by construction (the aggregate's norm, the privacy budget).
+
+    Lightning's ``sync_dist=True`` would reduce it again, a collective per name and round for
+    nothing (and a hang where processes log different names), so it is logged without, and
+    Lightning's advice to add one under DDP is dropped for this name: it is meant for values
+    each process holds its own of (a client module's own ``self.log`` still gets it)."""
+    lightning_results.warning_cache.add(SYNC_DIST_ADVICE.format(name=name))
+    lightning_log(module, name, value, *args, **kwargs)
 
 
 @contextmanager

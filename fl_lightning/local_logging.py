@@ -25,7 +25,7 @@ from pytorch_lightning.utilities.data import extract_batch_size
 from torch import Tensor
 from torchmetrics import Metric
 
-from fl_lightning.lightning_compat import current_hook, lightning_log, results_batch
+from fl_lightning.lightning_compat import current_hook, lightning_log, log_agreed, results_batch
 
 _LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
 
@@ -112,17 +112,22 @@ class LocalLogBuffer:
         for name, (total, weight, options) in merged.items():
             entries.pop(name, None)
             options = {**options, "on_step": False, "on_epoch": True, "sync_dist": False}
-            self._log_now(name, torch.tensor(total / weight), batch_size=weight, **options)
+            self._log_now(name, torch.tensor(total / weight), batch_size=weight, agreed=True, **options)
         for name, entry in entries.items():
             options = {**entry.options, "on_step": False, "on_epoch": True}
             self._log_now(name, entry.total / entry.weight, batch_size=entry.weight, **options)
 
-    def _log_now(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+    def _log_now(self, name: str, value: Any, *args: Any, agreed: bool = False, **kwargs: Any) -> None:
+        """Log through Lightning now, as the client's ``training_step`` (``agreed``: a value merged
+        over processes here, the same on each: :func:`~fl_lightning.lightning_compat.log_agreed`)."""
         client = self._client
         if client is None:
             raise RuntimeError("LocalLogBuffer.bind(client) was not called")
         with current_hook(client, "training_step"), results_batch(client.trainer, self.batch):
-            lightning_log(client, name, value, *args, **kwargs)
+            if agreed:
+                log_agreed(client, name, value, *args, **kwargs)
+            else:
+                lightning_log(client, name, value, *args, **kwargs)
 
 
 def call_options(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:

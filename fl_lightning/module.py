@@ -39,8 +39,8 @@ from fl_lightning.checkpoints import is_plain
 from fl_lightning.client_store import ClientStateStore, StateDefault, StateSpec, check_folder, run_folder
 from fl_lightning.distributed import all_gather_object, rank_and_world
 from fl_lightning.hooks import Aggregator, FederatedCallback
-from fl_lightning.lightning_compat import (attached_trainer, count_optimizer_step, light_result_moves, raw_optimizer,
-                                          set_logger_step)
+from fl_lightning.lightning_compat import (attached_trainer, count_optimizer_step, light_result_moves, log_agreed,
+                                          raw_optimizer, set_logger_step)
 from fl_lightning.evaluation import ClientEvaluation
 from fl_lightning.module_checkpoint import FederatedCheckpointing, logged_hparams
 from fl_lightning.optim.param_groups import optimizer_lr
@@ -468,12 +468,13 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         synced_logs = self.context.logs.synced() if distributed else {}
         parts = all_gather_object((len(self._excluded), values, synced_logs))
         with light_result_moves():  # a self.log call costs a fraction of a fast round otherwise
-            self.log("round/excluded", float(sum(n for n, _, _ in parts)), on_step=False, on_epoch=True, batch_size=1)
+            log_agreed(self, "round/excluded", float(sum(n for n, _, _ in parts)), on_step=False, on_epoch=True,
+                       batch_size=1)
             for name in names:
                 gathered = [value for _, part, _ in parts for value in part[name]]
                 if gathered:
-                    self.log(f"round/client_{name}", sum(gathered) / len(gathered), on_step=False, on_epoch=True,
-                             batch_size=1)
+                    log_agreed(self, f"round/client_{name}", sum(gathered) / len(gathered), on_step=False,
+                               on_epoch=True, batch_size=1)
             self.context.logs.flush([logs for _, _, logs in parts] if distributed else None)
             self.log_round_step()
         for cb in self._callbacks:

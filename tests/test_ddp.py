@@ -109,7 +109,8 @@ def test_the_process_group_is_closed_at_exit():
 
 def test_the_cli_fits_on_two_processes(tmp_path):
     """The CLI adds RoundHistory and RoundCheckpoint: their folders (``trainer.log_dir``, a
-    broadcast) are read on every process, so ``fl_ddp`` with 2 processes does not deadlock."""
+    broadcast) are read on every process, so ``fl_ddp`` with 2 processes does not deadlock; and
+    Lightning does not advise ``sync_dist=True`` for the values the engine merged itself."""
     command = [sys.executable, "-m", "fl_lightning.cli", "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"),
                "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "fl_ddp",
                "--trainer.max_epochs", "2", "--trainer.check_val_every_n_epoch", "1",
@@ -128,3 +129,5 @@ def test_the_cli_fits_on_two_processes(tmp_path):
     assert (history.parent / "partition.json").is_file()
     assert len(list(tmp_path.glob("**/checkpoints/last.ckpt"))) == 1
     assert "fl_lightning: 2 rounds" in stdout
+    # the engine logs values it merged across processes itself: no advice to add sync_dist
+    assert "sync_dist=True" not in stderr, [line for line in stderr.splitlines() if "sync_dist" in line]

@@ -6,9 +6,12 @@ from __future__ import annotations
 import importlib
 
 import pytorch_lightning as pl
+import pytest
 import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from pytorch_lightning.trainer.connectors.logger_connector import result as lightning_results
+from pytorch_lightning.utilities.warnings import PossibleUserWarning
 from torch import nn
 
 from fl_lightning.algorithms import FedAvg
@@ -25,6 +28,7 @@ from fl_lightning.lightning_compat import (
     dump_checkpoint,
     light_result_moves,
     lightning_log,
+    log_agreed,
     lightning_module_attributes,
     raw_optimizer,
     results_batch,
@@ -84,6 +88,30 @@ def test_results_batch_and_lightning_log_inside_a_training_step():
     t = trainer(1, callbacks=[probe])
     t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
     assert probe.ran and float(t.callback_metrics["probe"]) == 3.0
+
+
+class _LogsTwo(pl.Callback):
+    """Logs one value as a process's own and one as agreed by every process, at the round's end."""
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        pl_module.log("own_value", 1.0, batch_size=1)
+        log_agreed(pl_module, "agreed_value", 2.0, batch_size=1)
+
+
+def test_log_agreed_drops_lightnings_sync_dist_advice_for_its_name_only(monkeypatch):
+    """Under DDP Lightning advises ``sync_dist=True`` for a value logged per epoch without it (once
+    per name, on rank 0): kept for a process's own value, dropped for one the engine merged. The
+    advice's wording is Lightning's; this fails if a release changes it (the process group is
+    faked, so the advice is given on one process)."""
+    monkeypatch.setattr(lightning_results, "_distributed_is_initialized", lambda: True)
+    monkeypatch.setattr(lightning_results, "warning_cache", type(lightning_results.warning_cache)())
+    t = trainer(1, callbacks=[_LogsTwo()])
+    with pytest.warns(PossibleUserWarning) as caught:
+        t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    advice = [str(w.message) for w in caught if "sync_dist=True" in str(w.message)]
+    assert any("'own_value'" in message for message in advice), advice
+    assert not any("'agreed_value'" in message for message in advice), advice
+    assert float(t.callback_metrics["agreed_value"]) == 2.0
 
 
 def _sync_on_rank(rank: int) -> list[list[torch.Tensor]]:

@@ -45,11 +45,13 @@ def test_metrics_are_logged_per_round_with_the_round_as_step(tmp_path):
 
 
 class SyncedLoss(LogisticRegression):
-    """A client that also logs its loss with ``sync_dist=True``, as many Lightning modules do."""
+    """A client that also logs its loss with ``sync_dist=True``, as many Lightning modules do, and
+    without (a process's own clients' mean)."""
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
         self.log("synced_loss", loss, sync_dist=True)
+        self.log("own_loss", loss)
         return loss
 
 
@@ -62,12 +64,14 @@ def test_a_client_log_synced_across_processes_is_the_mean_over_all_their_samples
         module = FedAvg(SyncedLoss(in_features=20, num_classes=10, lr=0.1), clients_per_round=5, local_epochs=1)
         fit = trainer(2, devices=devices, strategy=TWO_PROCESSES if devices > 1 else "auto")
         fit.fit(module, synthetic(5, seed=1))  # 351 samples: 3 clients on one process, 2 on the other
-        logged[devices] = {name: float(fit.callback_metrics[name]) for name in ("synced_loss", "train_loss")}, \
+        logged[devices] = {name: float(fit.callback_metrics[name]) for name in ("synced_loss", "train_loss",
+                                                                              "own_loss")}, \
             global_vector(module)
     (one, model_one), (two, model_two) = logged[1], logged[2]
     assert one["synced_loss"] == pytest.approx(one["train_loss"], abs=1e-7)
     assert two["synced_loss"] == pytest.approx(one["synced_loss"], abs=1e-6)
-    assert two["train_loss"] != pytest.approx(one["train_loss"], abs=1e-4)  # not synced: the first process's clients
+    assert two["train_loss"] == pytest.approx(one["train_loss"], abs=1e-6)  # the bundled Classifier's: synced
+    assert two["own_loss"] != pytest.approx(one["own_loss"], abs=1e-4)  # not synced: the first process's clients
     assert (model_two - model_one).abs().max() <= 1e-5
 
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.functional.dro import CompositionalObjective, check_finite, storm_estimate, surrogate
-from fl_lightning.lightning_compat import batch_norm_layers
+from fl_lightning.lightning_compat import batch_norm_layers, log_agreed
 from fl_lightning.lockstep import LockstepModule
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun, Model
@@ -220,9 +220,9 @@ class FedDRO(LockStepCompositional):
         """``y_bar = sum_k w_k y_k``, kept inside the objective's domain (its guard)."""
         raw = check_finite("y_bar (the averaged estimate of g)", mean)
         y_bar = self.objective.guard(raw)
-        self.log("feddro/y_bar", float(y_bar[0]), on_step=False, on_epoch=True, batch_size=1)
-        self.log("feddro/y_guarded", float((y_bar != raw).any()), on_step=False, on_epoch=True,
-                 reduce_fx="sum", batch_size=1)
+        log_agreed(self, "feddro/y_bar", float(y_bar[0]), on_step=False, on_epoch=True, batch_size=1)
+        log_agreed(self, "feddro/y_guarded", float((y_bar != raw).any()), on_step=False, on_epoch=True,
+                   reduce_fx="sum", batch_size=1)
         return y_bar
 
     def inner_estimate(self, run: ClientRun, batch: Any) -> Tensor:

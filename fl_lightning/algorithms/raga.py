@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.optim.lr_scheduler import LRScheduler
 
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
+from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
@@ -186,5 +187,5 @@ class RAGA(FederatedModule):
         z = aggregate["grad"].to(self.device)
         assert self.round_start is not None
         self.global_model.load(self.round_start - lr * z)
-        self.log("raga/lr", lr, on_step=False, on_epoch=True, batch_size=1)
-        self.log("raga/aggregate_norm", float(z.norm()), on_step=False, on_epoch=True, batch_size=1)
+        log_agreed(self, "raga/lr", lr, on_step=False, on_epoch=True, batch_size=1)
+        log_agreed(self, "raga/aggregate_norm", float(z.norm()), on_step=False, on_epoch=True, batch_size=1)

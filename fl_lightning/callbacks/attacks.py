@@ -39,6 +39,7 @@ from fl_lightning.functional.attacks import (
     sign_flip_attack,
 )
 from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.seeding import generator
 from fl_lightning.validation import check_int
 from fl_lightning.update import ClientUpdate
@@ -159,7 +160,8 @@ class ByzantineAttack(FederatedCallback):
         return [self._forged(module, u, stats) if self.is_byzantine(u.client_id) else u for u in updates]
 
     def on_round_end(self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Any) -> None:
-        module.log("attack/byzantine_fraction", self.achieved_fraction, on_step=False, on_epoch=True, batch_size=1)
+        log_agreed(module, "attack/byzantine_fraction", self.achieved_fraction, on_step=False, on_epoch=True,
+                   batch_size=1)
 
     def _forged(self, module: Federation, update: ClientUpdate, stats: Optional[HonestStatistics]) -> ClientUpdate:
         return ClientUpdate(update.client_id, update.num_samples, self.forge(module, update, stats), dict(update.metrics))

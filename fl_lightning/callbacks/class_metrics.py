@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Subset
 
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
 from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.lightning_compat import log_agreed
 
 
 def class_accuracy_summary(correct: Tensor, total: Tensor, minority: Sequence[int]) -> dict[str, float]:
@@ -94,8 +95,8 @@ class ClassAccuracy(FederatedCallback):
             return
         correct, total = self.class_counts(pl_module)
         for name, value in class_accuracy_summary(correct, total, self.minority).items():
-            pl_module.log(f"{self.prefix}/{name}", value, batch_size=1)
+            log_agreed(pl_module, f"{self.prefix}/{name}", value, batch_size=1)
         if self.per_class:
             for c in range(self.num_classes):
                 if total[c] > 0:
-                    pl_module.log(f"{self.prefix}/acc_class_{c}", float(correct[c] / total[c]), batch_size=1)
+                    log_agreed(pl_module, f"{self.prefix}/acc_class_{c}", float(correct[c] / total[c]), batch_size=1)

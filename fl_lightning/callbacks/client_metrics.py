@@ -23,6 +23,7 @@ from fl_lightning.datamodules.client_data import SPLITS, Split
 from fl_lightning.distributed import gather_clients, my_clients
 from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.lightning_compat import log_agreed
 
 #: which clients a metric callback evaluates: those that train, the unseen ones, or all
 Population = Literal["train", "unseen", "all"]
@@ -97,7 +98,7 @@ class ClientMetrics(FederatedCallback):
             accuracies = [acc[split] for _, acc in sorted(results.items()) if split in acc]
             if accuracies:
                 for name, value in accuracy_summary(torch.tensor(accuracies), self.prefixes[split]).items():
-                    pl_module.log(name, value, batch_size=1)
+                    log_agreed(pl_module, name, value, batch_size=1)
             elif not self._warned:
                 self._warned = True
                 rank_zero_warn(

@@ -34,6 +34,7 @@ from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.callbacks.metric_direction import direction_from_name
 from fl_lightning.datamodules.client_data import SPLITS, Split
 from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientResult
 from fl_lightning.validation import check_int, check_number
@@ -182,7 +183,7 @@ class FederatedEvaluation(FederatedCallback):
                     f"{self.split}_fraction > 0, or choose another split)")
             return
         for name, value in self.summaries(results).items():
-            pl_module.log(name, value, batch_size=1)
+            log_agreed(pl_module, name, value, batch_size=1)
         if self.table and trainer.is_global_zero:
             self.write_table(results, round_idx)
 

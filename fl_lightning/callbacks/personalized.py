@@ -25,6 +25,7 @@ from fl_lightning.datamodules.base import labels_of
 from fl_lightning.datamodules.client_data import ClientData
 from fl_lightning.distributed import map_clients
 from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.seeding import derive_seed
 
 
@@ -136,5 +137,5 @@ class PersonalizedAccuracy(FederatedCallback):
         for name, values in columns.items():
             if values:
                 acc = torch.tensor(values, dtype=torch.float64)
-                pl_module.log(f"{self.prefix}/{name}_acc_mean", float(acc.mean()), batch_size=1)
-                pl_module.log(f"{self.prefix}/{name}_acc_worst", float(acc.min()), batch_size=1)
+                log_agreed(pl_module, f"{self.prefix}/{name}_acc_mean", float(acc.mean()), batch_size=1)
+                log_agreed(pl_module, f"{self.prefix}/{name}_acc_worst", float(acc.min()), batch_size=1)

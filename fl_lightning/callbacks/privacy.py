@@ -32,6 +32,7 @@ from torch import Tensor
 
 from fl_lightning.functional.privacy import clip_update, gaussian_noise
 from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
 from fl_lightning.validation import check_number
@@ -138,8 +139,9 @@ class DifferentialPrivacy(FederatedCallback):
         if math.isnan(epsilon) and not self._warned:
             warnings.warn("privacy/epsilon needs Opacus' accountant: pip install -e '.[privacy]'", stacklevel=2)
             self._warned = True
-        module.log("privacy/noise_multiplier", self.noise_multiplier, on_step=False, on_epoch=True, batch_size=1)
-        module.log("privacy/epsilon", epsilon, on_step=False, on_epoch=True, batch_size=1)
+        log_agreed(module, "privacy/noise_multiplier", self.noise_multiplier, on_step=False, on_epoch=True,
+                   batch_size=1)
+        log_agreed(module, "privacy/epsilon", epsilon, on_step=False, on_epoch=True, batch_size=1)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "history": [list(segment) for segment in self.history]}

@@ -32,6 +32,7 @@ from fl_lightning.functional.robust import (
     trimmed_mean,
 )
 from fl_lightning.hooks import Aggregator, Federation
+from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.update import ClientUpdate
 from fl_lightning.validation import check_int, check_number
 
@@ -127,8 +128,10 @@ class GeometricMedian(RobustAggregator):
 
     def on_round_end(self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Any) -> None:
         if aggregate is not None:
-            module.log("robust/weiszfeld_iterations", float(self.last_iterations), on_step=False, on_epoch=True, batch_size=1)
-            module.log("robust/weiszfeld_converged", float(self.last_converged), on_step=False, on_epoch=True, batch_size=1)
+            log_agreed(module, "robust/weiszfeld_iterations", float(self.last_iterations), on_step=False,
+                       on_epoch=True, batch_size=1)
+            log_agreed(module, "robust/weiszfeld_converged", float(self.last_converged), on_step=False,
+                       on_epoch=True, batch_size=1)
 
 
 class CoordinateMedian(RobustAggregator):

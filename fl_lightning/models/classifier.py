@@ -55,7 +55,7 @@ class Classifier(pl.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         x, y = batch
         loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
+        self.log("train_loss", loss, sync_dist=True)  # under DDP: the mean over every process's clients
         return loss
 
     def _evaluate(self, batch: Any, prefix: str) -> None:
