@@ -189,8 +189,11 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             self.min_local_steps, server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS),
             clients_per_block, compile_step, client_state_memory, client_state_checkpoints, weighting)
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
-        # that checkpoints hold no pickled object and load with weights_only=True
-        self.save_hyperparameters(ignore=["client"])
+        # that checkpoints hold no pickled object and load with weights_only=True; Lightning's advice
+        # to ignore a module argument (PeFLL's embedding) is followed by the second call
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Attribute '\w+' is an instance of `nn.Module`")
+            self.save_hyperparameters(ignore=["client"])
         objects = [k for k, v in self.hparams.items() if not is_plain(v)]
         if objects:
             self.save_hyperparameters(ignore=["client", *objects])

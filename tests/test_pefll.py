@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import pytorch_lightning as pl
@@ -81,6 +82,15 @@ def test_bad_arguments_fail_clearly():
         pefll(server_optimizer="rmsprop")
     with pytest.raises(ValueError, match="needs labels"):
         MLPEmbedding(20, 10, 4)(torch.zeros(2, 20), None)
+
+
+def test_an_embedding_network_stays_out_of_the_hyperparameters_without_a_warning():
+    """The embedding is a module argument: it is left out of ``hparams`` (checkpoints hold weights,
+    not pickled objects), and Lightning's advice to leave it out is not shown to the user."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = PeFLL(tiny_client(), MLPEmbedding(20, 10, 4))
+    assert "embedding" not in module.hparams and module.hparams["hypernetwork_width"] == 100
 
 
 class _BatchNormClient(MLP):
