@@ -13,7 +13,7 @@ import pytest
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.callbacks import ClientMetrics, FederatedCallback, RoundCheckpoint, RoundHistory
 from fl_lightning.callbacks import history as history_module
-from fl_lightning.callbacks.history import read_history
+from fl_lightning.callbacks.history import read_history, summary_table
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.plotting import Run, load_run, metric_names, plot_label_distribution, plot_metrics
 from tests.helpers import synthetic, tiny_client, trainer
@@ -63,7 +63,7 @@ def test_history_has_a_row_per_round_with_fresh_metrics_only(tmp_path, capsys):
     assert [int(r["round"]) for r in table] == [1, 2, 3, 4] and table[0]["val_acc"] == ""
     assert float(table[3]["val_acc"]) == pytest.approx(rows[3]["val_acc"])
     out = capsys.readouterr().out
-    assert "4 rounds, 3 clients in the last, 1 updates left out for NaN/Inf" in out
+    assert "4 rounds, 3 clients in the last, 1 update left out for NaN/Inf" in out
     best = max((2, 4), key=lambda r: record.validated[r])
     line = next(line for line in out.splitlines() if line.startswith("val_acc "))
     assert line.split()[1:] == [f"{record.validated[2]:.4g}", f"{record.validated[4]:.4g}",
@@ -258,3 +258,11 @@ def test_the_rounds_only_history_csv_holds_are_read_back(tmp_path):
     (tmp_path / "history.json").write_text(json.dumps(history.rows[:1]))
     assert read_history(tmp_path) == history.rows == load_run(tmp_path).rows
     assert [list(r) for r in read_history(tmp_path)] == [list(r) for r in history.rows]
+
+
+def test_the_summary_counts_in_words_one_round_one_client_one_update():
+    one = [{"round": 1, "clients": [4], "round/client_loss": 0.5, "round/excluded": 1.0}]
+    first_line = "fl_lightning: 1 round, 1 client in the last, 1 update left out for NaN/Inf"
+    assert summary_table(one).splitlines()[0] == first_line
+    two = [dict(one[0], clients=[4, 7], **{"round/excluded": 0.0}), dict(one[0], round=2, clients=[1, 2])]
+    assert summary_table(two).splitlines()[0].startswith("fl_lightning: 2 rounds, 2 clients in the last, 1 update left")

@@ -230,13 +230,18 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``"1 round"``, ``"30 rounds"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def summary_table(rows: list[dict[str, Any]]) -> str:
-    """A table of every metric's first, last and best value over ``rows`` (the best's round in brackets)."""
+    """A table of every metric's first, last and best value over ``rows``, and the best's round."""
     names = sorted({k for row in rows for k, v in row.items() if isinstance(v, float)} - {"updates"})
     excluded = int(sum(row.get("round/excluded", 0.0) for row in rows))
     width = max([28, *(len(name) for name in names)])
-    lines = [f"fl_lightning: {len(rows)} rounds, {len(rows[-1]['clients'])} clients in the last, "
-             f"{excluded} updates left out for NaN/Inf",
+    lines = [f"fl_lightning: {_counted(len(rows), 'round')}, {_counted(len(rows[-1]['clients']), 'client')} in the "
+             f"last, {_counted(excluded, 'update')} left out for NaN/Inf",
              f"{'metric':<{width}} {'first':>10} {'last':>10} {'best':>10}  round"]
     for name in names:
         series = [(row["round"], row[name]) for row in rows if name in row and not math.isnan(row[name])]
