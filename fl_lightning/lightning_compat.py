@@ -152,7 +152,7 @@ def lightning_log(module: pl.LightningModule, *args: Any, **kwargs: Any) -> None
 
 
 #: Lightning's advice, given once per name, to reduce a value logged on epoch level across processes
-SYNC_DIST_ADVICE = ("It is recommended to use `self.log({name!r}, ..., sync_dist=True)` when logging on epoch level"
+_SYNC_DIST_ADVICE = ("It is recommended to use `self.log({name!r}, ..., sync_dist=True)` when logging on epoch level"
                     " in distributed setting to accumulate the metric across devices.")
 
 
@@ -165,7 +165,7 @@ def log_agreed(module: pl.LightningModule, name: str, value: Any, *args: Any, **
     nothing (and a hang where processes log different names), so it is logged without, and
     Lightning's advice to add one under DDP is dropped for this name: it is meant for values
     each process holds its own of (a client module's own ``self.log`` still gets it)."""
-    lightning_results.warning_cache.add(SYNC_DIST_ADVICE.format(name=name))
+    lightning_results.warning_cache.add(_SYNC_DIST_ADVICE.format(name=name))
     lightning_log(module, name, value, *args, **kwargs)
 
 

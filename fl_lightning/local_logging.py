@@ -124,10 +124,7 @@ class LocalLogBuffer:
         if client is None:
             raise RuntimeError("LocalLogBuffer.bind(client) was not called")
         with current_hook(client, "training_step"), results_batch(client.trainer, self.batch):
-            if agreed:
-                log_agreed(client, name, value, *args, **kwargs)
-            else:
-                lightning_log(client, name, value, *args, **kwargs)
+            (log_agreed if agreed else lightning_log)(client, name, value, *args, **kwargs)
 
 
 def call_options(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:

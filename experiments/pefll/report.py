@@ -137,10 +137,10 @@ def tables(runs: list[results.Run]) -> list[str]:
     if sizes(runs, "clients"):
         short = [at_client_round(r, CLIENTS_ROUNDS) if r["params"]["study"] == "table" else r for r in runs]
         out += [comparison_table(short, "table", NUM_CLIENTS), differences_table(short, "table", NUM_CLIENTS)]
-    for n in sorted(set(sizes(runs, "clients")) | set(sizes(runs, "clients_long"))):  # as the page: by size,
-        for study in ("clients", "clients_long"):  # the longer runs after the runs of their size
-            if n in sizes(runs, study):
-                out += [comparison_table(runs, study, n), differences_table(runs, study, n)]
+    studies = {study: sizes(runs, study) for study in ("clients", "clients_long")}
+    for n in sorted(set().union(*studies.values())):  # as the page: by size, the longer runs after the others
+        out += [table(runs, study, n) for study, ns in studies.items() if n in ns
+                for table in (comparison_table, differences_table)]
     return [table for table in out if table]
 
 

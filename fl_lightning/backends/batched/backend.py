@@ -68,17 +68,9 @@ class Block:
         if not names:
             return
         for name in names:
-            means = self._means(name)
-            for i in self._holders(name):
+            means, holders = self._means(name)
+            for i in holders:
                 self.runs[i].record_mean(name, means[i])
-
-    def _holders(self, name: str) -> set[int]:
-        """The clients (indices in the block) with at least one step output ``name``."""
-        holders: set[int] = set()
-        for members, out in self.outputs:
-            if name in out:
-                holders.update(range(len(self.runs)) if members is None else members)
-        return holders
 
     def flush_logs(self, context: ClientContext) -> None:
         """Hand the round the steps' ``self.log`` values, in the order the steps logged them."""
@@ -102,18 +94,21 @@ class Block:
         ends = torch.cat([t.reshape(n, -1).to(torch.float32) for t in self.tensors[:k]], dim=1)
         return {id(run): {"delta": delta} for run, delta in zip(self.runs, (ends - self.tensors[start]).unbind(0))}
 
-    def _means(self, name: str) -> Tensor:
-        """Each client's mean of the step output ``name`` over its steps (NaN for a client without one)."""
+    def _means(self, name: str) -> tuple[Tensor, list[int]]:
+        """Each client's mean of the step output ``name`` over its steps (NaN for a client without
+        one), and which clients (indices in the block) have one: known on the host, not read."""
         n = len(self.runs)
         if all(members is None and name in out for members, out in self.outputs):  # every client, every step
-            return torch.stack([out[name].reshape(n).float() for _, out in self.outputs], dim=1).mean(dim=1)
+            stacked = torch.stack([out[name].reshape(n).float() for _, out in self.outputs], dim=1)
+            return stacked.mean(dim=1), list(range(n))
         values: list[list[Tensor]] = [[] for _ in self.runs]
         for members, out in self.outputs:
             if name in out:
                 for j, i in enumerate(range(n) if members is None else members):
                     values[i].append(out[name][j].float())
         nan = torch.full((), float("nan"), device=self.tensors[0].device)
-        return torch.stack([torch.stack(v).mean() if v else nan for v in values])
+        means = torch.stack([torch.stack(v).mean() if v else nan for v in values])
+        return means, [i for i, v in enumerate(values) if v]
 
 
 class BatchedBackend(ClientBackend[Block]):
