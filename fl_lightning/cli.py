@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -49,6 +50,15 @@ writes each client's personalized model with PeFLL-predict (see `fl-lightning pe
 --help`)."""
 
 
+#: Lightning's advice, loading a checkpoint, to add its callbacks, where those missing are the ones the
+#: CLI adds to ``fit`` only (their state keys: ``RoundCheckpoint{...}``, ``RoundHistory``)
+_ADVICE_TO_ADD_FIT_CALLBACKS = (
+    r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided during "
+    r"`Trainer` instantiation\. Please add the following callbacks: "
+    r"\[(?:(?:'RoundHistory'|\"RoundCheckpoint\{[^\"]*\}\")(?:, )?)+\]\.$"
+)
+
+
 class FederatedCLI(LightningCLI):
     """``LightningCLI`` in subclass mode for ``FederatedModule`` and ``FederatedDataModule``.
 
@@ -63,7 +73,11 @@ class FederatedCLI(LightningCLI):
       (``PredictionWriter``) unless the configuration has a prediction writer;
     * ``--ckpt_path`` never replaces the configured model with the checkpoint's: a checkpoint of
       another algorithm is refused, and settings that differ from the checkpoint's are used as
-      configured, with a warning naming each (``FederatedModule.on_load_checkpoint``).
+      configured, with a warning naming each (``FederatedModule.on_load_checkpoint``);
+    * ``validate``, ``test`` and ``predict`` from a ``fit`` checkpoint do not repeat Lightning's
+      advice to add the callbacks this CLI added to ``fit`` (``RoundCheckpoint``, ``RoundHistory``):
+      their state resumes training, which these subcommands do not do. The advice stays for the
+      configuration's own callbacks.
     """
 
     def __init__(self, args: Optional[list[str]] = None, run: bool = True) -> None:
@@ -97,6 +111,14 @@ class FederatedCLI(LightningCLI):
         if not any(_configured_is(c, RoundHistory) for c in callbacks):
             callbacks.append(Namespace(class_path="fl_lightning.callbacks.RoundHistory", init_args=Namespace()))
         trainer["callbacks"] = callbacks
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if subcommand == "fit":
+            super()._run_subcommand(subcommand)
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_ADVICE_TO_ADD_FIT_CALLBACKS)
+            super()._run_subcommand(subcommand)
 
     def _parse_ckpt_path(self) -> None:
         """(Replaces ``LightningCLI``'s, which merges the checkpoint's hyperparameters into the

@@ -1,5 +1,6 @@
 """Test session settings: one intra-op thread per test process (tiny models; pytest-xdist
-runs several processes), quiet Lightning info logs, and a distinct DDP port per test."""
+runs several processes), quiet Lightning info logs, a distinct DDP port per test, and no process
+group left to the next test."""
 
 import itertools
 import logging
@@ -29,3 +30,14 @@ def _master_port(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", str(next(_ports)))
     for name in _LAUNCHER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left():
+    """A fit on Lightning's own DDP strategy (refused by the engine after Lightning has joined a
+    one-process group) leaves that group to the process, as it would in a user's session. The next
+    tests of the worker would run beside it: Lightning then takes every single-device fit for a
+    distributed one when it advises ``sync_dist=True``."""
+    yield
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -3,7 +3,9 @@ configs: ``tests/test_configs.py``)."""
 
 from __future__ import annotations
 
+import re
 import typing
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,8 @@ import pytorch_lightning as pl
 import yaml
 
 from fl_lightning import algorithms
-from fl_lightning.cli import FederatedCLI, main
+from fl_lightning.checkpoints import load_checkpoint
+from fl_lightning.cli import _ADVICE_TO_ADD_FIT_CALLBACKS, FederatedCLI, main
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "configs" / "quickstart.yaml")
@@ -39,6 +42,33 @@ def test_validate_and_test_subcommands(tmp_path, subcommand):
     cli = FederatedCLI(args=[subcommand, "--config", QUICK, *FAST, "--trainer.default_root_dir", str(tmp_path)])
     prefix = "val" if subcommand == "validate" else "test"
     assert f"{prefix}_acc" in cli.trainer.callback_metrics
+
+
+def test_evaluating_a_fit_checkpoint_does_not_ask_for_the_fit_only_callbacks(tmp_path):
+    """``fit`` added a RoundCheckpoint and a RoundHistory; Lightning's advice to add them back to
+    ``validate`` / ``test`` / ``predict`` (which do not resume training) is not given. The test fails
+    if Lightning rewords its advice: the filter would then let it through."""
+    root = ["--trainer.default_root_dir", str(tmp_path)]
+    FederatedCLI(args=["fit", "--config", QUICK, *FAST, *root])
+    checkpoint = next(tmp_path.rglob("last.ckpt"))
+    assert {"RoundHistory"} < set(load_checkpoint(checkpoint)["callbacks"])  # so Lightning would advise adding them
+    for subcommand in ("validate", "test", "predict"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            FederatedCLI(args=[subcommand, "--config", QUICK, *FAST, *root, "--ckpt_path", str(checkpoint)])
+        assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)], subcommand
+
+
+@pytest.mark.parametrize("missing, filtered", [
+    (["RoundHistory", "RoundCheckpoint{'monitor': None, 'every_n_epochs': 1}"], True),
+    (["RoundHistory"], True),
+    (["RoundHistory", "EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}"], False),
+    (["ModelCheckpoint{'monitor': None}"], False),
+])
+def test_the_advice_is_dropped_only_for_the_callbacks_fit_adds(missing, filtered):
+    advice = ("Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
+              f"during `Trainer` instantiation. Please add the following callbacks: {missing}.")
+    assert bool(re.match(_ADVICE_TO_ADD_FIT_CALLBACKS, advice, re.I)) is filtered
 
 
 def test_fl_ddp_strategy_is_known_to_the_cli(tmp_path):
