@@ -318,6 +318,36 @@ def test_fedproxvr_table2_search_gives_each_row_the_same_grid_and_plans_the_rows
     assert table[2 + fpv.TABLE2_LR_GRID.index(0.005)] == "| 0.005 | 80.00 | 80.00 | **90.00** |"
 
 
+def test_fedproxvr_fig3_runs_fig2s_settings_on_table2s_cnn_federation(monkeypatch, tmp_path):
+    """Fig. 3: each (beta, tau) setting of Fig. 2 with its step size, for each of Table 2's rows, on the
+    paper's CNN federation at its data fraction, B = 64, 3 seeds, on the batched backend; the report
+    groups the runs per setting."""
+    from experiments.fedproxvr import plan as fpv
+    from experiments.fedproxvr.report import studies
+
+    monkeypatch.setattr(fpv, "RESULTS", tmp_path / "fedproxvr.json")
+    with pytest.warns(UserWarning, match="table1_tune"):
+        fig3 = [r for r in fpv.runs() if r.name.startswith("fig3/")]
+    assert [r.name for r in fig3] == [f"fig3/{setting}/{m}_s{s}" for setting in fpv.FIG2 for m in fpv.TABLE2
+                                      for s in range(3)]
+    sarah = next(r for r in fig3 if r.name == "fig3/beta7_tau40/sarah_s1")
+    args = " ".join(sarah.args)
+    assert args.startswith("--config configs/fedproxvr/table2_mnist_cnn.yaml --config configs/fedproxvr/table2/sarah.yaml")
+    for expected in ("used_fraction 0.3", "--model.init_args.lr 0.003 --model.init_args.beta null", "local_steps 40",
+                     "--data.init_args.batch_size 64", "client_backend batched", "--seed_everything 1",
+                     f"--trainer.max_epochs {fpv.FIG3_ROUNDS}"):
+        assert expected in args, expected
+    assert sarah.params == dict(study="fig3", setting="beta7_tau40", beta=7, tau=40, label="FedProxVR (SARAH)",
+                                method="sarah", lr=0.003, seed=1, rounds=fpv.FIG3_ROUNDS)
+    fedavg = " ".join(next(r for r in fig3 if r.name == "fig3/beta5_tau10/fedavg_s0").args)
+    assert "--model.init_args.client.init_args.lr 0.005" in fedavg and "local_steps 10" in fedavg
+    records = [{"name": r.name, "params": r.params, "history": [{"round": 5, "test_acc": 0.5}]} for r in fig3]
+    grouped = studies(records)
+    assert sorted(grouped) == sorted(f"fig3/{setting}" for setting in fpv.FIG2)
+    assert {label: len(runs) for label, runs in grouped["fig3/beta5_tau10"].items()} == {
+        "FedAvg": 3, "FedProxVR (SVRG)": 3, "FedProxVR (SARAH)": 3}
+
+
 def feddro_runs(study_runs: list, seeds_value=lambda run: 0.5) -> list[dict]:
     """Made-up records of FedDRO-plan runs: every evaluated figure ``seeds_value(run)``."""
     keys = ["test_acc", "test_acc_balanced", "test_acc_worst_class", "val_acc_balanced", "train_acc", "train_acc_worst_class",

@@ -23,6 +23,9 @@ paper's Fashion-MNIST, every client every round.
 * ``fig2``: the beta and tau study (the paper's Fig. 2) at the authors' step sizes (spec section
   3: 0.005 at (beta, tau) = (5, 10), 0.003 at (7, 20)) and at tau = 40, above SARAH's Lemma-1
   bound of 27.1 at beta = 7; B = 32 and the same step size and tau for FedAvg; seeds 0-2;
+* ``fig3``: the same settings on Table 2's federation (the paper's Fig. 3: MNIST at the paper's 30 %,
+  the paper's CNN, 10 clients), B = 64, seeds 0-2, ``FIG3_ROUNDS`` rounds, on the batched client
+  backend: for a GPU (a round of SVRG at tau = 40 took 80 s on one core of this CPU at 3 % of the data);
 * ``mu``: the mu study (Fig. 4; ``configs/fedproxvr/mu_synthetic_logreg.yaml``: Synthetic(0, 0),
   B = 1, the authors' step size 0.3) scaled down to 20 clients and 25 rounds, seeds 0-2;
 * ``mu_n100_r400``: the same at the paper's size, 100 clients, 400 rounds, with the batched client
@@ -37,8 +40,8 @@ paper's Fashion-MNIST, every client every round.
 * ``table2_tuned``: Table 2's rows at their chosen step sizes, seeds 0-4, 1000 rounds; planned once the
   search is complete in the document's result file. Both on the batched client backend: for a GPU.
 
-``mu_n100_r400`` is planned, not run on today's engine yet; ``table1_long`` and ``table2`` ran in part
-(the document says how far).
+``fig3``, ``table2_tune`` and ``table2_tuned`` are planned, not run yet (they are for a GPU); ``table2`` and
+``table2_sarah_lr`` ran in part (the document says how far).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ TABLE1_SEEDS = (0, 1, 2, 3, 4)
 #: Fig. 2's settings: name -> (beta, tau, the authors' step size)
 FIG2 = {"beta5_tau10": (5, 10, 0.005), "beta7_tau20": (7, 20, 0.003), "beta7_tau40": (7, 40, 0.003)}
 FIG2_ROUNDS = 50
+FIG3_ROUNDS = 50
 MU = {"FedAvg": ["mu_synthetic_logreg.yaml", "mu/fedavg.yaml"]} | {
     f"FedProxVR ({e.upper()}) mu={m}": ["mu_synthetic_logreg.yaml", *o]
     for e, o in (("svrg", []), ("sarah", ["mu/sarah.yaml"])) for m in (0, 1, 4)}
@@ -165,6 +169,15 @@ def runs() -> list[Run]:
                 params = dict(study="fig2", setting=setting, beta=beta, tau=tau, label=label, method=method, lr=lr,
                               seed=seed, rounds=FIG2_ROUNDS)
                 plan.append(Run(f"fig2/{setting}/{method}_s{seed}", fit_args(configs, seed, FIG2_ROUNDS, overrides),
+                                params, every=5, at_start=True, train=True))
+    for setting, (beta, tau, lr) in FIG2.items():
+        for method, (label, configs, _) in TABLE2.items():
+            for seed in (0, 1, 2):
+                overrides = [*TABLE2_DATA, *lr_overrides(method, lr), "--model.init_args.local_steps", str(tau),
+                             "--data.init_args.batch_size", "64", *BATCHED]
+                params = dict(study="fig3", setting=setting, beta=beta, tau=tau, label=label, method=method, lr=lr,
+                              seed=seed, rounds=FIG3_ROUNDS)
+                plan.append(Run(f"fig3/{setting}/{method}_s{seed}", fit_args(configs, seed, FIG3_ROUNDS, overrides),
                                 params, every=5, at_start=True, train=True))
     for study, rounds, every, overrides in (("mu", 25, 1, MU_20), ("mu_n100_r400", 400, 10, BATCHED)):
         for label, configs in MU.items():
