@@ -161,24 +161,19 @@ def runs() -> list[Run]:
             plan.append(Run(f"table1_same_work/fedavg_lr{lr}_s{seed}",
                             fit_args(configs, seed, TUNE_ROUNDS, [*lr_overrides("fedavg", lr), *same_work]), params,
                             every=10, at_start=True, train=True))
-    for setting, (beta, tau, lr) in FIG2.items():
-        for method, (label, configs) in TABLE1.items():
-            for seed in (0, 1, 2):
-                overrides = [*lr_overrides(method, lr), "--model.init_args.local_steps", str(tau),
-                             "--data.init_args.batch_size", "32"]
-                params = dict(study="fig2", setting=setting, beta=beta, tau=tau, label=label, method=method, lr=lr,
-                              seed=seed, rounds=FIG2_ROUNDS)
-                plan.append(Run(f"fig2/{setting}/{method}_s{seed}", fit_args(configs, seed, FIG2_ROUNDS, overrides),
-                                params, every=5, at_start=True, train=True))
-    for setting, (beta, tau, lr) in FIG2.items():
-        for method, (label, configs, _) in TABLE2.items():
-            for seed in (0, 1, 2):
-                overrides = [*TABLE2_DATA, *lr_overrides(method, lr), "--model.init_args.local_steps", str(tau),
-                             "--data.init_args.batch_size", "64", *BATCHED]
-                params = dict(study="fig3", setting=setting, beta=beta, tau=tau, label=label, method=method, lr=lr,
-                              seed=seed, rounds=FIG3_ROUNDS)
-                plan.append(Run(f"fig3/{setting}/{method}_s{seed}", fit_args(configs, seed, FIG3_ROUNDS, overrides),
-                                params, every=5, at_start=True, train=True))
+    # Fig. 2 on Table 1's federation, Fig. 3 on Table 2's: the same settings and step sizes
+    for study, methods, batch, data, backend, rounds in (
+            ("fig2", TABLE1, 32, [], [], FIG2_ROUNDS),
+            ("fig3", {m: row[:2] for m, row in TABLE2.items()}, 64, TABLE2_DATA, BATCHED, FIG3_ROUNDS)):
+        for setting, (beta, tau, lr) in FIG2.items():
+            for method, (label, configs) in methods.items():
+                for seed in (0, 1, 2):
+                    overrides = [*data, *lr_overrides(method, lr), "--model.init_args.local_steps", str(tau),
+                                 "--data.init_args.batch_size", str(batch), *backend]
+                    params = dict(study=study, setting=setting, beta=beta, tau=tau, label=label, method=method,
+                                  lr=lr, seed=seed, rounds=rounds)
+                    plan.append(Run(f"{study}/{setting}/{method}_s{seed}", fit_args(configs, seed, rounds, overrides),
+                                    params, every=5, at_start=True, train=True))
     for study, rounds, every, overrides in (("mu", 25, 1, MU_20), ("mu_n100_r400", 400, 10, BATCHED)):
         for label, configs in MU.items():
             mu = ["--model.init_args.mu", label.rsplit("=", 1)[1]] if " mu=" in label else []
