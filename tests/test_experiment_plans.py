@@ -321,9 +321,9 @@ def test_fedproxvr_table2_search_gives_each_row_the_same_grid_and_plans_the_rows
 def test_fedproxvr_fig3_runs_fig2s_settings_on_table2s_cnn_federation(monkeypatch, tmp_path):
     """Fig. 3: each (beta, tau) setting of Fig. 2 with its step size, for each of Table 2's rows, on the
     paper's CNN federation at its data fraction, B = 64, 3 seeds, on the batched backend; the report
-    groups the runs per setting."""
+    groups the runs per setting, in the plan's order, and pairs each setting's rows by seed."""
     from experiments.fedproxvr import plan as fpv
-    from experiments.fedproxvr.report import studies
+    from experiments.fedproxvr.report import sections, studies
 
     monkeypatch.setattr(fpv, "RESULTS", tmp_path / "fedproxvr.json")
     with pytest.warns(UserWarning, match="table1_tune"):
@@ -341,11 +341,22 @@ def test_fedproxvr_fig3_runs_fig2s_settings_on_table2s_cnn_federation(monkeypatc
                                 method="sarah", lr=0.003, seed=1, rounds=fpv.FIG3_ROUNDS)
     fedavg = " ".join(next(r for r in fig3 if r.name == "fig3/beta5_tau10/fedavg_s0").args)
     assert "--model.init_args.client.init_args.lr 0.005" in fedavg and "local_steps 10" in fedavg
-    records = [{"name": r.name, "params": r.params, "history": [{"round": 5, "test_acc": 0.5}]} for r in fig3]
+    def record(r):  # SVRG 1 point above FedAvg on every seed, SARAH 2 below
+        acc = 0.8 + {"fedavg": 0.0, "svrg": 0.01, "sarah": -0.02}[r.params["method"]] + 0.001 * r.params["seed"]
+        return {"name": r.name, "params": r.params, "wall_s": 1.0, "summary": summary,
+                "history": [{"round": k, "test_acc": acc, "val_acc": acc, "train_loss": 1.0} for k in (0, 50)]}
+
+    summary = {"train_sizes": {"clients": 10, "total": 100}, "test_samples": 50}
+    records = [record(r) for r in reversed(fig3)]  # as a parallel sweep may finish them
     grouped = studies(records)
-    assert sorted(grouped) == sorted(f"fig3/{setting}" for setting in fpv.FIG2)
+    assert list(grouped) == [f"fig3/{setting}" for setting in fpv.FIG2]  # the plan's order, not the file's
     assert {label: len(runs) for label, runs in grouped["fig3/beta5_tau10"].items()} == {
-        "FedAvg": 3, "FedProxVR (SVRG)": 3, "FedProxVR (SARAH)": 3}
+        "FedAvg": 3, "FedProxVR (SVRG)": 3, "FedProxVR (SARAH)": 3}  # the document's row order
+    report = sections(records)
+    assert list(report) == list(grouped)
+    differences = next(t for t in report["fig3/beta7_tau40"] if t.startswith("| difference (points)")).splitlines()
+    assert differences[2].startswith("| FedProxVR (SVRG) − FedAvg | 3 | +1.00 ± 0.00 | [+1.00, +1.00] |")
+    assert differences[3].startswith("| FedProxVR (SARAH) − FedAvg | 3 | -2.00 ± 0.00 |")
 
 
 def feddro_runs(study_runs: list, seeds_value=lambda run: 0.5) -> list[dict]:

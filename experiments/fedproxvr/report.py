@@ -5,11 +5,12 @@
 * the learning-rate searches (``table1_tune``, ``table2_tune``): each method's validation accuracy
   after the last round at every rate of the grid, and the rate chosen
   (``experiments.fedproxvr.plan.tuned_lrs``);
-* per study (``table1``, and each setting of ``fig2``): a summary per method over seeds (final
-  test accuracy; test accuracy at the evaluation with the best validation accuracy; training
-  loss), the training loss and the test accuracy at 8 evaluations, for ``table1`` the
-  differences between methods, paired by seed, with their 95 % confidence intervals (Student's t
-  over the seeds), and for the mu studies the stability of the training loss;
+* per study (``table1``, and each setting of ``fig2`` and ``fig3``): a summary per method over seeds
+  (final test accuracy; test accuracy at the evaluation with the best validation accuracy; training
+  loss), the training loss and the test accuracy at 8 evaluations, for ``table1`` and the settings
+  of ``fig2`` and ``fig3`` the differences between methods, paired by seed, with their 95 %
+  confidence intervals (Student's t over the seeds), and for the mu studies the stability of the
+  training loss;
 * ``table1_long``: as ``table1``, at the paper's round count, over the seeds that ran;
 * ``table1_same_work``: Table 1's methods and FedAvg at SVRG's local work after the rounds it ran,
   with the differences to it paired by seed;
@@ -35,21 +36,38 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.fedproxvr.plan import RESULTS, TUNINGS, tuned_lrs
+from experiments.fedproxvr.plan import FIG2, RESULTS, TUNINGS, tuned_lrs
 from experiments.seed_stats import Groups, best_validation, curve_table, final, fmt, paired, paired_interval, series
 
 #: the paired differences the document reports: (row, against)
 PAIRS = (("FedProxVR (SVRG)", "FedAvg"), ("FedProxVR (SARAH)", "FedAvg"), ("FedProxVR (SARAH)", "FedProxVR (SVRG)"))
+#: the studies' order in the report, the document's (a study's settings in the plan's order)
+STUDY_ORDER = ("table1", "table1_same_work", "table1_long", "fig2", "mu", "mu_n100_r400", "table2", "table2_sarah_lr",
+               "table2_tuned", "fig3")
+#: the rows' order in every table (others after them, in the result file's order): the baseline, then the
+#: two estimators, whichever run finished first
+ROW_ORDER = ("FedAvg", "FedProxVR (SVRG)", "FedProxVR (SARAH)")
 
 
 def studies(runs: list[results.Run], cut: bool = True) -> dict[str, Groups]:
-    """study (``fig2/<setting>`` for the settings of Fig. 2) -> row label -> runs (seeds, in seed order),
+    """study (``fig2/<setting>``, ``fig3/<setting>`` for the settings of Figs. 2-3; in :data:`STUDY_ORDER`)
+    -> row label (in :data:`ROW_ORDER`) -> runs (seeds, in seed order),
     with ``cut`` each study's runs cut to the last round all of them reached (:func:`common_round`)."""
-    out: dict[str, Groups] = defaultdict(lambda: defaultdict(list))
-    for run in sorted(runs, key=lambda r: r["params"]["seed"]):
+    def row(run: results.Run) -> tuple[int, int]:
+        label = run["params"]["label"]
+        return ROW_ORDER.index(label) if label in ROW_ORDER else len(ROW_ORDER), run["params"]["seed"]
+
+    def position(study: str) -> tuple[int, int]:
+        base, _, setting = study.partition("/")
+        return (STUDY_ORDER.index(base) if base in STUDY_ORDER else len(STUDY_ORDER),
+                list(FIG2).index(setting) if setting in FIG2 else 0)
+
+    grouped: dict[str, Groups] = defaultdict(lambda: defaultdict(list))
+    for run in sorted(runs, key=row):
         p = run["params"]
         if not p["study"].endswith("_tune"):
-            out[p["study"] + (f"/{p['setting']}" if "setting" in p else "")][p["label"]].append(run)
+            grouped[p["study"] + (f"/{p['setting']}" if "setting" in p else "")][p["label"]].append(run)
+    out = dict(sorted(grouped.items(), key=lambda item: position(item[0])))
     if cut:
         for groups in out.values():
             end = common_round([r for group in groups.values() for r in group])
@@ -221,27 +239,34 @@ def same_work_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
-def tables(runs: list[results.Run]) -> list[str]:
-    """Every table of the document, in its order."""
-    out = [tune_table(runs, table) for table, (study, _, _) in TUNINGS.items() if results.select(runs, study=study)]
+def sections(runs: list[results.Run]) -> dict[str, list[str]]:
+    """Every table of the document, per study (a search under its own study's name), in its order."""
+    out = {study: [tune_table(runs, table)] for table, (study, _, _) in TUNINGS.items()
+           if results.select(runs, study=study)}
     whole = studies(runs, cut=False)
     for study, groups in studies(runs).items():
         if study == "table1_same_work":
-            out += [same_work_table(runs)]
+            out[study] = [same_work_table(runs)]
             continue
         if study == "table2_sarah_lr":
-            out += [sarah_lr_table(runs)]
+            out[study] = [sarah_lr_table(runs)]
             continue
-        out += [summary_table(groups)]
+        out[study] = [summary_table(groups)]
         if any("stopped" in r for group in whole[study].values() for r in group):
-            out += [reached_table(whole[study])]
-        differences = differences_table(groups) if study in ("table1", "table1_long", "table2", "table2_tuned") else None
+            out[study] += [reached_table(whole[study])]
+        paired_study = study in ("table1", "table1_long", "table2", "table2_tuned") or study.startswith(("fig2/", "fig3/"))
+        differences = differences_table(groups) if paired_study else None
         if differences:
-            out += [differences]
+            out[study] += [differences]
         if study.startswith("mu"):
-            out += [stability_table(groups)]
-        out += [curve_table(groups, "train_loss", 1.0), curve_table(groups, "test_acc", 100.0)]
+            out[study] += [stability_table(groups)]
+        out[study] += [curve_table(groups, "train_loss", 1.0), curve_table(groups, "test_acc", 100.0)]
     return out
+
+
+def tables(runs: list[results.Run]) -> list[str]:
+    """Every table of the document, in its order."""
+    return [table for parts in sections(runs).values() for table in parts]
 
 
 def plot(groups: Groups, title: str, path: Path) -> None:
@@ -268,7 +293,7 @@ def main(argv: Any = None) -> None:
     parser.add_argument("--figures", type=Path, help="folder for fedproxvr_<study>.png")
     opts = parser.parse_args(argv)
     runs = results.load(opts.results)
-    print("\n\n".join(tables(runs)))
+    print("\n\n".join(f"<!-- {study} -->\n\n" + "\n\n".join(parts) for study, parts in sections(runs).items()))
     if opts.figures:
         for study, groups in studies(runs).items():
             if study in ("table1_same_work", "table2_sarah_lr"):
