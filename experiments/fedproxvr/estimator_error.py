@@ -1,0 +1,193 @@
+"""Why SARAH falls behind in Fig. 3 as ``tau`` grows: its estimator's error along one client's local
+steps, against SVRG's (``docs/results/fedproxvr.md``, section 7).
+
+    python -m experiments.fedproxvr.estimator_error --out docs/results/fedproxvr_estimator_error.json
+
+The global model is trained ``--warmup`` rounds of FedAvg in Fig. 3's first setting (its ``fig3`` run,
+all clients, the engine). From it, client ``--client`` (default: the one of median size) runs one
+round of FedProxVR's local steps for each setting of Fig. 3 (``tau``, step size ``eta``) and each
+estimator, on the same batches, as the algorithm does (``w_1 = prox(w_0 - eta grad F_n(w_0))``, then
+``tau`` steps ``w_{t+1} = prox(w_t - eta v_t)``), and measures at every step ``t`` against the exact local
+gradient ``grad F_n(w_t)`` (a full pass over the client's training split):
+
+* ``error``: the estimator's relative error ``||v_t - grad F_n(w_t)|| / ||grad F_n(w_t)||``;
+* ``loss``: the local loss ``F_n(w_t)``;
+* ``smoothness``: ``||g_I(w_t) - g_I(w_{t-1})|| / ||w_t - w_{t-1}||`` on the step's batch ``I``, what
+  SARAH's recursion adds its error from; its largest value is a lower bound of the per-sample
+  smoothness ``L`` of Lemma 1, so ``1 / (eta L)`` from it is an upper bound of the step-size parameter
+  ``beta`` and Lemma 1's bound on SARAH's ``tau`` at that ``beta`` (eq. 13) an upper bound of the ``tau``
+  the analysis covers.
+
+Pure measurement: nothing here changes how FedProxVR trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call, grad_and_value
+
+from experiments.fedproxvr.plan import FIG2, runs as plan_runs
+from fl_lightning.cli import FederatedCLI
+from fl_lightning.functional.fedproxvr_theory import sarah_steps_upper_bound
+from fl_lightning.functional.prox import prox_step
+from fl_lightning.functional.variance_reduction import full_gradient, sarah_direction, svrg_direction
+
+ESTIMATORS = ("svrg", "sarah")
+QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing",
+         "false", "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
+         "--trainer.limit_val_batches", "0"]
+
+Params = dict[str, Tensor]
+
+
+def norm(tensors: Sequence[Tensor]) -> float:
+    return float(torch.sqrt(sum((t.double() ** 2).sum() for t in tensors)))
+
+
+def local_round(loss_grad: Callable[[Params, Any], tuple[Tensor, Params]], batches: Sequence[Any],
+                chunks: Sequence[tuple[Any, int]], start: Params, estimator: str, eta: float, mu: float) -> dict[str, list[float]]:
+    """One client's FedProxVR round from ``start`` over ``batches`` (its ``tau`` minibatches), measured
+    at every iterate ``w_1..w_tau`` against the full gradient over ``chunks`` (see the module's docstring)."""
+    names = list(start)
+
+    def exact(params: Params) -> tuple[float, list[Tensor]]:
+        losses: list[tuple[float, int]] = []
+
+        def grad_fn(batch: Any) -> list[Tensor]:
+            loss, grads = loss_grad(params, batch)
+            losses.append((float(loss), len(batch[-1])))
+            return [grads[n] for n in names]
+
+        gradient = full_gradient(grad_fn, chunks)
+        return sum(value * size for value, size in losses) / sum(size for _, size in losses), gradient
+
+    def step(params: Params, direction: Sequence[Tensor]) -> Params:
+        return {n: prox_step(params[n] - eta * v, start[n], eta, mu) for n, v in zip(names, direction)}
+
+    out: dict[str, list[float]] = {"error": [], "loss": [], "smoothness": []}
+    _, direction = exact(start)  # v_0 = grad F_n(w_0)
+    anchor_direction = direction
+    previous, params = start, step(start, direction)
+    for batch in batches:
+        loss, true_gradient = exact(params)
+        _, g = loss_grad(params, batch)
+        _, g_previous = loss_grad(previous, batch)
+        _, g_start = loss_grad(start, batch)
+        g, g_previous, g_start = ([d[n] for n in names] for d in (g, g_previous, g_start))
+        if estimator == "svrg":
+            direction = [svrg_direction(a, b, v) for a, b, v in zip(g, g_start, anchor_direction)]
+        else:
+            direction = [sarah_direction(a, b, v) for a, b, v in zip(g, g_previous, direction)]
+        out["error"].append(norm([v - t for v, t in zip(direction, true_gradient)]) / norm(true_gradient))
+        out["loss"].append(loss)
+        out["smoothness"].append(norm([a - b for a, b in zip(g, g_previous)])
+                                 / norm([params[n] - previous[n] for n in names]))
+        previous, params = params, step(params, direction)
+    return out
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+        return head + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def measure(warmup: int, client: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
+    """The module docstring's measurements, as the result file holds them."""
+    plan = {run.name: run for run in plan_runs()}
+    first = next(iter(FIG2))
+    warm = plan[f"fig3/{first}/fedavg_s{seed}"]
+    cli = FederatedCLI(args=[*warm.args, *QUIET, "--trainer.max_epochs", str(warmup),
+                             "--trainer.default_root_dir", "runs/fedproxvr/estimator_error"], run=False)
+    if warmup > 0:
+        cli.trainer.fit(cli.model, cli.datamodule)
+    else:
+        cli.datamodule.setup("fit")
+    net = cli.model.client.eval()  # the CNN has no Dropout or BatchNorm: eval and train mode agree
+    start = {n: p.detach().clone() for n, p in net.named_parameters()}
+    data = cli.datamodule
+    if client is None:
+        sizes = sorted((data.num_samples(c), c) for c in range(data.num_clients))
+        client = sizes[len(sizes) // 2][1]
+    split = data.client_data(client)
+    chunks = [(batch, len(batch[-1])) for batch in split.epoch_batches(1, batch_size=1000)]
+
+    def loss_grad(params: Params, batch: Any) -> tuple[Tensor, Params]:
+        x, y = batch
+        grads, loss = grad_and_value(lambda p: F.cross_entropy(functional_call(net, p, (x,)), y))(params)
+        return loss, grads
+
+    settings = {}
+    for setting, (beta, tau, eta) in FIG2.items():
+        sarah = plan[f"fig3/{setting}/sarah_s{seed}"]
+        mu = cli_mu(sarah.args)
+        batches = list(split.step_batches(tau, torch.Generator().manual_seed(seed)))
+        curves = {estimator: local_round(loss_grad, batches, chunks, start, estimator, eta, mu) for estimator in ESTIMATORS}
+        smoothness = max(max(c["smoothness"]) for c in curves.values())
+        beta_bound = 1.0 / (eta * smoothness)
+        settings[setting] = {"beta": beta, "tau": tau, "eta": eta, "mu": mu, **curves,
+                             "max_smoothness": smoothness, "beta_at_most": beta_bound,
+                             "sarah_tau_bound_at_most": sarah_steps_upper_bound(beta_bound)}
+        print(f"{setting}: L >= {smoothness:.1f}, beta <= {beta_bound:.2f}, Lemma 1's tau bound <= "
+              f"{sarah_steps_upper_bound(beta_bound):.1f} (tau = {tau}); error at the last step: "
+              + ", ".join(f"{e} {curves[e]['error'][-1]:.3f}" for e in ESTIMATORS), flush=True)
+    return {"commit": commit(), "warmup_rounds": warmup, "seed": seed, "client": client,
+            "client_train_samples": len(split), "batch_size": split.step_batch_size(), "settings": settings}
+
+
+def cli_mu(args: Sequence[str]) -> float:
+    """``mu`` of a FedProxVR run (its configs and overrides)."""
+    cli = FederatedCLI(args=[*args, *QUIET, "--trainer.max_epochs", "0"], run=False)
+    return float(cli.model.mu)
+
+
+def table(result: dict[str, Any]) -> str:
+    """The document's table: per setting and estimator, the relative error at the first, middle and last
+    step, the local loss after the last step, and the smoothness bounds."""
+    lines = [f"warm-up: {result['warmup_rounds']} FedAvg rounds; client {result['client']} "
+             f"({result['client_train_samples']} training samples, B = {result['batch_size']})", "",
+             "| setting | estimator | error at t = 1 | at t = tau/2 | at t = tau | local loss after t = tau | "
+             "largest step smoothness | beta at most | Lemma 1's tau bound at most |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for setting, s in result["settings"].items():
+        for estimator in ESTIMATORS:
+            e = s[estimator]["error"]
+            lines.append(f"| beta {s['beta']}, tau {s['tau']}, eta {s['eta']} | {estimator.upper()} | {e[0]:.3f} | "
+                         f"{e[len(e) // 2 - 1]:.3f} | {e[-1]:.3f} | {s[estimator]['loss'][-1]:.4f} | "
+                         f"{s['max_smoothness']:.1f} | {s['beta_at_most']:.2f} | {s['sarah_tau_bound_at_most']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Any = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--warmup", type=int, default=10, help="FedAvg rounds before the measured round (default 10)")
+    parser.add_argument("--client", type=int, help="the measured client (default: the one of median size)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the result file here (JSON)")
+    parser.add_argument("--table", type=Path, help="print the document's table from this result file; run nothing")
+    opts = parser.parse_args(argv)
+    if opts.table:
+        print(table(json.loads(opts.table.read_text())))
+        return
+    if opts.warmup < 0:
+        parser.error(f"--warmup must be >= 0, got {opts.warmup}")
+    result = measure(opts.warmup, opts.client, opts.seed)
+    if opts.out:
+        opts.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()
