@@ -353,7 +353,7 @@ def test_fedproxvr_fig3_runs_fig2s_settings_on_table2s_cnn_federation(monkeypatc
     assert list(grouped) == [f"fig3/{setting}" for setting in fpv.FIG2]  # the plan's order, not the file's
     assert {label: len(runs) for label, runs in grouped["fig3/beta5_tau10"].items()} == {
         "FedAvg": 3, "FedProxVR (SVRG)": 3, "FedProxVR (SARAH)": 3}  # the document's row order
-    report = sections(records)
+    report = sections(records, estimator_error=None)
     assert list(report) == list(grouped)
     differences = next(t for t in report["fig3/beta7_tau40"] if t.startswith("| difference (points)")).splitlines()
     assert differences[2].startswith("| FedProxVR (SVRG) − FedAvg | 3 | +1.00 ± 0.00 | [+1.00, +1.00] |")
@@ -624,7 +624,7 @@ def test_fedproxvr_estimator_error_is_zero_on_full_batches_and_measured_against_
     import torch.nn.functional as F
     from torch.func import functional_call, grad_and_value
 
-    from experiments.fedproxvr.estimator_error import local_round
+    from experiments.fedproxvr.estimator_error import local_round, table
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
@@ -650,3 +650,10 @@ def test_fedproxvr_estimator_error_is_zero_on_full_batches_and_measured_against_
     w1 = {n: p - 0.5 * g for (n, p), g in zip(start.items(), loss_grad(start, (x, y))[1].values())}
     w1 = {n: (w1[n] + 0.5 * 0.01 * start[n]) / (1 + 0.5 * 0.01) for n in w1}
     assert svrg["loss"][0] == pytest.approx(float(loss_grad(w1, (x, y))[0]), rel=1e-5)
+    result = {"commit": "c", "warmup_rounds": 0, "client": 3, "client_train_samples": 96, "batch_size": 8,
+              "settings": {"s": {"beta": 5, "tau": 12, "eta": 0.5, "svrg": svrg, "sarah": sarah, "max_smoothness": 2.0,
+                                 "beta_at_most": 1.0, "sarah_tau_bound_at_most": 0.125}}}
+    row = table(result).splitlines()[-1]
+    assert row.startswith(f"| beta 5, tau 12, eta 0.5 | SARAH | {sarah['error'][0]:.3f} | {sarah['error'][5]:.3f} | "
+                          f"{sarah['error'][-1]:.3f} | {sum(sarah['error']) / 12:.3f} |")
+    assert row.endswith("| 2.0 | 1.00 | 0.12 |")

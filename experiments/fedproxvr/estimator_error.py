@@ -2,6 +2,7 @@
 steps, against SVRG's (``docs/results/fedproxvr.md``, section 7).
 
     python -m experiments.fedproxvr.estimator_error --out docs/results/fedproxvr_estimator_error.json
+    python -m experiments.fedproxvr.estimator_error --table docs/results/fedproxvr_estimator_error.json
 
 The global model is trained ``--warmup`` rounds of FedAvg in Fig. 3's first setting (its ``fig3`` run,
 all clients, the engine). From it, client ``--client`` (default: the one of median size) runs one
@@ -36,13 +37,15 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
-from experiments.fedproxvr.plan import FIG2, runs as plan_runs
+from experiments.fedproxvr.plan import FIG2, RESULTS, runs as plan_runs
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.functional.fedproxvr_theory import sarah_steps_upper_bound
 from fl_lightning.functional.prox import prox_step
 from fl_lightning.functional.variance_reduction import full_gradient, sarah_direction, svrg_direction
 
 ESTIMATORS = ("svrg", "sarah")
+#: the result file beside the document's
+RESULT = RESULTS.parent / "fedproxvr_estimator_error.json"
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing",
          "false", "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
          "--trainer.limit_val_batches", "0"]

@@ -18,7 +18,8 @@
   and each row at the last round all of its seeds reached;
 * ``table2_sarah_lr``: SARAH at smaller step sizes beside Table 2's rows, at the last round all of
   its runs reached, with the differences to FedAvg paired by seed;
-* ``table2_tuned``: as ``table2``, each row at the step size its search chose.
+* ``table2_tuned``: as ``table2``, each row at the step size its search chose;
+* Fig. 3's diagnosis (``experiments.fedproxvr.estimator_error``): the estimators' error along a round.
 
 A study whose runs stopped at different rounds is reported at the last round all of them reached.
 
@@ -29,6 +30,7 @@ Spreads are ``mean ± sample std (ddof = 1) (min–max)`` over seeds. ``--figure
 from __future__ import annotations
 
 import argparse
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
@@ -36,6 +38,7 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
+from experiments.fedproxvr.estimator_error import RESULT as ESTIMATOR_ERROR, table as estimator_error_table
 from experiments.fedproxvr.plan import FIG2, RESULTS, TUNINGS, tuned_lrs
 from experiments.seed_stats import Groups, best_validation, curve_table, final, fmt, paired, paired_interval, series
 
@@ -239,8 +242,9 @@ def same_work_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
-def sections(runs: list[results.Run]) -> dict[str, list[str]]:
-    """Every table of the document, per study (a search under its own study's name), in its order."""
+def sections(runs: list[results.Run], estimator_error: Optional[Path] = ESTIMATOR_ERROR) -> dict[str, list[str]]:
+    """Every table of the document, per study (a search under its own study's name), in its order; last,
+    Fig. 3's diagnosis from its result file ``estimator_error`` where there is one."""
     out = {study: [tune_table(runs, table)] for table, (study, _, _) in TUNINGS.items()
            if results.select(runs, study=study)}
     whole = studies(runs, cut=False)
@@ -261,6 +265,8 @@ def sections(runs: list[results.Run]) -> dict[str, list[str]]:
         if study.startswith("mu"):
             out[study] += [stability_table(groups)]
         out[study] += [curve_table(groups, "train_loss", 1.0), curve_table(groups, "test_acc", 100.0)]
+    if estimator_error is not None and estimator_error.exists():
+        out["estimator_error"] = [estimator_error_table(json.loads(estimator_error.read_text()))]
     return out
 
 
