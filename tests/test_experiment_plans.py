@@ -650,10 +650,12 @@ def test_fedproxvr_estimator_error_is_zero_on_full_batches_and_measured_against_
     w1 = {n: p - 0.5 * g for (n, p), g in zip(start.items(), loss_grad(start, (x, y))[1].values())}
     w1 = {n: (w1[n] + 0.5 * 0.01 * start[n]) / (1 + 0.5 * 0.01) for n in w1}
     assert svrg["loss"][0] == pytest.approx(float(loss_grad(w1, (x, y))[0]), rel=1e-5)
-    result = {"commit": "c", "warmup_rounds": 0, "client": 3, "client_train_samples": 96, "batch_size": 8,
+    result = {"commit": "c", "measurements": [{"warmup_rounds": 7, "client": 3, "client_train_samples": 96, "batch_size": 8,
               "settings": {"s": {"beta": 5, "tau": 12, "eta": 0.5, "svrg": svrg, "sarah": sarah, "max_smoothness": 2.0,
-                                 "beta_at_most": 1.0, "sarah_tau_bound_at_most": 0.125}}}
+                                 "beta_at_most": 1.0, "sarah_tau_bound_at_most": 0.125}}}]}
     row = table(result).splitlines()[-1]
-    assert row.startswith(f"| beta 5, tau 12, eta 0.5 | SARAH | {sarah['error'][0]:.3f} | {sarah['error'][5]:.3f} | "
+    assert row.startswith(f"| 7 | beta 5, tau 12, eta 0.5 | SARAH | {sarah['error'][0]:.3f} | {sarah['error'][5]:.3f} | "
                           f"{sarah['error'][-1]:.3f} | {sum(sarah['error']) / 12:.3f} |")
     assert row.endswith("| 2.0 | 1.00 | 0.12 |")
+    assert table(result).splitlines()[0] == "commit c; client 3 (96 training samples, B = 8)"
+    assert sarah["drift"][0] == pytest.approx(float(sum(((w1[n] - start[n]) ** 2).sum() for n in w1)) ** 0.5, rel=1e-5)

@@ -5,7 +5,7 @@ steps, against SVRG's (``docs/results/fedproxvr.md``, section 7).
     python -m experiments.fedproxvr.estimator_error --table docs/results/fedproxvr_estimator_error.json
 
 The global model is trained ``--warmup`` rounds of FedAvg in Fig. 3's first setting (its ``fig3`` run,
-all clients, the engine). From it, client ``--client`` (default: the one of median size) runs one
+all clients, the engine; one measurement per number of rounds given). From it, client ``--client`` (default: the one of median size) runs one
 round of FedProxVR's local steps for each setting of Fig. 3 (``tau``, step size ``eta``) and each
 estimator, on the same batches, as the algorithm does (``w_1 = prox(w_0 - eta grad F_n(w_0))``, then
 ``tau`` steps ``w_{t+1} = prox(w_t - eta v_t)``), and measures at every step ``t`` against the exact local
@@ -15,6 +15,7 @@ gradient ``grad F_n(w_t)`` (a full pass over the client's training split):
 * ``minibatch_error``: the plain minibatch gradient's, ``||g_I(w_t) - grad F_n(w_t)|| / ||grad F_n(w_t)||``
   (what the estimator corrects: variance reduction works where ``error`` is below it);
 * ``loss``: the local loss ``F_n(w_t)``;
+* ``drift``: ``||w_t - w_0||``, how far the client has moved from the global model;
 * ``smoothness``: ``||g_I(w_t) - g_I(w_{t-1})|| / ||w_t - w_{t-1}||`` on the step's batch ``I``, what
   SARAH's recursion adds its error from; its largest value is a lower bound of the per-sample
   smoothness ``L`` of Lemma 1, so ``1 / (eta L)`` from it is an upper bound of the step-size parameter
@@ -77,7 +78,7 @@ def local_round(loss_grad: Callable[[Params, Any], tuple[Tensor, Params]], batch
     def step(params: Params, direction: Sequence[Tensor]) -> Params:
         return {n: prox_step(params[n] - eta * v, start[n], eta, mu) for n, v in zip(names, direction)}
 
-    out: dict[str, list[float]] = {"error": [], "minibatch_error": [], "loss": [], "smoothness": []}
+    out: dict[str, list[float]] = {"error": [], "minibatch_error": [], "loss": [], "drift": [], "smoothness": []}
     _, direction = exact(start)  # v_0 = grad F_n(w_0)
     anchor_direction = direction
     previous, params = start, step(start, direction)
@@ -94,6 +95,7 @@ def local_round(loss_grad: Callable[[Params, Any], tuple[Tensor, Params]], batch
         out["error"].append(norm([v - t for v, t in zip(direction, true_gradient)]) / norm(true_gradient))
         out["minibatch_error"].append(norm([a - t for a, t in zip(g, true_gradient)]) / norm(true_gradient))
         out["loss"].append(loss)
+        out["drift"].append(norm([params[n] - start[n] for n in names]))
         out["smoothness"].append(norm([a - b for a, b in zip(g, g_previous)])
                                  / norm([params[n] - previous[n] for n in names]))
         previous, params = params, step(params, direction)
@@ -111,7 +113,8 @@ def commit() -> str:
 
 
 def measure(warmup: int, client: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
-    """The module docstring's measurements, as the result file holds them."""
+    """The module docstring's measurements after ``warmup`` rounds, one entry of the result file's
+    ``measurements``."""
     plan = {run.name: run for run in plan_runs()}
     first = next(iter(FIG2))
     warm = plan[f"fig3/{first}/fedavg_s{seed}"]
@@ -149,7 +152,7 @@ def measure(warmup: int, client: Optional[int] = None, seed: int = 0) -> dict[st
         print(f"{setting}: L >= {smoothness:.1f}, beta <= {beta_bound:.2f}, Lemma 1's tau bound <= "
               f"{sarah_steps_upper_bound(beta_bound):.1f} (tau = {tau}); error at the last step: "
               + ", ".join(f"{e} {curves[e]['error'][-1]:.3f}" for e in ESTIMATORS), flush=True)
-    return {"commit": commit(), "warmup_rounds": warmup, "seed": seed, "client": client,
+    return {"warmup_rounds": warmup, "seed": seed, "client": client,
             "client_train_samples": len(split), "batch_size": split.step_batch_size, "settings": settings}
 
 
@@ -160,28 +163,34 @@ def cli_mu(args: Sequence[str]) -> float:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The document's table: per setting and estimator, the relative error at the first, middle and last
-    step and its mean over the steps beside the plain minibatch gradient's, the local loss at the first
-    and the last iterate, and the smoothness bounds."""
-    lines = [f"warm-up: {result['warmup_rounds']} FedAvg rounds; client {result['client']} "
-             f"({result['client_train_samples']} training samples, B = {result['batch_size']}); commit {result['commit']}", "",
-             "| setting | estimator | error at t = 1 | at t = tau/2 | at t = tau | mean error | mean minibatch error | "
-             "local loss at w_1 -> w_tau | largest step smoothness | beta at most | Lemma 1's tau bound at most |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for setting, s in result["settings"].items():
-        for estimator in ESTIMATORS:
-            c = s[estimator]
-            e, m, loss = c["error"], c["minibatch_error"], c["loss"]
-            lines.append(f"| beta {s['beta']}, tau {s['tau']}, eta {s['eta']} | {estimator.upper()} | {e[0]:.3f} | "
-                         f"{e[len(e) // 2 - 1]:.3f} | {e[-1]:.3f} | {sum(e) / len(e):.3f} | {sum(m) / len(m):.3f} | "
-                         f"{loss[0]:.4f} -> {loss[-1]:.4f} | {s['max_smoothness']:.1f} | {s['beta_at_most']:.2f} | "
-                         f"{s['sarah_tau_bound_at_most']:.2f} |")
+    """The document's table: per warm-up, setting and estimator, the relative error at the first, middle
+    and last step and its mean over the steps beside the plain minibatch gradient's, the local loss at
+    the first and the last iterate, the drift from the global model at the last, and the smoothness
+    bounds."""
+    first = result["measurements"][0]
+    lines = [f"commit {result['commit']}; client {first['client']} ({first['client_train_samples']} training samples, "
+             f"B = {first['batch_size']})", "",
+             "| warm-up (FedAvg rounds) | setting | estimator | error at t = 1 | at t = tau/2 | at t = tau | mean error | "
+             "mean minibatch error | local loss at w_1 -> w_tau | drift at w_tau | largest step smoothness | "
+             "beta at most | Lemma 1's tau bound at most |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in result["measurements"]:
+        for s in m["settings"].values():
+            for estimator in ESTIMATORS:
+                c = s[estimator]
+                e, mb, loss = c["error"], c["minibatch_error"], c["loss"]
+                lines.append(
+                    f"| {m['warmup_rounds']} | beta {s['beta']}, tau {s['tau']}, eta {s['eta']} | {estimator.upper()} | "
+                    f"{e[0]:.3f} | {e[len(e) // 2 - 1]:.3f} | {e[-1]:.3f} | {sum(e) / len(e):.3f} | "
+                    f"{sum(mb) / len(mb):.3f} | {loss[0]:.4f} -> {loss[-1]:.4f} | {c['drift'][-1]:.3f} | "
+                    f"{s['max_smoothness']:.1f} | {s['beta_at_most']:.2f} | {s['sarah_tau_bound_at_most']:.2f} |")
     return "\n".join(lines)
 
 
 def main(argv: Any = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--warmup", type=int, default=10, help="FedAvg rounds before the measured round (default 10)")
+    parser.add_argument("--warmup", type=int, nargs="+", default=[10, 25],
+                        help="FedAvg rounds before the measured round, one measurement each (default 10 25)")
     parser.add_argument("--client", type=int, help="the measured client (default: the one of median size)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the result file here (JSON)")
@@ -190,9 +199,13 @@ def main(argv: Any = None) -> None:
     if opts.table:
         print(table(json.loads(opts.table.read_text())))
         return
-    if opts.warmup < 0:
+    if min(opts.warmup) < 0:
         parser.error(f"--warmup must be >= 0, got {opts.warmup}")
-    result = measure(opts.warmup, opts.client, opts.seed)
+    result: dict[str, Any] = {"commit": commit(), "measurements": []}
+    for warmup in opts.warmup:
+        result["measurements"].append(measure(warmup, opts.client, opts.seed))
+        if opts.out:  # as they come
+            opts.out.write_text(json.dumps(result, indent=1) + "\n")
     if opts.out:
         opts.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
