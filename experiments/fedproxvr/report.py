@@ -48,7 +48,7 @@ PAIRS = (("FedProxVR (SVRG)", "FedAvg"), ("FedProxVR (SARAH)", "FedAvg"), ("FedP
 STUDY_ORDER = ("table1", "table1_same_work", "table1_long", "fig2", "mu", "mu_n100_r400", "table2", "table2_sarah_lr",
                "table2_tuned", "fig3")
 #: the rows' order in every table (others after them, in the result file's order): the baseline, then the
-#: two estimators, whichever run finished first
+#: two estimators, whatever order a parallel sweep recorded them in
 ROW_ORDER = ("FedAvg", "FedProxVR (SVRG)", "FedProxVR (SARAH)")
 
 
