@@ -638,12 +638,24 @@ def test_fedproxvr_estimator_error_is_zero_on_full_batches_and_measured_against_
     chunks = [((x[:40], y[:40]), 40), ((x[40:], y[40:]), 56)]
     full = [(x, y)] * 6
     for estimator in ("svrg", "sarah"):
-        exact = local_round(loss_grad, full, chunks, start, estimator, eta=0.5, mu=0.01)
+        exact, _ = local_round(loss_grad, full, chunks, start, estimator, eta=0.5, mu=0.01)
         assert max(exact["error"]) < 1e-5 and max(exact["minibatch_error"]) < 1e-5, estimator
         assert all(s > 0 for s in exact["smoothness"])
     order = torch.randperm(96, generator=torch.Generator().manual_seed(1))
     batches = [(x[order[i:i + 8]], y[order[i:i + 8]]) for i in range(0, 96, 8)]
-    svrg, sarah = (local_round(loss_grad, batches, chunks, start, e, eta=0.5, mu=0.01) for e in ("svrg", "sarah"))
+    (svrg, svrg_sent), (sarah, sarah_sent) = (local_round(loss_grad, batches, chunks, start, e, eta=0.5, mu=0.01)
+                                              for e in ("svrg", "sarah"))
+    for estimator, sent in (("svrg", svrg_sent), ("sarah", sarah_sent)):  # unmeasured, the same round
+        _, unmeasured = local_round(loss_grad, batches, chunks, start, estimator, eta=0.5, mu=0.01, measure=False)
+        assert all(torch.equal(unmeasured[n], sent[n]) for n in sent)
+    _, sgd = local_round(loss_grad, batches, chunks, start, "sgd", eta=0.5, mu=0.0, measure=False)
+    plain = dict(start)
+    for batch in batches:
+        grads = loss_grad(plain, batch)[1]
+        plain = {n: plain[n] - 0.5 * grads[n] for n in plain}
+    assert all(torch.allclose(sgd[n], plain[n]) for n in plain)
+    with pytest.raises(ValueError, match="not measured"):
+        local_round(loss_grad, batches, chunks, start, "sgd", eta=0.5, mu=0.0)
     assert svrg["error"][0] == pytest.approx(sarah["error"][0], rel=1e-6) and svrg["error"][0] > 0.01
     assert svrg["error"][1:] != sarah["error"][1:]
     # the loss at w_1 (the full-gradient step) is the split's mean loss there

@@ -59,9 +59,13 @@ def norm(tensors: Sequence[Tensor]) -> float:
 
 
 def local_round(loss_grad: Callable[[Params, Any], tuple[Tensor, Params]], batches: Sequence[Any],
-                chunks: Sequence[tuple[Any, int]], start: Params, estimator: str, eta: float, mu: float) -> dict[str, list[float]]:
-    """One client's FedProxVR round from ``start`` over ``batches`` (its ``tau`` minibatches), measured
-    at every iterate ``w_1..w_tau`` against the full gradient over ``chunks`` (see the module's docstring)."""
+                chunks: Sequence[tuple[Any, int]], start: Params, estimator: str, eta: float, mu: float,
+                measure: bool = True) -> tuple[dict[str, list[float]], Params]:
+    """One client's round from ``start`` over ``batches`` (its ``tau`` minibatches): FedProxVR's with
+    ``estimator`` ``"svrg"`` or ``"sarah"``, FedAvg's plain SGD steps with ``"sgd"`` (no full-gradient
+    step; ``mu`` = 0 for FedAvg). With ``measure`` every iterate ``w_1..w_tau`` is measured against the
+    full gradient over ``chunks`` (see the module's docstring). Returns the measurements and the model
+    the client sends (the last iterate)."""
     names = list(start)
 
     def exact(params: Params) -> tuple[float, list[Tensor]]:
@@ -78,28 +82,86 @@ def local_round(loss_grad: Callable[[Params, Any], tuple[Tensor, Params]], batch
     def step(params: Params, direction: Sequence[Tensor]) -> Params:
         return {n: prox_step(params[n] - eta * v, start[n], eta, mu) for n, v in zip(names, direction)}
 
+    if estimator == "sgd" and measure:
+        raise ValueError("the plain SGD round (estimator 'sgd') is not measured: it has no estimator")
     out: dict[str, list[float]] = {"error": [], "minibatch_error": [], "loss": [], "drift": [], "smoothness": []}
-    _, direction = exact(start)  # v_0 = grad F_n(w_0)
-    anchor_direction = direction
-    previous, params = start, step(start, direction)
+    previous = params = start
+    if estimator != "sgd":
+        _, direction = exact(start)  # v_0 = grad F_n(w_0)
+        anchor_direction = direction
+        params = step(start, direction)
     for batch in batches:
-        loss, true_gradient = exact(params)
-        _, g = loss_grad(params, batch)
-        _, g_previous = loss_grad(previous, batch)
-        _, g_start = loss_grad(start, batch)
-        g, g_previous, g_start = ([d[n] for n in names] for d in (g, g_previous, g_start))
-        if estimator == "svrg":
-            direction = [svrg_direction(a, b, v) for a, b, v in zip(g, g_start, anchor_direction)]
+        g = [loss_grad(params, batch)[1][n] for n in names]
+        if estimator == "sgd":
+            direction = g
+        elif estimator == "svrg":
+            g_start = loss_grad(start, batch)[1]
+            direction = [svrg_direction(a, g_start[n], v) for a, n, v in zip(g, names, anchor_direction)]
         else:
-            direction = [sarah_direction(a, b, v) for a, b, v in zip(g, g_previous, direction)]
-        out["error"].append(norm([v - t for v, t in zip(direction, true_gradient)]) / norm(true_gradient))
-        out["minibatch_error"].append(norm([a - t for a, t in zip(g, true_gradient)]) / norm(true_gradient))
-        out["loss"].append(loss)
-        out["drift"].append(norm([params[n] - start[n] for n in names]))
-        out["smoothness"].append(norm([a - b for a, b in zip(g, g_previous)])
-                                 / norm([params[n] - previous[n] for n in names]))
+            g_previous = loss_grad(previous, batch)[1]
+            direction = [sarah_direction(a, g_previous[n], v) for a, n, v in zip(g, names, direction)]
+        if measure:
+            loss, true_gradient = exact(params)
+            g_previous = loss_grad(previous, batch)[1]
+            out["error"].append(norm([v - t for v, t in zip(direction, true_gradient)]) / norm(true_gradient))
+            out["minibatch_error"].append(norm([a - t for a, t in zip(g, true_gradient)]) / norm(true_gradient))
+            out["loss"].append(loss)
+            out["drift"].append(norm([params[n] - start[n] for n in names]))
+            out["smoothness"].append(norm([a - g_previous[n] for a, n in zip(g, names)])
+                                     / norm([params[n] - previous[n] for n in names]))
         previous, params = params, step(params, direction)
+    return out, params
+
+
+def aggregate(warmup: int, seed: int = 0) -> dict[str, Any]:
+    """Every client's round from the same global model (after ``warmup`` FedAvg rounds), for FedAvg
+    (``"sgd"``), SVRG and SARAH in each setting of Fig. 3, and the sample-weighted mean of the models sent,
+    as the server takes it: the pooled training loss at that mean (``global_loss``), the clients'
+    sample-weighted mean loss at their own models (``local_loss``) and distance from the global model
+    (``drift``). One entry of the result file's ``aggregates``."""
+    plan = plan_by_name()
+    net, start, data, loss_grad = warm_start(warmup, seed)
+    splits = [data.client_data(c) for c in range(data.num_clients)]
+    chunks = [[(batch, len(batch[-1])) for batch in split.epoch_batches(1, batch_size=1000)] for split in splits]
+    weights = [len(split) / sum(len(s) for s in splits) for split in splits]
+
+    @torch.no_grad()
+    def loss_on(params: Params, client_chunks: Sequence[tuple[Any, int]]) -> float:
+        total = sum(float(F.cross_entropy(functional_call(net, params, (x,)), y, reduction="sum")) for (x, y), _ in client_chunks)
+        return total / sum(size for _, size in client_chunks)
+
+    out: dict[str, Any] = {"warmup_rounds": warmup, "seed": seed,
+                           "start_loss": sum(w * loss_on(start, c) for w, c in zip(weights, chunks)), "settings": {}}
+    for setting, (beta, tau, eta) in FIG2.items():
+        mu = cli_mu(plan[f"fig3/{setting}/sarah_s{seed}"].args)
+        rows = {}
+        for estimator in ("sgd", *ESTIMATORS):
+            sent = [local_round(loss_grad, list(split.step_batches(tau, torch.Generator().manual_seed(seed + c))), chunks[c],
+                                start, estimator, eta, 0.0 if estimator == "sgd" else mu, measure=False)[1]
+                    for c, split in enumerate(splits)]
+            mean = {n: sum(w * m[n] for w, m in zip(weights, sent)) for n in start}
+            rows[estimator] = {
+                "global_loss": sum(w * loss_on(mean, c) for w, c in zip(weights, chunks)),
+                "local_loss": sum(w * loss_on(m, c) for w, m, c in zip(weights, sent, chunks)),
+                "drift": sum(w * norm([m[n] - start[n] for n in start]) for w, m in zip(weights, sent))}
+        out["settings"][setting] = {"beta": beta, "tau": tau, "eta": eta, "mu": mu, **rows}
+        print(f"{setting}: " + ", ".join(f"{e} global {r['global_loss']:.4f} local {r['local_loss']:.4f} "
+                                         f"drift {r['drift']:.3f}" for e, r in rows.items()), flush=True)
     return out
+
+
+def aggregate_table(result: dict[str, Any]) -> str:
+    """The document's table of :func:`aggregate`'s entries."""
+    lines = ["| warm-up (FedAvg rounds) | setting | round | pooled training loss at the mean of the models sent | "
+             "clients' loss at their own models | drift from the global model |", "|---|---|---|---|---|---|"]
+    labels = {"sgd": "FedAvg", "svrg": "SVRG", "sarah": "SARAH"}
+    for a in result.get("aggregates", []):
+        for s in a["settings"].values():
+            for estimator, label in labels.items():
+                r = s[estimator]
+                lines.append(f"| {a['warmup_rounds']} | beta {s['beta']}, tau {s['tau']}, eta {s['eta']} | {label} | "
+                             f"{a['start_loss']:.4f} -> {r['global_loss']:.4f} | {r['local_loss']:.4f} | {r['drift']:.3f} |")
+    return "\n".join(lines)
 
 
 def commit() -> str:
@@ -112,12 +174,10 @@ def commit() -> str:
         return "unknown"
 
 
-def measure(warmup: int, client: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
-    """The module docstring's measurements after ``warmup`` rounds, one entry of the result file's
-    ``measurements``."""
-    plan = {run.name: run for run in plan_runs()}
-    first = next(iter(FIG2))
-    warm = plan[f"fig3/{first}/fedavg_s{seed}"]
+def warm_start(warmup: int, seed: int) -> tuple[Any, Params, Any, Callable[[Params, Any], tuple[Tensor, Params]]]:
+    """The global model after ``warmup`` FedAvg rounds of Fig. 3's first setting: its network, its
+    parameters, the federation and the loss's value and gradient at given parameters on a batch."""
+    warm = plan_by_name()[f"fig3/{next(iter(FIG2))}/fedavg_s{seed}"]
     cli = FederatedCLI(args=[*warm.args, *QUIET, "--trainer.max_epochs", str(warmup),
                              "--trainer.default_root_dir", "runs/fedproxvr/estimator_error"], run=False)
     if warmup > 0:
@@ -126,24 +186,37 @@ def measure(warmup: int, client: Optional[int] = None, seed: int = 0) -> dict[st
         cli.datamodule.setup("fit")
     net = cli.model.client.eval()  # the CNN has no Dropout or BatchNorm: eval and train mode agree
     start = {n: p.detach().clone() for n, p in net.named_parameters()}
-    data = cli.datamodule
-    if client is None:
-        sizes = sorted((data.num_samples(c), c) for c in range(data.num_clients))
-        client = sizes[len(sizes) // 2][1]
-    split = data.client_data(client)
-    chunks = [(batch, len(batch[-1])) for batch in split.epoch_batches(1, batch_size=1000)]
 
     def loss_grad(params: Params, batch: Any) -> tuple[Tensor, Params]:
         x, y = batch
         grads, loss = grad_and_value(lambda p: F.cross_entropy(functional_call(net, p, (x,)), y))(params)
         return loss, grads
 
+    return net, start, cli.datamodule, loss_grad
+
+
+def plan_by_name() -> dict[str, Any]:
+    """The FedProxVR plan's runs by name."""
+    return {run.name: run for run in plan_runs()}
+
+
+def measure(warmup: int, client: Optional[int] = None, seed: int = 0) -> dict[str, Any]:
+    """The module docstring's measurements after ``warmup`` rounds, one entry of the result file's
+    ``measurements``."""
+    plan = plan_by_name()
+    net, start, data, loss_grad = warm_start(warmup, seed)
+    if client is None:
+        sizes = sorted((data.num_samples(c), c) for c in range(data.num_clients))
+        client = sizes[len(sizes) // 2][1]
+    split = data.client_data(client)
+    chunks = [(batch, len(batch[-1])) for batch in split.epoch_batches(1, batch_size=1000)]
+
     settings = {}
     for setting, (beta, tau, eta) in FIG2.items():
         sarah = plan[f"fig3/{setting}/sarah_s{seed}"]
         mu = cli_mu(sarah.args)
         batches = list(split.step_batches(tau, torch.Generator().manual_seed(seed)))
-        curves = {estimator: local_round(loss_grad, batches, chunks, start, estimator, eta, mu) for estimator in ESTIMATORS}
+        curves = {estimator: local_round(loss_grad, batches, chunks, start, estimator, eta, mu)[0] for estimator in ESTIMATORS}
         smoothness = max(max(c["smoothness"]) for c in curves.values())
         beta_bound = 1.0 / (eta * smoothness)
         settings[setting] = {"beta": beta, "tau": tau, "eta": eta, "mu": mu, **curves,
@@ -194,14 +267,28 @@ def main(argv: Any = None) -> None:
     parser.add_argument("--client", type=int, help="the measured client (default: the one of median size)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the result file here (JSON)")
+    parser.add_argument("--aggregate", action="store_true",
+                        help="instead, every client's round and the mean of the models sent (aggregate), "
+                             "added to the --out file")
     parser.add_argument("--table", type=Path, help="print the document's table from this result file; run nothing")
     opts = parser.parse_args(argv)
     if opts.table:
-        print(table(json.loads(opts.table.read_text())))
+        result = json.loads(opts.table.read_text())
+        print(table(result) + ("\n\n" + aggregate_table(result) if result.get("aggregates") else ""))
         return
     if min(opts.warmup) < 0:
         parser.error(f"--warmup must be >= 0, got {opts.warmup}")
-    result: dict[str, Any] = {"commit": commit(), "measurements": []}
+    if opts.aggregate:  # added to the result file's measurements
+        result = json.loads(opts.out.read_text()) if opts.out and opts.out.exists() else {}
+        result["aggregate_commit"] = commit()
+        result["aggregates"] = []
+        for warmup in opts.warmup:
+            result["aggregates"].append(aggregate(warmup, opts.seed))
+            if opts.out:  # as they come
+                opts.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(aggregate_table(result))
+        return
+    result = {"commit": commit(), "measurements": []}
     for warmup in opts.warmup:
         result["measurements"].append(measure(warmup, opts.client, opts.seed))
         if opts.out:  # as they come
