@@ -624,7 +624,7 @@ def test_fedproxvr_estimator_error_is_zero_on_full_batches_and_measured_against_
     import torch.nn.functional as F
     from torch.func import functional_call, grad_and_value
 
-    from experiments.fedproxvr.estimator_error import local_round, table
+    from experiments.fedproxvr.estimator_error import aggregate_table, local_round, table
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
@@ -670,4 +670,11 @@ def test_fedproxvr_estimator_error_is_zero_on_full_batches_and_measured_against_
                           f"{sarah['error'][-1]:.3f} | {sum(sarah['error']) / 12:.3f} |")
     assert row.endswith("| 2.0 | 1.00 | 0.12 |")
     assert table(result).splitlines()[0] == "commit c; client 3 (96 training samples, B = 8)"
+    row = {"global_loss": 0.5, "local_loss": 0.25, "drift": 0.125}
+    result["aggregates"] = [{"warmup_rounds": 7, "start_loss": 1.0, "settings": {"s": {
+        "beta": 5, "tau": 12, "eta": 0.5, "sgd": row, "svrg": row, "sarah": {**row, "drift": 0.75}}}}]
+    assert aggregate_table(result).splitlines()[2:] == [
+        "| 7 | beta 5, tau 12, eta 0.5 | FedAvg | 1.0000 -> 0.5000 | 0.2500 | 0.125 |",
+        "| 7 | beta 5, tau 12, eta 0.5 | SVRG | 1.0000 -> 0.5000 | 0.2500 | 0.125 |",
+        "| 7 | beta 5, tau 12, eta 0.5 | SARAH | 1.0000 -> 0.5000 | 0.2500 | 0.750 |"]
     assert sarah["drift"][0] == pytest.approx(float(sum(((w1[n] - start[n]) ** 2).sum() for n in w1)) ** 0.5, rel=1e-5)

@@ -38,7 +38,7 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.fedproxvr.estimator_error import RESULT as ESTIMATOR_ERROR, table as estimator_error_table
+from experiments.fedproxvr.estimator_error import RESULT as ESTIMATOR_ERROR, aggregate_table, table as estimator_error_table
 from experiments.fedproxvr.plan import FIG2, RESULTS, TUNINGS, tuned_lrs
 from experiments.seed_stats import Groups, best_validation, curve_table, final, fmt, paired, paired_interval, series
 
@@ -266,7 +266,10 @@ def sections(runs: list[results.Run], estimator_error: Optional[Path] = ESTIMATO
             out[study] += [stability_table(groups)]
         out[study] += [curve_table(groups, "train_loss", 1.0), curve_table(groups, "test_acc", 100.0)]
     if estimator_error is not None and estimator_error.exists():
-        out["estimator_error"] = [estimator_error_table(json.loads(estimator_error.read_text()))]
+        diagnosis = json.loads(estimator_error.read_text())
+        out["estimator_error"] = [estimator_error_table(diagnosis)]
+        if diagnosis.get("aggregates"):
+            out["estimator_error"] += [aggregate_table(diagnosis)]
     return out
 
 
