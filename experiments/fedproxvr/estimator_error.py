@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -39,8 +38,9 @@ from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
 from experiments.fedproxvr.plan import FIG2, RESULTS, runs as plan_runs
+from experiments.results import commit
 from fl_lightning.cli import FederatedCLI
-from fl_lightning.functional.fedproxvr_theory import sarah_steps_upper_bound
+from fl_lightning.functional.fedproxvr_theory import joint_norm, sarah_steps_upper_bound
 from fl_lightning.functional.prox import prox_step
 from fl_lightning.functional.variance_reduction import full_gradient, sarah_direction, svrg_direction
 
@@ -55,7 +55,8 @@ Params = dict[str, Tensor]
 
 
 def norm(tensors: Sequence[Tensor]) -> float:
-    return float(torch.sqrt(sum((t.double() ** 2).sum() for t in tensors)))
+    """The joint Euclidean norm of ``tensors``, in float64, as a number."""
+    return float(joint_norm([t.double() for t in tensors]))
 
 
 def local_round(loss_grad: Callable[[Params, Any], tuple[Tensor, Params]], batches: Sequence[Any],
@@ -91,18 +92,19 @@ def local_round(loss_grad: Callable[[Params, Any], tuple[Tensor, Params]], batch
         anchor_direction = direction
         params = step(start, direction)
     for batch in batches:
-        g = [loss_grad(params, batch)[1][n] for n in names]
+        grads = loss_grad(params, batch)[1]
+        g = [grads[n] for n in names]
+        if estimator == "sarah" or measure:
+            g_previous = loss_grad(previous, batch)[1]
         if estimator == "sgd":
             direction = g
         elif estimator == "svrg":
             g_start = loss_grad(start, batch)[1]
             direction = [svrg_direction(a, g_start[n], v) for a, n, v in zip(g, names, anchor_direction)]
         else:
-            g_previous = loss_grad(previous, batch)[1]
             direction = [sarah_direction(a, g_previous[n], v) for a, n, v in zip(g, names, direction)]
         if measure:
             loss, true_gradient = exact(params)
-            g_previous = loss_grad(previous, batch)[1]
             out["error"].append(norm([v - t for v, t in zip(direction, true_gradient)]) / norm(true_gradient))
             out["minibatch_error"].append(norm([a - t for a, t in zip(g, true_gradient)]) / norm(true_gradient))
             out["loss"].append(loss)
@@ -162,16 +164,6 @@ def aggregate_table(result: dict[str, Any]) -> str:
                 lines.append(f"| {a['warmup_rounds']} | beta {s['beta']}, tau {s['tau']}, eta {s['eta']} | {label} | "
                              f"{a['start_loss']:.4f} -> {r['global_loss']:.4f} | {r['local_loss']:.4f} | {r['drift']:.3f} |")
     return "\n".join(lines)
-
-
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                               check=True).stdout.strip()
-        return head + ("+" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def warm_start(warmup: int, seed: int) -> tuple[Any, Params, Any, Callable[[Params, Any], tuple[Tensor, Params]]]:
@@ -278,7 +270,7 @@ def main(argv: Any = None) -> None:
         return
     if min(opts.warmup) < 0:
         parser.error(f"--warmup must be >= 0, got {opts.warmup}")
-    if opts.aggregate:  # added to the result file's measurements
+    if opts.aggregate:  # added to the result file, beside its measurements
         result = json.loads(opts.out.read_text()) if opts.out and opts.out.exists() else {}
         result["aggregate_commit"] = commit()
         result["aggregates"] = []
@@ -293,8 +285,6 @@ def main(argv: Any = None) -> None:
         result["measurements"].append(measure(warmup, opts.client, opts.seed))
         if opts.out:  # as they come
             opts.out.write_text(json.dumps(result, indent=1) + "\n")
-    if opts.out:
-        opts.out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
 
 

@@ -101,11 +101,11 @@ def achieved_local_accuracy(
     (``w_n = w_bar``), ``0`` its exact solution.
     """
     surrogate = [g + mu * (w - a) for g, w, a in zip(grad_end, end, anchor)]
-    return _norm(surrogate) / _norm(grad_anchor)
+    return joint_norm(surrogate) / joint_norm(grad_anchor)
 
 
-def _norm(tensors: Sequence[Tensor]) -> Tensor:
-    """The Euclidean norm of a list of tensors taken as one vector."""
+def joint_norm(tensors: Sequence[Tensor]) -> Tensor:
+    """The Euclidean norm of a list of tensors taken as one vector (a 0-dim tensor: no host sync)."""
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
