@@ -31,7 +31,7 @@ from fl_lightning.models.hypernetwork import HyperNetwork, HyperNetworkSize, mea
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
-from fl_lightning.vectors import Layout, set_grads
+from fl_lightning.vectors import Layout, joint_norm, set_grads
 
 ServerOptimizer = Literal["adam", "sgd"]
 
@@ -48,8 +48,7 @@ def vector_jacobian(output: Tensor, inputs: Sequence[Tensor], vector: Tensor) ->
 def clip_by_total_norm(grads: Sequence[Tensor], max_norm: float) -> list[Tensor]:
     """``grads`` scaled so that their joint L2 norm is at most ``max_norm`` (as
     ``torch.nn.utils.clip_grad_norm_``: coefficient ``max_norm / (norm + 1e-6)``, capped at 1)."""
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    coefficient = torch.clamp(max_norm / (joint_norm(grads) + 1e-6), max=1.0)
     return [g * coefficient for g in grads]
 
 

@@ -19,6 +19,8 @@ from typing import Sequence, TypeVar
 import torch
 from torch import Tensor
 
+from fl_lightning.vectors import joint_norm
+
 #: a float, or a float64 tensor of grid points (the formulas apply elementwise)
 Value = TypeVar("Value", float, Tensor)
 
@@ -102,11 +104,6 @@ def achieved_local_accuracy(
     """
     surrogate = [g + mu * (w - a) for g, w, a in zip(grad_end, end, anchor)]
     return joint_norm(surrogate) / joint_norm(grad_anchor)
-
-
-def joint_norm(tensors: Sequence[Tensor]) -> Tensor:
-    """The Euclidean norm of a list of tensors taken as one vector (a 0-dim tensor: no host sync)."""
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
 def rate_constant(mu: float, theta: float, smoothness: float = 1.0, lam: float = 0.5, sigma2: float = 0.0) -> float:

@@ -8,15 +8,15 @@ applies these per round; the privacy accounting is Opacus' (``callbacks/privacy.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
+
+from fl_lightning.vectors import joint_norm
 
 
 def clip_update(tensors: dict[str, Tensor], clip_norm: float) -> dict[str, Tensor]:
     """``tensors`` scaled so that their joint L2 norm is at most ``clip_norm``."""
-    norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors.values()))
+    norm = float(joint_norm([t.double() for t in tensors.values()]))
     scale = min(1.0, clip_norm / norm) if norm > 0 else 1.0
     return {name: t * scale for name, t in tensors.items()}
 
