@@ -38,8 +38,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONWARNI
 cat "$out/env.txt"
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 5 > "$out/gpu_util.csv" 2>&1 &
 sampler=$!
-work=/tmp/gpu_sweep
-mkdir -p "$work"
+# a folder of this call's own: a warm machine keeps an earlier call's part logs (a stopped run resumes from
+# its checkpoint under runs/, which stays)
+work=$(mktemp -d /tmp/gpu_sweep.XXXXXX)
 [ -e "docs/results/$paper.json" ] && cp "docs/results/$paper.json" "$work/$paper.json"
 python3 -m experiments.sweep "$paper" --only "$@" --jobs "$jobs" --time-limit "$limit" ${BACKEND:+--backend "$BACKEND"} \
   --out "$work/$paper.json" \
