@@ -37,11 +37,12 @@ paper's Fashion-MNIST, every client every round.
   (``TABLE2_SARAH_LRS``), seeds 0-2: whether its divergence at 1 / (beta L) is the step size's;
 * ``table2_tune``: Table 2's step-size search, the same for every row: each of ``TABLE2_LR_GRID``,
   seed 0, ``TABLE2_TUNE_ROUNDS`` rounds, chosen as Table 1's (:func:`tuned_lrs`);
-* ``table2_tuned``: Table 2's rows at their chosen step sizes, seeds 0-4, 1000 rounds; planned once the
-  search is complete in the document's result file. Both on the batched client backend: for a GPU.
+* ``table2_tuned``: Table 2's rows at their chosen step sizes, seeds 0-4, 1000 rounds; each row planned
+  once its search is complete in the document's result file. Both on the batched client backend: for a GPU.
 
-``fig3`` ran on a GPU; ``table2_tune`` ran its first six rates there (0.0005-0.15), and ``table2_tuned``
-waits for its last two; ``table2`` and ``table2_sarah_lr`` ran in part (the document says how far).
+``fig3`` ran on a GPU; ``table2_tune`` ran its first six rates there (0.0005-0.15) and FedAvg's and SVRG's
+last two on a CPU: SARAH's last two and ``table2_tuned`` are for a GPU; ``table2`` and ``table2_sarah_lr`` ran
+in part (the document says how far).
 """
 
 from __future__ import annotations
@@ -131,29 +132,30 @@ def table2_run(study: str, method: str, lr: float, seed: int, rounds: int) -> Ru
 TUNINGS = {"table1": ("table1_tune", TABLE1, LR_GRID), "table2": ("table2_tune", TABLE2, TABLE2_LR_GRID)}
 
 
-def tuned_lrs(runs: Optional[list[results.Run]] = None, table: str = "table1") -> Optional[dict[str, float]]:
+def tuned_lrs(runs: Optional[list[results.Run]] = None, table: str = "table1") -> dict[str, float]:
     """Each method's rate for ``table`` (``table1``, ``table2``): the highest validation accuracy after
-    the last round among its search's runs (:data:`TUNINGS`; ties: the smaller rate); None while a
-    run of the search is missing or stopped."""
+    the last round among its search's runs (:data:`TUNINGS`; ties: the smaller rate). A method whose
+    search has a run missing or stopped has none yet; every method searches the same grid, and its
+    choice reads its own runs only."""
     runs = results.load(RESULTS) if runs is None else runs
     study, methods, grid = TUNINGS[table]
     tune = {(r["params"]["method"], r["params"]["lr"]): r for r in results.select(runs, study=study)
             if "stopped" not in r}
-    if len(tune) < len(methods) * len(grid):
-        return None
-    return {m: max(grid, key=lambda lr: (results.last(tune[m, lr], "val_acc"), -lr)) for m in methods}
+    return {m: max(grid, key=lambda lr: (results.last(tune[m, lr], "val_acc"), -lr)) for m in methods
+            if all((m, lr) in tune for lr in grid)}
 
 
 def runs() -> list[Run]:
     plan = [table1_run("table1_tune", m, lr, 0, TUNE_ROUNDS) for m in TABLE1 for lr in LR_GRID]
     chosen = tuned_lrs()
-    if chosen is None:
+    searched = set(chosen) == set(TABLE1)
+    if not searched:
         warnings.warn(f"the table1 runs are not planned: their rates come from the table1_tune runs, which "
                       f"{RESULTS} lacks (python -m experiments.sweep fedproxvr --only 'table1_tune/*' --out {RESULTS})")
     else:
         plan += [table1_run("table1", m, chosen[m], s, TABLE1_ROUNDS) for s in TABLE1_SEEDS for m in TABLE1]
         plan += [table1_run("table1_long", m, chosen[m], s, TABLE1_LONG_ROUNDS) for s in TABLE1_SEEDS for m in TABLE1]
-    if chosen is not None:
+    if searched:
         same_work = ["--model.init_args.local_steps", "20", "--data.init_args.batch_size", "32"]
         for seed in TABLE1_SEEDS:
             label, configs = TABLE1["fedavg"]
@@ -198,8 +200,8 @@ def runs() -> list[Run]:
                             every=10, at_start=True, train=True))
     plan += [table2_run("table2_tune", m, lr, 0, TABLE2_TUNE_ROUNDS) for m in TABLE2 for lr in TABLE2_LR_GRID]
     chosen2 = tuned_lrs(table="table2")
-    if chosen2 is not None:
-        plan += [table2_run("table2_tuned", m, chosen2[m], s, TABLE2_ROUNDS) for s in TABLE2_SEEDS for m in TABLE2]
+    plan += [table2_run("table2_tuned", m, chosen2[m], s, TABLE2_ROUNDS) for s in TABLE2_SEEDS for m in TABLE2
+             if m in chosen2]
     return plan
 
 

@@ -136,7 +136,7 @@ def tune_table(runs: list[results.Run], table: str = "table1") -> str:
     study, methods, grid = TUNINGS[table]
     tune = {(r["params"]["method"], r["params"]["lr"]): r for r in results.select(runs, study=study)
             if "stopped" not in r}
-    chosen = tuned_lrs(runs, table) or {}
+    chosen = tuned_lrs(runs, table)
     rounds = results.select(runs, study=study)[0]["params"]["rounds"]
     lines = ["| step size | " + " | ".join(f"{spec[0]}: val acc (%) after round {rounds}" for spec in methods.values()) + " |",
              "|---" * (len(methods) + 1) + "|"]
