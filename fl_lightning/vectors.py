@@ -107,8 +107,3 @@ def set_grads(params: Sequence[Tensor], grads: Sequence[Tensor]) -> None:
             p.grad = None
         elif p.grad is not g:
             p.grad = g.to(dtype=p.dtype, device=p.device)
-
-
-def joint_norm(tensors: Sequence[Tensor]) -> Tensor:
-    """The Euclidean norm of a list of tensors taken as one vector (a 0-dim tensor: no host sync)."""
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))

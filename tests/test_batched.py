@@ -363,11 +363,11 @@ def test_the_plain_step_takes_its_gradient_outside_vmap_with_the_same_result(cli
             del calls[:]
     assert not calls  # a client_step of the algorithm's own runs under vmap(grad)
     (plain, plain_metrics), (written, written_metrics) = runs
-    if client is BatchNormClient:  # its normalization runs other kernels under grad than under vmap alone
-        assert (plain - written).abs().max() <= 1e-6
-        assert plain_metrics == pytest.approx(written_metrics, rel=1e-6)
-    else:
-        assert torch.equal(plain, written) and plain_metrics == written_metrics
+    # the same arithmetic, in other kernels: a batched matrix product under vmap(grad), a plain one outside
+    # it (and BatchNorm's other kernels under grad); on some CPUs (AMD EPYC here) they round differently,
+    # a few fp32 units in the last place after 2 rounds (6e-8 at most at values up to 0.55), on others not
+    assert (plain - written).abs().max() <= 1e-6
+    assert plain_metrics == pytest.approx(written_metrics, rel=1e-6)
 
 
 def test_dropout_draws_are_independent_per_client():

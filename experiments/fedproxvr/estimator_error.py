@@ -41,7 +41,7 @@ from experiments.fedproxvr.plan import FIG2, RESULTS, runs as plan_runs
 from experiments.results import commit
 from fl_lightning.cli import FederatedCLI
 from fl_lightning.functional.fedproxvr_theory import sarah_steps_upper_bound
-from fl_lightning.vectors import joint_norm
+from fl_lightning.functional.norms import joint_norm
 from fl_lightning.functional.prox import prox_step
 from fl_lightning.functional.variance_reduction import full_gradient, sarah_direction, svrg_direction
 

@@ -27,11 +27,12 @@ import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor, nn
 
+from fl_lightning.functional.norms import joint_norm
 from fl_lightning.models.hypernetwork import HyperNetwork, HyperNetworkSize, mean_descriptor
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
-from fl_lightning.vectors import Layout, joint_norm, set_grads
+from fl_lightning.vectors import Layout, set_grads
 
 ServerOptimizer = Literal["adam", "sgd"]
 

@@ -14,6 +14,7 @@ which are tested on their own against hand-computed values.
 * :mod:`~fl_lightning.functional.attacks`: Byzantine attack formulas and the choice of Byzantine clients;
 * :mod:`~fl_lightning.functional.dro`: distributionally robust objectives as compositional problems;
 * :mod:`~fl_lightning.functional.privacy`: clipping an update and Gaussian noise (DP-FedAvg);
+* :mod:`~fl_lightning.functional.norms`: the joint norm of a model's worth of tensors (clipping, FedProxVR's theory);
 * :mod:`~fl_lightning.functional.partition`: client partitions of labels or keys (the
   partitioner objects of :mod:`fl_lightning.datamodules.partitioners` wrap them);
 * :mod:`~fl_lightning.functional.client_summaries`: a metric's distribution over clients (the

@@ -19,7 +19,7 @@ from typing import Sequence, TypeVar
 import torch
 from torch import Tensor
 
-from fl_lightning.vectors import joint_norm
+from fl_lightning.functional.norms import joint_norm
 
 #: a float, or a float64 tensor of grid points (the formulas apply elementwise)
 Value = TypeVar("Value", float, Tensor)

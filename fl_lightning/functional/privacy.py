@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fl_lightning.vectors import joint_norm
+from fl_lightning.functional.norms import joint_norm
 
 
 def clip_update(tensors: dict[str, Tensor], clip_norm: float) -> dict[str, Tensor]:
