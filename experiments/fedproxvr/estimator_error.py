@@ -126,7 +126,8 @@ def aggregate(warmup: int, seed: int = 0) -> dict[str, Any]:
     net, start, data, loss_grad = warm_start(warmup, seed)
     splits = [data.client_data(c) for c in range(data.num_clients)]
     chunks = [[(batch, len(batch[-1])) for batch in split.epoch_batches(1, batch_size=1000)] for split in splits]
-    weights = [len(split) / sum(len(s) for s in splits) for split in splits]
+    total = sum(len(split) for split in splits)
+    weights = [len(split) / total for split in splits]
 
     @torch.no_grad()
     def loss_on(params: Params, client_chunks: Sequence[tuple[Any, int]]) -> float:
