@@ -60,6 +60,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Optional, Sequence
+from unittest.mock import patch
 
 import numpy as np
 import pytorch_lightning as pl
@@ -281,7 +282,8 @@ def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] =
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
              "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
              "--trainer.default_root_dir", f"runs/{paper}/{run.name}"]
-    cli = FederatedCLI(args=[*run.args, *chosen, *quiet], run=False)
+    with patch.object(sys, "argv", sys.argv[:1]):  # the run's arguments are all in args, not the sweep's own
+        cli = FederatedCLI(args=[*run.args, *chosen, *quiet], run=False)
     recorder = Recorder(run.every, run.at_start, run.train, run.metrics, run.classes, run.dro_lam)
     recorder.commits = [commit]
     resume = resume_dir(paper, run.name)

@@ -106,6 +106,23 @@ def test_a_sweep_given_a_backend_runs_every_client_on_it_and_records_it(tmp_path
         assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-5)
 
 
+def test_a_run_parses_its_own_arguments_without_the_sweeps_command_line_warning(tmp_path, monkeypatch, recwarn):
+    """The sweep's own arguments (``pefll --only ...``) are not the run's: LightningCLI's warning about
+    arguments given both ways, once a run, is not raised, and the sweep's ``sys.argv`` is left as it was."""
+    from pathlib import Path
+
+    from experiments.sweep import Run, fit
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    monkeypatch.chdir(tmp_path)
+    argv = ["sweep.py", "test", "--only", "one"]
+    monkeypatch.setattr("sys.argv", argv)
+    fit(Run("one", ["--config", str(config), "--trainer.max_epochs", "1", "--trainer.callbacks", "[]"], {}, every=1),
+        "test", object(), "abc")
+    assert sys.argv == argv
+    assert not [w for w in recwarn if "args parameter" in str(w.message)]
+
+
 def test_the_commit_named_by_the_environment_wins_over_the_trees_git(monkeypatch):
     """A copy of the tree on a lent machine may carry a stale ``.git``: ``FL_LIGHTNING_COMMIT``, where
     set, is what a run records."""
