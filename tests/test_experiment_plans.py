@@ -675,10 +675,15 @@ def test_fedproxvr_estimator_error_is_zero_on_full_batches_and_measured_against_
     assert row.endswith("| 2.0 | 1.00 | 0.12 |")
     assert table(result).splitlines()[0] == "commit c; client 3 (96 training samples, B = 8)"
     row = {"global_loss": 0.5, "local_loss": 0.25, "drift": 0.125}
-    result["aggregates"] = [{"warmup_rounds": 7, "start_loss": 1.0, "settings": {"s": {
-        "beta": 5, "tau": 12, "eta": 0.5, "sgd": row, "svrg": row, "sarah": {**row, "drift": 0.75}}}}]
-    assert aggregate_table(result).splitlines()[2:] == [
-        "| 7 | beta 5, tau 12, eta 0.5 | FedAvg | 1.0000 -> 0.5000 | 0.2500 | 0.125 |",
-        "| 7 | beta 5, tau 12, eta 0.5 | SVRG | 1.0000 -> 0.5000 | 0.2500 | 0.125 |",
-        "| 7 | beta 5, tau 12, eta 0.5 | SARAH | 1.0000 -> 0.5000 | 0.2500 | 0.750 |"]
+    setting = {"beta": 5, "tau": 12, "eta": 0.5, "sgd": row, "svrg": row, "sarah": {**row, "drift": 0.75}}
+    result["aggregates"] = [{"warmup_rounds": 7, "seed": 0, "start_loss": 1.0, "settings": {"s": setting}},
+                            {"warmup_rounds": 3, "seed": 2, "trajectory": "sarah", "warm_setting": "beta7_tau40",
+                             "start_loss": 2.0, "settings": {"s": setting}}]
+    assert aggregate_table(result).splitlines()[2:] == [  # the first entry from before trajectories were recorded
+        "| 7 of FedAvg (beta5_tau10), 0 | beta 5, tau 12, eta 0.5 | FedAvg | 1.0000 -> 0.5000 | 0.2500 | 0.125 |",
+        "| 7 of FedAvg (beta5_tau10), 0 | beta 5, tau 12, eta 0.5 | SVRG | 1.0000 -> 0.5000 | 0.2500 | 0.125 |",
+        "| 7 of FedAvg (beta5_tau10), 0 | beta 5, tau 12, eta 0.5 | SARAH | 1.0000 -> 0.5000 | 0.2500 | 0.750 |",
+        "| 3 of SARAH (beta7_tau40), 2 | beta 5, tau 12, eta 0.5 | FedAvg | 2.0000 -> 0.5000 | 0.2500 | 0.125 |",
+        "| 3 of SARAH (beta7_tau40), 2 | beta 5, tau 12, eta 0.5 | SVRG | 2.0000 -> 0.5000 | 0.2500 | 0.125 |",
+        "| 3 of SARAH (beta7_tau40), 2 | beta 5, tau 12, eta 0.5 | SARAH | 2.0000 -> 0.5000 | 0.2500 | 0.750 |"]
     assert sarah["drift"][0] == pytest.approx(float(sum(((w1[n] - start[n]) ** 2).sum() for n in w1)) ** 0.5, rel=1e-5)

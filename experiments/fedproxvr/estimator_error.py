@@ -2,6 +2,9 @@
 steps, against SVRG's (``docs/results/fedproxvr.md``, section 7).
 
     python -m experiments.fedproxvr.estimator_error --out docs/results/fedproxvr_estimator_error.json
+    python -m experiments.fedproxvr.estimator_error --aggregate --warmup 10 --out docs/results/fedproxvr_estimator_error.json
+    python -m experiments.fedproxvr.estimator_error --aggregate --trajectory sarah --warm-setting beta7_tau40 \
+        --settings beta7_tau40 --warmup 10 --seed 1 --out docs/results/fedproxvr_estimator_error.json
     python -m experiments.fedproxvr.estimator_error --table docs/results/fedproxvr_estimator_error.json
 
 The global model is trained ``--warmup`` rounds of FedAvg in Fig. 3's first setting (its ``fig3`` run,
@@ -21,6 +24,11 @@ gradient ``grad F_n(w_t)`` (a full pass over the client's training split):
   smoothness ``L`` of Lemma 1, so ``1 / (eta L)`` from it is an upper bound of the step-size parameter
   ``beta`` and Lemma 1's bound on SARAH's ``tau`` at that ``beta`` (eq. 13) an upper bound of the ``tau``
   the analysis covers.
+
+``--aggregate`` measures the federation's round instead: every client's round from one global model,
+for FedAvg, SVRG and SARAH, and the loss at the mean of the models sent (:func:`aggregate`); the global
+model is FedAvg's after ``--warmup`` rounds, or (``--trajectory``) SVRG's or SARAH's, each in its own
+``fig3`` run: whether a method's round gains less than the others' along its own trajectory too.
 
 Pure measurement: nothing here changes how FedProxVR trains.
 """
@@ -116,14 +124,18 @@ def local_round(loss_grad: Callable[[Params, Any], tuple[Tensor, Params]], batch
     return out, params
 
 
-def aggregate(warmup: int, seed: int = 0) -> dict[str, Any]:
-    """Every client's round from the same global model (after ``warmup`` FedAvg rounds), for FedAvg
-    (``"sgd"``), SVRG and SARAH in each setting of Fig. 3, and the sample-weighted mean of the models sent,
-    as the server takes it: the pooled training loss at that mean (``global_loss``), the clients'
-    sample-weighted mean loss at their own models (``local_loss``) and distance from the global model
-    (``drift``). One entry of the result file's ``aggregates``."""
+def aggregate(warmup: int, seed: int = 0, trajectory: str = "fedavg", warm_setting: Optional[str] = None,
+              settings: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Every client's round from the same global model, for FedAvg (``"sgd"``), SVRG and SARAH in each of
+    ``settings`` of Fig. 3 (default: all), and the sample-weighted mean of the models sent, as the server
+    takes it: the pooled training loss at that mean (``global_loss``), the clients' sample-weighted mean
+    loss at their own models (``local_loss``) and distance from the global model (``drift``). The global
+    model is ``trajectory``'s (``fedavg``, ``svrg``, ``sarah``) after ``warmup`` rounds of its ``fig3`` run
+    in ``warm_setting`` (default: the first): a method's own trajectory where it is the one measured.
+    One entry of the result file's ``aggregates``."""
     plan = plan_by_name()
-    net, start, data, loss_grad = warm_start(warmup, seed)
+    warm_setting = warm_setting or next(iter(FIG2))
+    net, start, data, loss_grad = warm_start(warmup, seed, trajectory, warm_setting)
     splits = [data.client_data(c) for c in range(data.num_clients)]
     chunks = [[(batch, len(batch[-1])) for batch in split.epoch_batches(1, batch_size=1000)] for split in splits]
     total = sum(len(split) for split in splits)
@@ -134,9 +146,11 @@ def aggregate(warmup: int, seed: int = 0) -> dict[str, Any]:
         total = sum(float(F.cross_entropy(functional_call(net, params, (x,)), y, reduction="sum")) for (x, y), _ in client_chunks)
         return total / sum(size for _, size in client_chunks)
 
-    out: dict[str, Any] = {"warmup_rounds": warmup, "seed": seed,
+    out: dict[str, Any] = {"warmup_rounds": warmup, "seed": seed, "trajectory": trajectory, "warm_setting": warm_setting,
+                           "commit": commit(),
                            "start_loss": sum(w * loss_on(start, c) for w, c in zip(weights, chunks)), "settings": {}}
-    for setting, (beta, tau, eta) in FIG2.items():
+    for setting in settings or FIG2:
+        beta, tau, eta = FIG2[setting]
         mu = cli_mu(plan[f"fig3/{setting}/sarah_s{seed}"].args)
         rows = {}
         for estimator in ("sgd", *ESTIMATORS):
@@ -154,24 +168,38 @@ def aggregate(warmup: int, seed: int = 0) -> dict[str, Any]:
     return out
 
 
+#: the rounds' labels in the tables: estimator -> the method it is the round of
+LABELS = {"sgd": "FedAvg", "fedavg": "FedAvg", "svrg": "SVRG", "sarah": "SARAH"}
+
+
+def aggregate_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """What an :func:`aggregate` entry measured: its start (the trajectory, its setting, the rounds), its seed and
+    its settings (entries before ``trajectory`` was recorded started from FedAvg in the first setting)."""
+    return (entry.get("trajectory", "fedavg"), entry.get("warm_setting", next(iter(FIG2))), entry["warmup_rounds"],
+            entry["seed"], tuple(entry["settings"]))
+
+
 def aggregate_table(result: dict[str, Any]) -> str:
     """The document's table of :func:`aggregate`'s entries."""
-    lines = ["| warm-up (FedAvg rounds) | setting | round | pooled training loss at the mean of the models sent | "
-             "clients' loss at their own models | drift from the global model |", "|---|---|---|---|---|---|"]
-    labels = {"sgd": "FedAvg", "svrg": "SVRG", "sarah": "SARAH"}
+    lines = ["| global model: rounds of (setting), seed | setting | round | pooled training loss at the mean of the models "
+             "sent | clients' loss at their own models | drift from the global model |", "|---|---|---|---|---|---|"]
     for a in result.get("aggregates", []):
+        trajectory, warm_setting, warmup, seed, _ = aggregate_key(a)
+        start = f"{warmup} of {LABELS[trajectory]} ({warm_setting}), {seed}"
         for s in a["settings"].values():
-            for estimator, label in labels.items():
+            for estimator in ("sgd", *ESTIMATORS):
                 r = s[estimator]
-                lines.append(f"| {a['warmup_rounds']} | beta {s['beta']}, tau {s['tau']}, eta {s['eta']} | {label} | "
+                lines.append(f"| {start} | beta {s['beta']}, tau {s['tau']}, eta {s['eta']} | {LABELS[estimator]} | "
                              f"{a['start_loss']:.4f} -> {r['global_loss']:.4f} | {r['local_loss']:.4f} | {r['drift']:.3f} |")
     return "\n".join(lines)
 
 
-def warm_start(warmup: int, seed: int) -> tuple[Any, Params, Any, Callable[[Params, Any], tuple[Tensor, Params]]]:
-    """The global model after ``warmup`` FedAvg rounds of Fig. 3's first setting: its network, its
-    parameters, the federation and the loss's value and gradient at given parameters on a batch."""
-    warm = plan_by_name()[f"fig3/{next(iter(FIG2))}/fedavg_s{seed}"]
+def warm_start(warmup: int, seed: int, trajectory: str = "fedavg", setting: Optional[str] = None
+               ) -> tuple[Any, Params, Any, Callable[[Params, Any], tuple[Tensor, Params]]]:
+    """The global model after ``warmup`` rounds of ``trajectory``'s ``fig3`` run in ``setting`` (default:
+    Fig. 3's first): its network, its parameters, the federation and the loss's value and gradient at
+    given parameters on a batch."""
+    warm = plan_by_name()[f"fig3/{setting or next(iter(FIG2))}/{trajectory}_s{seed}"]
     cli = FederatedCLI(args=[*warm.args, *QUIET, "--trainer.max_epochs", str(warmup),
                              "--trainer.default_root_dir", "runs/fedproxvr/estimator_error"], run=False)
     if warmup > 0:
@@ -263,7 +291,11 @@ def main(argv: Any = None) -> None:
     parser.add_argument("--out", type=Path, help="write the result file here (JSON)")
     parser.add_argument("--aggregate", action="store_true",
                         help="instead, every client's round and the mean of the models sent (aggregate), "
-                             "added to the --out file")
+                             "added to the --out file (replacing an entry that measured the same)")
+    parser.add_argument("--trajectory", choices=("fedavg", *ESTIMATORS), default="fedavg",
+                        help="with --aggregate: whose fig3 run trains the global model first (default fedavg)")
+    parser.add_argument("--warm-setting", choices=list(FIG2), help="with --aggregate: that run's setting (default: the first)")
+    parser.add_argument("--settings", nargs="+", choices=list(FIG2), help="with --aggregate: the settings measured (default: all)")
     parser.add_argument("--table", type=Path, help="print the document's table from this result file; run nothing")
     opts = parser.parse_args(argv)
     if opts.table:
@@ -274,10 +306,10 @@ def main(argv: Any = None) -> None:
         parser.error(f"--warmup must be >= 0, got {opts.warmup}")
     if opts.aggregate:  # added to the result file, beside its measurements
         result = json.loads(opts.out.read_text()) if opts.out and opts.out.exists() else {}
-        result["aggregate_commit"] = commit()
-        result["aggregates"] = []
         for warmup in opts.warmup:
-            result["aggregates"].append(aggregate(warmup, opts.seed))
+            entry = aggregate(warmup, opts.seed, opts.trajectory, opts.warm_setting, opts.settings)
+            result["aggregates"] = [a for a in result.get("aggregates", []) if aggregate_key(a) != aggregate_key(entry)]
+            result["aggregates"].append(entry)
             if opts.out:  # as they come
                 opts.out.write_text(json.dumps(result, indent=1) + "\n")
         print(aggregate_table(result))
