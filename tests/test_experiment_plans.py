@@ -687,3 +687,34 @@ def test_fedproxvr_estimator_error_is_zero_on_full_batches_and_measured_against_
         "| 3 of SARAH (beta7_tau40), 2 | beta 5, tau 12, eta 0.5 | SVRG | 2.0000 -> 0.5000 | 0.2500 | 0.125 |",
         "| 3 of SARAH (beta7_tau40), 2 | beta 5, tau 12, eta 0.5 | SARAH | 2.0000 -> 0.5000 | 0.2500 | 0.750 |"]
     assert sarah["drift"][0] == pytest.approx(float(sum(((w1[n] - start[n]) ** 2).sum() for n in w1)) ** 0.5, rel=1e-5)
+
+
+def test_fedproxvr_aggregates_are_added_to_the_result_file_as_it_is_when_each_ends(tmp_path, monkeypatch):
+    """``estimator_error --aggregate`` keeps the file's other entries, also those another process wrote
+    while it ran, and replaces the one entry that measured the same."""
+    import json
+
+    from experiments.fedproxvr import estimator_error
+
+    out = tmp_path / "error.json"
+    out.write_text(json.dumps({"commit": "c", "measurements": []}))
+
+    def entry(warmup, seed, trajectory="fedavg", warm_setting=None, settings=None, loss=1.0):
+        return {"warmup_rounds": warmup, "seed": seed, "trajectory": trajectory, "warm_setting": "beta7_tau40",
+                "commit": "x", "start_loss": loss, "settings": {}}
+
+    def meanwhile(warmup, seed, trajectory="fedavg", warm_setting=None, settings=None):
+        other = json.loads(out.read_text())  # another process ends first
+        other.setdefault("aggregates", []).append(entry(warmup, seed + 1))
+        out.write_text(json.dumps(other))
+        return entry(warmup, seed, trajectory)
+
+    monkeypatch.setattr(estimator_error, "aggregate", meanwhile)
+    argv = ["--aggregate", "--trajectory", "sarah", "--warm-setting", "beta7_tau40", "--warmup", "3", "--out", str(out)]
+    estimator_error.main(argv)
+    monkeypatch.setattr(estimator_error, "aggregate", lambda *a: entry(*a, loss=2.0))
+    estimator_error.main(argv)  # the same measurement again: replaced
+    result = json.loads(out.read_text())
+    assert result["measurements"] == [] and result["commit"] == "c"
+    assert [(a["trajectory"], a["seed"], a["start_loss"]) for a in result["aggregates"]] == [
+        ("fedavg", 1, 1.0), ("sarah", 0, 2.0)]

@@ -305,9 +305,11 @@ def main(argv: Any = None) -> None:
     if min(opts.warmup) < 0:
         parser.error(f"--warmup must be >= 0, got {opts.warmup}")
     if opts.aggregate:  # added to the result file, beside its measurements
-        result = json.loads(opts.out.read_text()) if opts.out and opts.out.exists() else {}
+        result: dict[str, Any] = {}
         for warmup in opts.warmup:
             entry = aggregate(warmup, opts.seed, opts.trajectory, opts.warm_setting, opts.settings)
+            # the file as it is now: another process may have added its entries since this one started
+            result = json.loads(opts.out.read_text()) if opts.out and opts.out.exists() else result
             result["aggregates"] = [a for a in result.get("aggregates", []) if aggregate_key(a) != aggregate_key(entry)]
             result["aggregates"].append(entry)
             if opts.out:  # as they come
