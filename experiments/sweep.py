@@ -270,6 +270,14 @@ def resume_dir(paper: str, name: str) -> Path:
     return Path("runs") / paper / name / "resume"
 
 
+def in_process_cli(args: Sequence[str]) -> FederatedCLI:
+    """``fl-lightning fit``'s CLI over ``args`` alone, not run (``run=False``): the process's own command
+    line (a sweep's, an experiment's) is set aside while it parses, so LightningCLI does not warn, once
+    a run, that arguments were given both ways."""
+    with patch.object(sys, "argv", sys.argv[:1]):
+        return FederatedCLI(args=list(args), run=False)
+
+
 def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] = None,
         backend: Optional[str] = None) -> results.Run:
     """Train ``run`` and return its record for the result file (``commit``: the code it runs;
@@ -282,8 +290,7 @@ def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] =
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
              "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
              "--trainer.default_root_dir", f"runs/{paper}/{run.name}"]
-    with patch.object(sys, "argv", sys.argv[:1]):  # the run's arguments are all in args, not the sweep's own
-        cli = FederatedCLI(args=[*run.args, *chosen, *quiet], run=False)
+    cli = in_process_cli([*run.args, *chosen, *quiet])
     recorder = Recorder(run.every, run.at_start, run.train, run.metrics, run.classes, run.dro_lam)
     recorder.commits = [commit]
     resume = resume_dir(paper, run.name)

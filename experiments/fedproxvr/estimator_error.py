@@ -47,7 +47,7 @@ from torch.func import functional_call, grad_and_value
 
 from experiments.fedproxvr.plan import FIG2, RESULTS, runs as plan_runs
 from experiments.results import commit
-from fl_lightning.cli import FederatedCLI
+from experiments.sweep import in_process_cli
 from fl_lightning.functional.fedproxvr_theory import sarah_steps_upper_bound
 from fl_lightning.functional.norms import joint_norm
 from fl_lightning.functional.prox import prox_step
@@ -200,8 +200,8 @@ def warm_start(warmup: int, seed: int, trajectory: str = "fedavg", setting: Opti
     Fig. 3's first): its network, its parameters, the federation and the loss's value and gradient at
     given parameters on a batch."""
     warm = plan_by_name()[f"fig3/{setting or next(iter(FIG2))}/{trajectory}_s{seed}"]
-    cli = FederatedCLI(args=[*warm.args, *QUIET, "--trainer.max_epochs", str(warmup),
-                             "--trainer.default_root_dir", "runs/fedproxvr/estimator_error"], run=False)
+    cli = in_process_cli([*warm.args, *QUIET, "--trainer.max_epochs", str(warmup),
+                          "--trainer.default_root_dir", "runs/fedproxvr/estimator_error"])
     if warmup > 0:
         cli.trainer.fit(cli.model, cli.datamodule)
     else:
@@ -253,7 +253,7 @@ def measure(warmup: int, client: Optional[int] = None, seed: int = 0) -> dict[st
 
 def cli_mu(args: Sequence[str]) -> float:
     """``mu`` of a FedProxVR run (its configs and overrides)."""
-    cli = FederatedCLI(args=[*args, *QUIET, "--trainer.max_epochs", "0"], run=False)
+    cli = in_process_cli([*args, *QUIET, "--trainer.max_epochs", "0"])
     return float(cli.model.mu)
 
 

@@ -15,8 +15,7 @@ import json
 import pytorch_lightning as pl
 import torch
 
-from experiments.sweep import evaluate
-from fl_lightning.cli import FederatedCLI
+from experiments.sweep import evaluate, in_process_cli
 
 
 class Accuracy(pl.Callback):
@@ -40,7 +39,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     seed = str(args.seed)
-    cli = FederatedCLI(args=[
+    cli = in_process_cli([
         "--config", "configs/fedavg_mnist.yaml", "--model.class_path", "fl_lightning.algorithms.SCAFFOLD",
         "--model.init_args.seed", seed, "--seed_everything", seed, "--data.init_args.root", args.data,
         "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
@@ -49,7 +48,7 @@ def main() -> None:
         "--data.init_args.val_fraction", "0",
         # ... and with the model deltas weighted by sample count (the engine's default then; SCAFFOLD's is uniform)
         "--model.init_args.weighting", "num_samples",
-    ], run=False)
+    ])
     accuracy = Accuracy()
     cli.trainer.callbacks.append(accuracy)
     cli.trainer.fit(cli.model, cli.datamodule)
