@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from torch import nn
 
 from fl_lightning.models.classifier import Classifier
+from fl_lightning.models.pooling import MaxPool2d
 
 
 def conv_output_size(size: int, kernel_size: int, padding: int) -> int:
@@ -29,13 +30,15 @@ def cnn_layers(
     hidden: Sequence[int],
     out_features: int,
 ) -> nn.Sequential:
-    """[conv(kernel_size, padding) -> ReLU -> maxpool2] per conv channel, flatten, [FC -> ReLU] per hidden, FC."""
+    """[conv(kernel_size, padding) -> ReLU -> maxpool2] per conv channel, flatten, [FC -> ReLU] per hidden, FC.
+
+    The max-pools are :class:`~fl_lightning.models.pooling.MaxPool2d`: ``nn.MaxPool2d``'s results, faster on a CPU."""
     if kernel_size < 1 or padding < 0:
         raise ValueError(f"kernel_size must be >= 1 and padding >= 0, got kernel_size={kernel_size}, padding={padding}")
     layers: list[nn.Module] = []
     channels, size = in_channels, image_size
     for c in conv_channels:
-        layers += [nn.Conv2d(channels, c, kernel_size, padding=padding), nn.ReLU(), nn.MaxPool2d(2)]
+        layers += [nn.Conv2d(channels, c, kernel_size, padding=padding), nn.ReLU(), MaxPool2d(2)]
         channels, size = c, conv_output_size(size, kernel_size, padding)
         if size < 1:
             raise ValueError(f"image_size={image_size} is too small for {len(conv_channels)} conv layers of kernel {kernel_size}")
