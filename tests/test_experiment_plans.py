@@ -699,11 +699,12 @@ def test_fedproxvr_aggregates_are_added_to_the_result_file_as_it_is_when_each_en
     out = tmp_path / "error.json"
     out.write_text(json.dumps({"commit": "c", "measurements": []}))
 
-    def entry(warmup, seed, trajectory="fedavg", warm_setting=None, settings=None, loss=1.0):
+    def entry(warmup, seed, trajectory="fedavg", warm_setting=None, settings=None, code=None, loss=1.0):
         return {"warmup_rounds": warmup, "seed": seed, "trajectory": trajectory, "warm_setting": "beta7_tau40",
                 "commit": "x", "start_loss": loss, "settings": {}}
 
-    def meanwhile(warmup, seed, trajectory="fedavg", warm_setting=None, settings=None):
+    def meanwhile(warmup, seed, trajectory="fedavg", warm_setting=None, settings=None, code=None):
+        assert code == "at start"
         other = json.loads(out.read_text())  # another process ends first
         other.setdefault("aggregates", []).append(entry(warmup, seed + 1))
         out.write_text(json.dumps(other))
@@ -711,7 +712,10 @@ def test_fedproxvr_aggregates_are_added_to_the_result_file_as_it_is_when_each_en
 
     monkeypatch.setattr(estimator_error, "aggregate", meanwhile)
     argv = ["--aggregate", "--trajectory", "sarah", "--warm-setting", "beta7_tau40", "--warmup", "3", "--out", str(out)]
+    started = []
+    monkeypatch.setattr(estimator_error, "commit", lambda: started.append(1) or "at start")
     estimator_error.main(argv)
+    assert started == [1]  # the commit is read once, when the process starts, and handed to each entry
     monkeypatch.setattr(estimator_error, "aggregate", lambda *a: entry(*a, loss=2.0))
     estimator_error.main(argv)  # the same measurement again: replaced
     result = json.loads(out.read_text())

@@ -125,14 +125,16 @@ def local_round(loss_grad: Callable[[Params, Any], tuple[Tensor, Params]], batch
 
 
 def aggregate(warmup: int, seed: int = 0, trajectory: str = "fedavg", warm_setting: Optional[str] = None,
-              settings: Optional[Sequence[str]] = None) -> dict[str, Any]:
+              settings: Optional[Sequence[str]] = None, code: Optional[str] = None) -> dict[str, Any]:
     """Every client's round from the same global model, for FedAvg (``"sgd"``), SVRG and SARAH in each of
     ``settings`` of Fig. 3 (default: all), and the sample-weighted mean of the models sent, as the server
     takes it: the pooled training loss at that mean (``global_loss``), the clients' sample-weighted mean
     loss at their own models (``local_loss``) and distance from the global model (``drift``). The global
     model is ``trajectory``'s (``fedavg``, ``svrg``, ``sarah``) after ``warmup`` rounds of its ``fig3`` run
     in ``warm_setting`` (default: the first): a method's own trajectory where it is the one measured.
-    One entry of the result file's ``aggregates``."""
+    One entry of the result file's ``aggregates``, with ``code``: the commit the process imported (default:
+    the checkout's now)."""
+    code = code or commit()
     plan = plan_by_name()
     warm_setting = warm_setting or next(iter(FIG2))
     net, start, data, loss_grad = warm_start(warmup, seed, trajectory, warm_setting)
@@ -147,7 +149,7 @@ def aggregate(warmup: int, seed: int = 0, trajectory: str = "fedavg", warm_setti
         return total / sum(size for _, size in client_chunks)
 
     out: dict[str, Any] = {"warmup_rounds": warmup, "seed": seed, "trajectory": trajectory, "warm_setting": warm_setting,
-                           "commit": commit(),
+                           "commit": code,
                            "start_loss": sum(w * loss_on(start, c) for w, c in zip(weights, chunks)), "settings": {}}
     for setting in settings or FIG2:
         beta, tau, eta = FIG2[setting]
@@ -304,10 +306,11 @@ def main(argv: Any = None) -> None:
         return
     if min(opts.warmup) < 0:
         parser.error(f"--warmup must be >= 0, got {opts.warmup}")
+    code = commit()  # what this process runs, whatever the checkout becomes while it does
     if opts.aggregate:  # added to the result file, beside its measurements
         result: dict[str, Any] = {}
         for warmup in opts.warmup:
-            entry = aggregate(warmup, opts.seed, opts.trajectory, opts.warm_setting, opts.settings)
+            entry = aggregate(warmup, opts.seed, opts.trajectory, opts.warm_setting, opts.settings, code)
             # the file as it is now: another process may have added its entries since this one started
             result = json.loads(opts.out.read_text()) if opts.out and opts.out.exists() else result
             result["aggregates"] = [a for a in result.get("aggregates", []) if aggregate_key(a) != aggregate_key(entry)]
@@ -316,7 +319,7 @@ def main(argv: Any = None) -> None:
                 opts.out.write_text(json.dumps(result, indent=1) + "\n")
         print(aggregate_table(result))
         return
-    result = {"commit": commit(), "measurements": []}
+    result = {"commit": code, "measurements": []}
     for warmup in opts.warmup:
         result["measurements"].append(measure(warmup, opts.client, opts.seed))
         if opts.out:  # as they come
