@@ -54,6 +54,8 @@ from fl_lightning.functional.prox import prox_step
 from fl_lightning.functional.variance_reduction import full_gradient, sarah_direction, svrg_direction
 
 ESTIMATORS = ("svrg", "sarah")
+#: the setting whose run trains the global model unless another is named (Fig. 3's first)
+FIRST_SETTING = next(iter(FIG2))
 #: the result file beside the document's
 RESULT = RESULTS.parent / "fedproxvr_estimator_error.json"
 QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing",
@@ -136,7 +138,7 @@ def aggregate(warmup: int, seed: int = 0, trajectory: str = "fedavg", warm_setti
     the checkout's now)."""
     code = code or commit()
     plan = plan_by_name()
-    warm_setting = warm_setting or next(iter(FIG2))
+    warm_setting = warm_setting or FIRST_SETTING
     net, start, data, loss_grad = warm_start(warmup, seed, trajectory, warm_setting)
     splits = [data.client_data(c) for c in range(data.num_clients)]
     chunks = [[(batch, len(batch[-1])) for batch in split.epoch_batches(1, batch_size=1000)] for split in splits]
@@ -177,7 +179,7 @@ LABELS = {"sgd": "FedAvg", "fedavg": "FedAvg", "svrg": "SVRG", "sarah": "SARAH"}
 def aggregate_key(entry: dict[str, Any]) -> tuple[Any, ...]:
     """What an :func:`aggregate` entry measured: its start (the trajectory, its setting, the rounds), its seed and
     its settings (entries before ``trajectory`` was recorded started from FedAvg in the first setting)."""
-    return (entry.get("trajectory", "fedavg"), entry.get("warm_setting", next(iter(FIG2))), entry["warmup_rounds"],
+    return (entry.get("trajectory", "fedavg"), entry.get("warm_setting", FIRST_SETTING), entry["warmup_rounds"],
             entry["seed"], tuple(entry["settings"]))
 
 
@@ -201,7 +203,7 @@ def warm_start(warmup: int, seed: int, trajectory: str = "fedavg", setting: Opti
     """The global model after ``warmup`` rounds of ``trajectory``'s ``fig3`` run in ``setting`` (default:
     Fig. 3's first): its network, its parameters, the federation and the loss's value and gradient at
     given parameters on a batch."""
-    warm = plan_by_name()[f"fig3/{setting or next(iter(FIG2))}/{trajectory}_s{seed}"]
+    warm = plan_by_name()[f"fig3/{setting or FIRST_SETTING}/{trajectory}_s{seed}"]
     cli = in_process_cli([*warm.args, *QUIET, "--trainer.max_epochs", str(warmup),
                           "--trainer.default_root_dir", "runs/fedproxvr/estimator_error"])
     if warmup > 0:

@@ -3,9 +3,10 @@
 PyTorch's CPU max-pool over a contiguous (NCHW) input is not vectorized across channels: for
 the CNNs of these papers it is one of the slowest layers of a step. Its channels-last kernel
 picks the same maxima and the same indices (the first maximum of a window in row-major order; a
-NaN wins), so this module pools a channels-last copy of its input, returns the result in the
-input's layout and takes the gradient with PyTorch's own backward kernel from those indices:
-values and gradients are bitwise ``nn.MaxPool2d``'s.
+NaN wins), so this module pools a channels-last copy of its input, returns the result laid out
+as ``nn.MaxPool2d`` lays it out (channels-last for a channels-last input, else contiguous) and
+takes the gradient with PyTorch's own backward kernel from those indices: values and gradients
+are bitwise ``nn.MaxPool2d``'s.
 
 The layout copy costs more than it saves on small maps (``benchmarks/pooling.py``, 2x2 pooling,
 batch 32, one thread, forward and backward: 32 channels at 28x28 4.9 -> 2.6 ms, 64 at 14x14
