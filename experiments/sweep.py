@@ -34,6 +34,12 @@ With ``--time-limit S`` (a machine lent for a while) each run stops at its first
 ``S`` seconds from the sweep's start, and a run not begun by then is not started. A run so stopped is
 recorded with its evaluations so far and ``"stopped"`` (the round it stopped after, of how many); a
 later sweep runs it again (resuming from its checkpoint where that is still there) and replaces it.
+With ``--until-round N`` each run stops likewise at its first evaluated round from round N on, and a
+run recorded as stopped there is not started again: a sweep of long runs on a machine lent for less
+than they take advances all of them together (``--until-round 100``, then ``200`` in a later session,
+``--out`` a file kept between the sessions, the checkpoints under ``runs/`` too), so that every row of a
+table has its seeds at a common round, where ``--time-limit`` alone would take the first runs far and
+leave the rest unstarted.
 A run records the project commit it ran on (:func:`experiments.results.commit`) and the device it
 trained on. Each process keeps the memory its runs free for their next allocations
 (:func:`keep_freed_memory`: glibc would map large vectors anew every round). ``--backend batched``
@@ -242,20 +248,25 @@ class Recorder(pl.Callback):
                            for k, v in self.history[-1].items() if "_acc_class" not in k), flush=True)
 
 
-class TimeLimit(pl.Callback):
+class Limit(pl.Callback):
     """Stops the run at its first evaluated round (every ``every`` rounds, as the recorder and the
-    resume checkpoint) at or after the wall-clock time ``stop_at`` (``time.time()``)."""
+    resume checkpoint) at or after the wall-clock time ``stop_at`` (``time.time()``; None: no time
+    limit) or at or after round ``until`` (None: no round limit)."""
 
-    def __init__(self, stop_at: float, every: int) -> None:
-        self.stop_at, self.every = stop_at, every
-        #: the round the run stopped after (None: it ran to its end)
-        self.stopped_after: Optional[int] = None
+    def __init__(self, stop_at: Optional[float], until: Optional[int], every: int) -> None:
+        self.stop_at, self.until, self.every = stop_at, until, every
+        #: why and after which round the run stopped (None: it ran to its end)
+        self.stopped: Optional[str] = None
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         round_number = trainer.current_epoch + 1
-        if round_number % self.every == 0 and round_number < trainer.max_epochs and time.time() >= self.stop_at:
+        if round_number % self.every or round_number >= trainer.max_epochs:
+            return
+        reason = ("round limit" if self.until is not None and round_number >= self.until else
+                  "time limit" if self.stop_at is not None and time.time() >= self.stop_at else None)
+        if reason is not None:
             trainer.should_stop = True
-            self.stopped_after = round_number
+            self.stopped = f"{reason}, after round {round_number} of {trainer.max_epochs}"
 
 
 def split_sizes(cli: Any) -> dict[str, int]:
@@ -279,12 +290,12 @@ def in_process_cli(args: Sequence[str]) -> FederatedCLI:
 
 
 def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] = None,
-        backend: Optional[str] = None) -> results.Run:
+        backend: Optional[str] = None, until: Optional[int] = None) -> results.Run:
     """Train ``run`` and return its record for the result file (``commit``: the code it runs;
     ``backend``: the clients' backend where it is not the configs'). A run that diverges
     (:data:`DIVERGED`) is recorded with its evaluations so far and ``"diverged"``: the error and the
-    round it stopped in; one stopped by the time limit ``stop_at`` (:class:`TimeLimit`) with
-    ``"stopped"``. The record names the device the run trained on (``"device"``) and the backend
+    round it stopped in; one stopped by the time limit ``stop_at`` or the round limit ``until``
+    (:class:`Limit`) with ``"stopped"``. The record names the device the run trained on (``"device"``) and the backend
     where it was given (``"backend"``)."""
     chosen = [] if backend is None else ["--model.init_args.client_backend", backend]
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
@@ -298,9 +309,8 @@ def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] =
     # resume checkpoint: the checkpoint of a round holds that round's evaluation
     cli.trainer.callbacks = [c for c in cli.trainer.callbacks if not isinstance(c, Checkpoint)]
     cli.trainer.callbacks += [recorder, RoundCheckpoint(str(resume), every_n_rounds=run.every, asynchronous=False)]
-    limit = None if stop_at is None else TimeLimit(stop_at, run.every)
-    if limit is not None:
-        cli.trainer.callbacks.append(limit)
+    limit = Limit(stop_at, until, run.every)
+    cli.trainer.callbacks.append(limit)
     last = resume / "last.ckpt"
     if last.exists():
         print(f"{run.name}: resuming from {last}", flush=True)
@@ -318,8 +328,8 @@ def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] =
         record["commits"] = recorder.commits
     if diverged is not None:
         record["diverged"] = diverged
-    if limit is not None and limit.stopped_after is not None:
-        record["stopped"] = f"time limit, after round {limit.stopped_after} of {cli.trainer.max_epochs}"
+    if limit.stopped is not None:
+        record["stopped"] = limit.stopped
     if hasattr(plan, "summary"):
         record["summary"] = plan.summary(cli)
     return record
@@ -352,13 +362,13 @@ def merge_parts(out: Path) -> int:
 
 
 def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, stop_at: Optional[float] = None,
-               backend: Optional[str] = None) -> None:
+               backend: Optional[str] = None, until: Optional[int] = None) -> None:
     """Train ``run`` (:func:`fit`) and add its record to ``out``; once it is recorded for good (not
-    stopped by the time limit), its resume checkpoint goes. The run's memory is handed back, so that
+    stopped by a limit), its resume checkpoint goes. The run's memory is handed back, so that
     the next run of the process sizes its blocks by the device's free memory as a new process would."""
     print(f"== {run.name}: {run.command()}", flush=True)
     started = time.perf_counter()
-    record = fit(run, paper, plan, commit, stop_at, backend)
+    record = fit(run, paper, plan, commit, stop_at, backend, until)
     results.add(out, record)
     print(f"{run.name}: recorded after {time.perf_counter() - started:.0f} s ({record['wall_s']:.0f} s of training "
           "and evaluation)", flush=True)
@@ -370,7 +380,7 @@ def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, stop_at:
 
 
 def serve(runs: Sequence[Run], paper: str, plan: Any, out: Path, ready: int, stop_at: Optional[float] = None,
-          backend: Optional[str] = None) -> None:
+          backend: Optional[str] = None, until: Optional[int] = None) -> None:
     """A slot of a parallel sweep: record the runs whose names its sweep writes to stdin, one a
     line, one after the other, and write each name to the file descriptor ``ready`` once it is
     recorded. Ends at the end of stdin."""
@@ -378,7 +388,7 @@ def serve(runs: Sequence[Run], paper: str, plan: Any, out: Path, ready: int, sto
     commit = results.commit()
     with os.fdopen(ready, "w", buffering=1) as done:
         for line in sys.stdin:
-            record_run(by_name[line.strip()], paper, plan, out, commit, stop_at, backend)
+            record_run(by_name[line.strip()], paper, plan, out, commit, stop_at, backend, until)
             done.write(line)
 
 
@@ -398,10 +408,10 @@ class Slot:
 
 
 def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads: int,
-                 stop_at: Optional[float] = None, backend: Optional[str] = None) -> None:
+                 stop_at: Optional[float] = None, backend: Optional[str] = None, until: Optional[int] = None) -> None:
     """Run the plan's runs ``names`` (in this order) in ``jobs`` slots, each run in the first slot
-    that is free, and merge their results into ``out`` (``stop_at``: the sweep's time limit, see
-    :class:`TimeLimit`; ``backend``: see :func:`fit`)."""
+    that is free, and merge their results into ``out`` (``stop_at``, ``until``: the sweep's time and
+    round limits, see :class:`Limit`; ``backend``: see :func:`fit`)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     out.parent.mkdir(parents=True, exist_ok=True)
     options = ["--threads", str(threads)]
@@ -409,6 +419,8 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
         options += ["--stop-at", repr(stop_at)]
     if backend is not None:
         options += ["--backend", backend]
+    if until is not None:
+        options += ["--until-round", str(until)]
     queue, slots, failed = deque(names), {}, []
 
     def start(k: int) -> Slot:
@@ -494,6 +506,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--time-limit", type=float, metavar="SECONDS",
                         help="stop every run at its first evaluated round after this many seconds (recorded as "
                              "stopped; a later sweep runs it again); start no run after it")
+    parser.add_argument("--until-round", type=int, metavar="N",
+                        help="stop every run at its first evaluated round from round N on (recorded as stopped; a "
+                             "later sweep with a larger N resumes it); a run recorded there already is skipped")
     parser.add_argument("--backend", choices=sorted(BACKENDS),
                         help="the clients' backend of every run (default: the configs'); recorded with each run")
     parser.add_argument("--stop-at", type=float, help=argparse.SUPPRESS)  # a slot's: the sweep's limit, as time.time()
@@ -503,6 +518,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         parser.error(f"--jobs and --threads must be >= 1, got --jobs {opts.jobs} --threads {opts.threads}")
     if opts.time_limit is not None and not opts.time_limit > 0:
         parser.error(f"--time-limit must be > 0 seconds, got {opts.time_limit}")
+    if opts.until_round is not None and opts.until_round < 1:
+        parser.error(f"--until-round must be a round >= 1, got {opts.until_round}")
     stop_at = time.time() + opts.time_limit if opts.time_limit is not None else opts.stop_at
     plan = importlib.import_module(f"experiments.{opts.paper}.plan")
     runs = plan.runs()
@@ -519,13 +536,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if opts.serve is not None:
         torch.set_num_threads(opts.threads)
         keep_freed_memory()
-        serve(runs, opts.paper, plan, out, opts.serve, stop_at, opts.backend)
+        serve(runs, opts.paper, plan, out, opts.serve, stop_at, opts.backend, opts.until_round)
         return
     merge_parts(out)  # the finished runs of a parallel sweep that was stopped
-    done = {r["name"] for r in results.load(out) if "stopped" not in r}
+    done = {r["name"] for r in results.load(out) if "stopped" not in r
+            or opts.until_round is not None and r["history"][-1]["round"] >= opts.until_round}
     pending = [run.name for run in runs if run.name not in done]
     if opts.jobs > 1 and len(pending) > 1:
-        run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, stop_at, opts.backend)
+        run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, stop_at, opts.backend, opts.until_round)
         return
     torch.set_num_threads(opts.threads)
     keep_freed_memory()
@@ -536,7 +554,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if stop_at is not None and time.time() >= stop_at:
             print(f"time limit: {run.name} and the runs after it are not started", flush=True)
             break
-        record_run(run, opts.paper, plan, out, commit, stop_at, opts.backend)
+        record_run(run, opts.paper, plan, out, commit, stop_at, opts.backend, opts.until_round)
 
 
 if __name__ == "__main__":

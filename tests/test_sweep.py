@@ -290,6 +290,43 @@ def test_a_run_stopped_by_the_time_limit_is_recorded_as_such_and_finished_by_the
     assert "stopped" not in finished and finished["history"] == whole["history"]
 
 
+def test_a_round_limit_advances_every_run_to_the_same_round_and_a_later_sweep_finishes_them(tmp_path, monkeypatch):
+    """``--until-round``: every run stops at its first evaluated round from that round on, recorded as
+    stopped there (both runs, not only the first, as a time limit would); a sweep with the same limit
+    starts none of them again; a sweep without it resumes them to records equal to uninterrupted runs'."""
+    from pathlib import Path
+
+    from experiments import results, sweep
+    from experiments.sweep import main
+
+    (tmp_path / "configs").symlink_to(Path(__file__).resolve().parents[1] / "configs")
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        main(["quickstart", "--only", "fedavg_lr0.05_s[01]", "--out", "whole.json"])
+        main(["quickstart", "--only", "fedavg_lr0.05_s[01]", "--until-round", "3", "--out", "r.json"])
+        stopped = results.load("r.json")
+        assert [r["stopped"] for r in stopped] == ["round limit, after round 5 of 10"] * 2
+        assert [[p["round"] for p in r["history"]] for r in stopped] == [[5]] * 2
+        with monkeypatch.context() as m:
+            m.setattr(sweep, "record_run", lambda *a, **k: pytest.fail("a run at its round limit started again"))
+            main(["quickstart", "--only", "fedavg_lr0.05_s[01]", "--until-round", "5", "--out", "r.json"])
+        main(["quickstart", "--only", "fedavg_lr0.05_s[01]", "--out", "r.json"])
+    finally:
+        torch.set_num_threads(threads)
+    finished, whole = results.load("r.json"), results.load("whole.json")
+    assert [r["history"] for r in finished] == [r["history"] for r in whole]
+    assert not any("stopped" in r for r in finished)
+
+
+def test_a_round_limit_below_one_is_refused(capsys):
+    from experiments.sweep import main
+
+    with pytest.raises(SystemExit):
+        main(["quickstart", "--until-round", "0"])
+    assert "--until-round must be a round >= 1, got 0" in capsys.readouterr().err
+
+
 def _no_git(*args, **kwargs):
     raise FileNotFoundError("git")
 
