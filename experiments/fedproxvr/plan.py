@@ -40,9 +40,9 @@ paper's Fashion-MNIST, every client every round.
 * ``table2_tuned``: Table 2's rows at their chosen step sizes, seeds 0-4, 1000 rounds; each row planned
   once its search is complete in the document's result file. Both on the batched client backend: for a GPU.
 
-``fig3`` ran on a GPU; ``table2_tune`` ran its first six rates there (0.0005-0.15) and FedAvg's and SVRG's
-last two on a CPU: SARAH's last two and ``table2_tuned`` are for a GPU; ``table2`` and ``table2_sarah_lr`` ran
-in part (the document says how far).
+``fig3`` ran on a GPU; ``table2_tune`` ran its first six rates there (0.0005-0.15) and its last two on a
+CPU; ``table2_tuned`` is for a GPU, and advances on a CPU across sessions, all its runs together
+(``--until-round``); ``table2`` and ``table2_sarah_lr`` ran in part (the document says how far).
 """
 
 from __future__ import annotations
