@@ -248,13 +248,38 @@ class Recorder(pl.Callback):
                            for k, v in self.history[-1].items() if "_acc_class" not in k), flush=True)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Where a sweep stops its runs: at the wall-clock time ``stop_at`` (``time.time()``; None: no time
+    limit) and at round ``until`` (None: no round limit)."""
+
+    stop_at: Optional[float] = None
+    until: Optional[int] = None
+
+    def reason(self, round_number: int) -> Optional[str]:
+        """Which limit a run that has just ended round ``round_number`` has reached (None: neither)."""
+        if self.until is not None and round_number >= self.until:
+            return "round limit"
+        if self.timed_out():
+            return "time limit"
+        return None
+
+    def timed_out(self) -> bool:
+        """Whether the time limit has passed: no run starts after it."""
+        return self.stop_at is not None and time.time() >= self.stop_at
+
+    def options(self) -> list[str]:
+        """These limits as a slot's command-line options (:func:`slot_command`)."""
+        return ([] if self.stop_at is None else ["--stop-at", repr(self.stop_at)]) + \
+            ([] if self.until is None else ["--until-round", str(self.until)])
+
+
 class Limit(pl.Callback):
     """Stops the run at its first evaluated round (every ``every`` rounds, as the recorder and the
-    resume checkpoint) at or after the wall-clock time ``stop_at`` (``time.time()``; None: no time
-    limit) or at or after round ``until`` (None: no round limit)."""
+    resume checkpoint) at which one of ``limits`` is reached."""
 
-    def __init__(self, stop_at: Optional[float], until: Optional[int], every: int) -> None:
-        self.stop_at, self.until, self.every = stop_at, until, every
+    def __init__(self, limits: Limits, every: int) -> None:
+        self.limits, self.every = limits, every
         #: why and after which round the run stopped (None: it ran to its end)
         self.stopped: Optional[str] = None
 
@@ -262,8 +287,7 @@ class Limit(pl.Callback):
         round_number = trainer.current_epoch + 1
         if round_number % self.every or round_number >= trainer.max_epochs:
             return
-        reason = ("round limit" if self.until is not None and round_number >= self.until else
-                  "time limit" if self.stop_at is not None and time.time() >= self.stop_at else None)
+        reason = self.limits.reason(round_number)
         if reason is not None:
             trainer.should_stop = True
             self.stopped = f"{reason}, after round {round_number} of {trainer.max_epochs}"
@@ -289,13 +313,12 @@ def in_process_cli(args: Sequence[str]) -> FederatedCLI:
         return FederatedCLI(args=list(args), run=False)
 
 
-def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] = None,
-        backend: Optional[str] = None, until: Optional[int] = None) -> results.Run:
+def fit(run: Run, paper: str, plan: Any, commit: str, limits: Limits = Limits(),
+        backend: Optional[str] = None) -> results.Run:
     """Train ``run`` and return its record for the result file (``commit``: the code it runs;
     ``backend``: the clients' backend where it is not the configs'). A run that diverges
     (:data:`DIVERGED`) is recorded with its evaluations so far and ``"diverged"``: the error and the
-    round it stopped in; one stopped by the time limit ``stop_at`` or the round limit ``until``
-    (:class:`Limit`) with ``"stopped"``. The record names the device the run trained on (``"device"``) and the backend
+    round it stopped in; one stopped by one of ``limits`` (:class:`Limit`) with ``"stopped"``. The record names the device the run trained on (``"device"``) and the backend
     where it was given (``"backend"``)."""
     chosen = [] if backend is None else ["--model.init_args.client_backend", backend]
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
@@ -309,7 +332,7 @@ def fit(run: Run, paper: str, plan: Any, commit: str, stop_at: Optional[float] =
     # resume checkpoint: the checkpoint of a round holds that round's evaluation
     cli.trainer.callbacks = [c for c in cli.trainer.callbacks if not isinstance(c, Checkpoint)]
     cli.trainer.callbacks += [recorder, RoundCheckpoint(str(resume), every_n_rounds=run.every, asynchronous=False)]
-    limit = Limit(stop_at, until, run.every)
+    limit = Limit(limits, run.every)
     cli.trainer.callbacks.append(limit)
     last = resume / "last.ckpt"
     if last.exists():
@@ -361,14 +384,14 @@ def merge_parts(out: Path) -> int:
     return len(added)
 
 
-def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, stop_at: Optional[float] = None,
-               backend: Optional[str] = None, until: Optional[int] = None) -> None:
+def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, limits: Limits = Limits(),
+               backend: Optional[str] = None) -> None:
     """Train ``run`` (:func:`fit`) and add its record to ``out``; once it is recorded for good (not
     stopped by a limit), its resume checkpoint goes. The run's memory is handed back, so that
     the next run of the process sizes its blocks by the device's free memory as a new process would."""
     print(f"== {run.name}: {run.command()}", flush=True)
     started = time.perf_counter()
-    record = fit(run, paper, plan, commit, stop_at, backend, until)
+    record = fit(run, paper, plan, commit, limits, backend)
     results.add(out, record)
     print(f"{run.name}: recorded after {time.perf_counter() - started:.0f} s ({record['wall_s']:.0f} s of training "
           "and evaluation)", flush=True)
@@ -379,8 +402,8 @@ def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, stop_at:
         torch.cuda.empty_cache()
 
 
-def serve(runs: Sequence[Run], paper: str, plan: Any, out: Path, ready: int, stop_at: Optional[float] = None,
-          backend: Optional[str] = None, until: Optional[int] = None) -> None:
+def serve(runs: Sequence[Run], paper: str, plan: Any, out: Path, ready: int, limits: Limits = Limits(),
+          backend: Optional[str] = None) -> None:
     """A slot of a parallel sweep: record the runs whose names its sweep writes to stdin, one a
     line, one after the other, and write each name to the file descriptor ``ready`` once it is
     recorded. Ends at the end of stdin."""
@@ -388,7 +411,7 @@ def serve(runs: Sequence[Run], paper: str, plan: Any, out: Path, ready: int, sto
     commit = results.commit()
     with os.fdopen(ready, "w", buffering=1) as done:
         for line in sys.stdin:
-            record_run(by_name[line.strip()], paper, plan, out, commit, stop_at, backend, until)
+            record_run(by_name[line.strip()], paper, plan, out, commit, limits, backend)
             done.write(line)
 
 
@@ -408,19 +431,15 @@ class Slot:
 
 
 def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads: int,
-                 stop_at: Optional[float] = None, backend: Optional[str] = None, until: Optional[int] = None) -> None:
+                 limits: Limits = Limits(), backend: Optional[str] = None) -> None:
     """Run the plan's runs ``names`` (in this order) in ``jobs`` slots, each run in the first slot
-    that is free, and merge their results into ``out`` (``stop_at``, ``until``: the sweep's time and
-    round limits, see :class:`Limit`; ``backend``: see :func:`fit`)."""
+    that is free, and merge their results into ``out`` (``limits``: the sweep's, see :class:`Limit`;
+    ``backend``: see :func:`fit`)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     out.parent.mkdir(parents=True, exist_ok=True)
-    options = ["--threads", str(threads)]
-    if stop_at is not None:
-        options += ["--stop-at", repr(stop_at)]
+    options = ["--threads", str(threads), *limits.options()]
     if backend is not None:
         options += ["--backend", backend]
-    if until is not None:
-        options += ["--until-round", str(until)]
     queue, slots, failed = deque(names), {}, []
 
     def start(k: int) -> Slot:
@@ -446,7 +465,7 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
         for k in range(jobs):  # the next runs to the free slots, the first slot first
             if not queue or (k in slots and slots[k].run is not None):
                 continue
-            if stop_at is not None and time.time() >= stop_at:
+            if limits.timed_out():
                 print(f"time limit: {queue[0]} and the runs after it are not started", flush=True)
                 queue.clear()
                 break
@@ -520,7 +539,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         parser.error(f"--time-limit must be > 0 seconds, got {opts.time_limit}")
     if opts.until_round is not None and opts.until_round < 1:
         parser.error(f"--until-round must be a round >= 1, got {opts.until_round}")
-    stop_at = time.time() + opts.time_limit if opts.time_limit is not None else opts.stop_at
+    limits = Limits(time.time() + opts.time_limit if opts.time_limit is not None else opts.stop_at, opts.until_round)
     plan = importlib.import_module(f"experiments.{opts.paper}.plan")
     runs = plan.runs()
     if opts.only:
@@ -536,14 +555,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if opts.serve is not None:
         torch.set_num_threads(opts.threads)
         keep_freed_memory()
-        serve(runs, opts.paper, plan, out, opts.serve, stop_at, opts.backend, opts.until_round)
+        serve(runs, opts.paper, plan, out, opts.serve, limits, opts.backend)
         return
     merge_parts(out)  # the finished runs of a parallel sweep that was stopped
     done = {r["name"] for r in results.load(out) if "stopped" not in r
             or opts.until_round is not None and r["history"][-1]["round"] >= opts.until_round}
     pending = [run.name for run in runs if run.name not in done]
     if opts.jobs > 1 and len(pending) > 1:
-        run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, stop_at, opts.backend, opts.until_round)
+        run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, limits, opts.backend)
         return
     torch.set_num_threads(opts.threads)
     keep_freed_memory()
@@ -551,10 +570,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for run in runs:
         if run.name in done:
             continue
-        if stop_at is not None and time.time() >= stop_at:
+        if limits.timed_out():
             print(f"time limit: {run.name} and the runs after it are not started", flush=True)
             break
-        record_run(run, opts.paper, plan, out, commit, stop_at, opts.backend, opts.until_round)
+        record_run(run, opts.paper, plan, out, commit, limits, opts.backend)
 
 
 if __name__ == "__main__":
