@@ -327,6 +327,36 @@ def test_a_round_limit_below_one_is_refused(capsys):
     assert "--until-round must be a round >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("limits", [(None, None), (1.8e9 + 0.25, None), (None, 50), (1.8e9 + 0.25, 50)])
+def test_a_parallel_sweeps_slots_get_its_limits(monkeypatch, limits):
+    """A slot's command line carries the sweep's limits (``Limits.options``) and the slot parses them back
+    to the same ``Limits``: a parallel sweep with ``--until-round`` stops its runs where a sequential one does."""
+    from experiments import sweep
+
+    given = sweep.Limits(*limits)
+    got = []
+    monkeypatch.setattr(sweep, "keep_freed_memory", lambda: None)
+    monkeypatch.setattr(sweep, "serve", lambda runs, paper, plan, out, ready, limits, backend: got.append(limits))
+    threads = torch.get_num_threads()
+    try:
+        sweep.main(["quickstart", "--serve", "3", "--out", "r.json", *given.options()])
+    finally:
+        torch.set_num_threads(threads)
+    assert got == [given]
+
+
+def test_limits_name_the_limit_reached(monkeypatch):
+    from experiments import sweep
+
+    monkeypatch.setattr(sweep.time, "time", lambda: 100.0)
+    assert sweep.Limits().reason(10**6) is None
+    assert sweep.Limits(until=50).reason(49) is None
+    assert sweep.Limits(until=50).reason(50) == "round limit"
+    assert sweep.Limits(stop_at=100.5).reason(10) is None and not sweep.Limits(stop_at=100.5).timed_out()
+    assert sweep.Limits(stop_at=100.0).reason(10) == "time limit" and sweep.Limits(stop_at=100.0).timed_out()
+    assert sweep.Limits(stop_at=100.0, until=10).reason(10) == "round limit"
+
+
 def _no_git(*args, **kwargs):
     raise FileNotFoundError("git")
 
