@@ -318,8 +318,9 @@ def fit(run: Run, paper: str, plan: Any, commit: str, limits: Limits = Limits(),
     """Train ``run`` and return its record for the result file (``commit``: the code it runs;
     ``backend``: the clients' backend where it is not the configs'). A run that diverges
     (:data:`DIVERGED`) is recorded with its evaluations so far and ``"diverged"``: the error and the
-    round it stopped in; one stopped by one of ``limits`` (:class:`Limit`) with ``"stopped"``. The record names the device the run trained on (``"device"``) and the backend
-    where it was given (``"backend"``)."""
+    round it stopped in; one stopped by one of ``limits`` (:class:`Limit`) with ``"stopped"``. The
+    record names the device the run trained on (``"device"``) and the backend where it was given
+    (``"backend"``)."""
     chosen = [] if backend is None else ["--model.init_args.client_backend", backend]
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
              "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
@@ -559,7 +560,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     merge_parts(out)  # the finished runs of a parallel sweep that was stopped
     done = {r["name"] for r in results.load(out) if "stopped" not in r
-            or opts.until_round is not None and r["history"][-1]["round"] >= opts.until_round}
+            or limits.until is not None and r["history"][-1]["round"] >= limits.until}
     pending = [run.name for run in runs if run.name not in done]
     if opts.jobs > 1 and len(pending) > 1:
         run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, limits, opts.backend)
