@@ -7,11 +7,13 @@ changed them:
 ``experiments/<paper>/report.py``'s ``tables()`` is computed twice: from the result file as it was
 (``--before``, default: the committed ``docs/results/<paper>.json``), which is what the document
 shows, and from the file as it is now. Each table of the document that the first computation gives
-is replaced by its counterpart in the second: the table with the same header and the same row
-labels (its first column), in the same order among tables that share both; failing that (a row
-appeared), the table with the same header in the same order, where both computations give as many
-tables with that header. What cannot be matched is listed: new tables (a study's first runs) for
-the author to place, with the prose around them, which this does not touch. Bold set by hand in a changed table goes.
+is replaced by its counterpart in the second. The two lists of tables are aligned in order (both
+follow the document) by each table's identity, its column header and its row labels (first
+column), which new rounds do not change (a caption such as ``rounds=50 ...`` may); a stretch of
+tables whose identities differ but which are as many on both sides and have the same column
+headers (a row appeared) is paired in order. What cannot be matched is listed: new tables (a
+study's first runs) for the author to place, with the prose around them, which this does not
+touch. Bold set by hand in a changed table goes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import argparse
 import importlib
 import json
 import subprocess
-from collections import Counter, defaultdict
+from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -28,20 +30,14 @@ from experiments import results
 
 ROOT = Path(__file__).resolve().parents[1]
 
-Key = tuple[str, tuple[str, ...], int]
+Identity = tuple[str, tuple[str, ...]]
 
 
-def keys(tables: Sequence[str]) -> list[Key]:
-    """Each table's identity: its first line, its rows' first cells, and its rank among the tables
-    that share both."""
-    seen: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
-    out = []
-    for table in tables:
-        lines = table.splitlines()
-        labels = tuple(line.split("|")[1].strip() for line in lines if line.startswith("|") and line.count("|") > 2)
-        seen[lines[0], labels] += 1
-        out.append((lines[0], labels, seen[lines[0], labels]))
-    return out
+def identity(table: str) -> Identity:
+    """What tells a table from the others whatever its numbers: its column header (its first row)
+    and its rows' first cells. A caption line above the rows (``rounds=50 ...``) is not part of it."""
+    rows = [line for line in table.splitlines() if line.startswith("|") and line.count("|") > 2]
+    return rows[0], tuple(row.split("|")[1].strip() for row in rows[1:])
 
 
 def plain(line: str) -> str:
@@ -58,28 +54,15 @@ def find(doc: list[str], table: list[str]) -> Optional[int]:
     return None
 
 
-def by_header(tables: Sequence[str]) -> list[tuple[str, int]]:
-    """Each table's first line and its rank among the tables that share it."""
-    seen: dict[str, int] = defaultdict(int)
-    out = []
-    for table in tables:
-        seen[table.splitlines()[0]] += 1
-        out.append((table.splitlines()[0], seen[table.splitlines()[0]]))
-    return out
-
-
 def pairs(before: Sequence[str], after: Sequence[str]) -> dict[int, int]:
-    """``after`` index -> the ``before`` index of the same table: the same :func:`keys`; else, for a
-    table whose rows changed (a row that appeared), the same header and rank among the tables with
-    that header, where before and after have as many of them."""
-    old = {key: i for i, key in enumerate(keys(before))}
-    matched = {j: old[key] for j, key in enumerate(keys(after)) if key in old}
-    count_before = Counter(header for header, _ in by_header(before))
-    count_after = Counter(header for header, _ in by_header(after))
-    old_headers = {key: i for i, key in enumerate(by_header(before)) if i not in matched.values()}
-    for j, key in enumerate(by_header(after)):
-        if j not in matched and key in old_headers and count_before[key[0]] == count_after[key[0]]:
-            matched[j] = old_headers[key]
+    """``after`` index -> the ``before`` index of the same table: the two lists aligned in order by
+    :func:`identity`; in a stretch that differs but holds as many tables on both sides, the tables
+    with the same column header are paired in order (their rows changed)."""
+    old, new = [identity(t) for t in before], [identity(t) for t in after]
+    matched: dict[int, int] = {}
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+            matched.update((j, i) for i, j in zip(range(i1, i2), range(j1, j2)) if old[i][0] == new[j][0])
     return matched
 
 

@@ -41,8 +41,8 @@ def test_every_figure_shown_is_there(document):
 
 
 def test_refresh_replaces_each_shown_table_by_its_new_counterpart():
-    """A table is matched by its header, its row labels and its rank among tables sharing both; bold
-    does not hide a table; new tables and tables the page does not show are listed, not placed."""
+    """Tables are matched in order by their column header and row labels; bold does not hide a
+    table; new tables and tables the page does not show are listed, not placed."""
     from experiments.refresh_tables import refresh
 
     a5, a10 = "| diff | x |\n|---|---|\n| A − B | 1 |", "| diff | x |\n|---|---|\n| A − B | 2 |"
@@ -59,3 +59,17 @@ def test_refresh_replaces_each_shown_table_by_its_new_counterpart():
     text, unplaced, absent = refresh(text, [new5, grown], [new5, grown, a5])
     assert text.count("| 3 |") == 1 and unplaced == [a5] and absent == []
     assert refresh("nothing\n", [a5], [new5]) == ("nothing\n", [new5], [a5])
+
+
+def test_refresh_matches_a_table_whose_caption_changed_to_its_own_counterpart():
+    """A run's new rounds change a table's caption (``rounds=50`` -> ``rounds=100``) but not its
+    identity: the table is still matched to its own counterpart, not to a later table of the same
+    columns and rows (FedProxVR's Table 2 had once been replaced by a Fig. 3 table that way)."""
+    from experiments.refresh_tables import refresh
+
+    rows = "| method | acc |\n|---|---|\n| FedAvg | {} |\n| SVRG | {} |"
+    table2, fig3a, fig3b = (f"rounds=50 clients=10\n\n{rows.format(*v)}" for v in ((95, 91), (80, 79), (81, 78)))
+    doc = f"# Table 2\n\n{table2}\n\n# Fig. 3\n\n{fig3a}\n\n{fig3b}\n"
+    table2_now = f"rounds=100 clients=10\n\n{rows.format(96, 95)}"
+    text, unplaced, absent = refresh(doc, [table2, fig3a, fig3b], [table2_now, fig3a, fig3b])
+    assert text == doc.replace(table2, table2_now) and unplaced == absent == []
