@@ -9,8 +9,14 @@ Each run is timed by the wall clock and by the main thread's CPU time (``--clock
 busy machine disturbs less: another process taking the core does not count.
 
     python benchmarks/overhead.py [--rounds 20] [--repeats 3] [--mnist ../shared/data] [--clock cpu]
+    python benchmarks/overhead.py --decompose --clock cpu
 
 Prints both times per round and the ratio framework / hand-written (target <= 1.05 on CPU).
+
+``--decompose`` splits the difference into what each local step adds and what a round adds
+whatever its steps (its 10 clients' start and end, Lightning's loop around each client, the round's
+end): the same comparison with a model too small to cost anything (784-8-10, batches of 4), at 1,
+10 and 40 local steps; the difference's slope over the round's steps and its intercept.
 """
 
 from __future__ import annotations
@@ -32,14 +38,17 @@ from fl_lightning.models import MLP
 from fl_lightning.seeding import generator, sample_clients
 
 CLIENTS, PER_ROUND, STEPS, BATCH, LR = 100, 10, 10, 64, 0.05
+HIDDEN = (200, 200)
+#: ``--decompose``: a model whose arithmetic is negligible, its batch size, and the local steps compared
+TINY_HIDDEN, TINY_BATCH, TINY_STEPS = (8,), 4, (1, 10, 40)
 #: the clock runs are timed with: ``time.perf_counter`` (wall) or ``time.thread_time`` (CPU)
 CLOCK: Callable[[], float] = time.perf_counter
 
 
-def hand_written(dm: FederatedDataModule, rounds: int) -> float:
+def hand_written(dm: FederatedDataModule, rounds: int, steps: int = STEPS, hidden: tuple[int, ...] = HIDDEN) -> float:
     """Plain PyTorch FedAvg over the same client splits; returns seconds per round."""
     torch.manual_seed(0)
-    model = QuietMLP(hidden=(200, 200), lr=LR)
+    model = QuietMLP(hidden=hidden, lr=LR)
     x_all, y_all = dm.pool.tensors
     splits = [torch.from_numpy(s) for s in dm.splits["train"]]
     start = CLOCK()
@@ -54,11 +63,11 @@ def hand_written(dm: FederatedDataModule, rounds: int) -> float:
             opt = torch.optim.SGD(model.parameters(), lr=LR)
             idx, gen = splits[cid], generator(0, "batches", r, cid)
             perm, pos = torch.randperm(len(idx), generator=gen), 0
-            for _ in range(STEPS):
-                if pos + BATCH > len(idx):
+            for _ in range(steps):
+                if pos + dm.batch_size > len(idx):
                     perm, pos = torch.randperm(len(idx), generator=gen), 0
-                batch = idx[perm[pos : pos + BATCH]]
-                pos += BATCH
+                batch = idx[perm[pos : pos + dm.batch_size]]
+                pos += dm.batch_size
                 opt.zero_grad()
                 F.cross_entropy(model(x_all[batch]), y_all[batch]).backward()
                 opt.step()
@@ -92,11 +101,29 @@ def timed_fit(module: pl.LightningModule, dm: FederatedDataModule, rounds: int) 
     return timer.seconds / rounds
 
 
-def framework(dm: FederatedDataModule, rounds: int, client_cls: type = QuietMLP) -> float:
+def framework(dm: FederatedDataModule, rounds: int, client_cls: type = QuietMLP, steps: int = STEPS,
+              hidden: tuple[int, ...] = HIDDEN) -> float:
     """The same FedAvg through fl_lightning; returns seconds per round."""
     torch.manual_seed(0)
-    module = FedAvg(client_cls(hidden=(200, 200), lr=LR), clients_per_round=PER_ROUND, local_steps=STEPS, seed=0)
+    module = FedAvg(client_cls(hidden=hidden, lr=LR), clients_per_round=PER_ROUND, local_steps=steps, seed=0)
     return timed_fit(module, dm, rounds)
+
+
+def decompose(root: str, rounds: int, repeats: int) -> None:
+    """Print the framework's overhead per local step and per round (:data:`TINY_STEPS`' fit)."""
+    dm, data = mnist_or_random(root, num_clients=CLIENTS, partition="iid", batch_size=TINY_BATCH)
+    print(f"data: {data}; {CLIENTS} clients, {PER_ROUND}/round, MLP 784-{'-'.join(map(str, TINY_HIDDEN))}-10, "
+          f"batch {TINY_BATCH}; {rounds} rounds x {repeats} repeats, best of each")
+    excess = []
+    for steps in TINY_STEPS:
+        hand = min(hand_written(dm, rounds, steps, TINY_HIDDEN) for _ in range(repeats))
+        ours = min(framework(dm, rounds, QuietMLP, steps, TINY_HIDDEN) for _ in range(repeats))
+        excess.append(ours - hand)
+        print(f"{steps:3d} local steps: hand-written {hand * 1e3:7.2f} ms/round, fl_lightning {ours * 1e3:7.2f}, "
+              f"difference {(ours - hand) * 1e3:6.2f}")
+    fit = statistics.linear_regression([PER_ROUND * s for s in TINY_STEPS], excess)
+    print(f"overhead: {fit.slope * 1e6:.1f} us per local step, {fit.intercept * 1e3:.2f} ms per round of {PER_ROUND} "
+          f"clients besides ({fit.intercept / PER_ROUND * 1e3:.3f} ms a client)")
 
 
 def main() -> None:
@@ -107,10 +134,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall clock, or the main thread's CPU time (less disturbed by other processes)")
+    parser.add_argument("--decompose", action="store_true",
+                        help="the overhead per local step and per round, with a model too small to cost anything")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     global CLOCK
     CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
+    if args.decompose:
+        decompose(args.mnist, args.rounds, args.repeats)
+        return
     dm, data = mnist_or_random(args.mnist, num_clients=CLIENTS, partition="iid", batch_size=BATCH)
     times: dict[str, list[float]] = {"hand-written PyTorch": [], "fl_lightning": [], "fl_lightning, client logs": []}
     for _ in range(args.repeats):
