@@ -10,6 +10,7 @@ number of processes, the order clients run in, or whether a run was resumed.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from contextlib import contextmanager
 from typing import Iterator, Optional, Union
@@ -33,11 +34,24 @@ def derive_seed(seed: int, *keys: Key) -> int:
     Strings name a stream (``"sample"``, ``"batches"``...) so that two uses of the same
     (round, client) never share random numbers.
     """
-    h = _splitmix64(int(seed) & _MASK)
+    if not keys:
+        return _mixed(int(seed), ()) & ((1 << 63) - 1)
+    return _mix(_mixed(int(seed), keys[:-1]), keys[-1]) & ((1 << 63) - 1)
+
+
+def _mix(h: int, key: Key) -> int:
+    k = zlib.crc32(key.encode()) if isinstance(key, str) else int(key)
+    return _splitmix64(h ^ (k & _MASK))
+
+
+@functools.lru_cache(maxsize=256)
+def _mixed(seed: int, keys: tuple[Key, ...]) -> int:
+    """The hash of ``seed`` and ``keys`` before the final mask: the prefix that every client of a
+    round's stream shares, ``(seed, stream, round)``, is mixed once per round, not once per client."""
+    h = _splitmix64(seed & _MASK)
     for key in keys:
-        k = zlib.crc32(key.encode()) if isinstance(key, str) else int(key)
-        h = _splitmix64(h ^ (k & _MASK))
-    return h & ((1 << 63) - 1)
+        h = _mix(h, key)
+    return h
 
 
 def generator(seed: int, *keys: Key, device: Union[str, torch.device] = "cpu") -> torch.Generator:

@@ -111,9 +111,18 @@ def read_metrics(updates: Iterable[ClientUpdate]) -> None:
     if not pending:
         return
     device = pending[0][0][pending[0][1]].device
-    values = torch.stack([metrics[name].detach().float().reshape(()).to(device) for metrics, name in pending])
+    with torch.no_grad():
+        values = torch.stack([_scalar(metrics[name], device) for metrics, name in pending])
     for (metrics, name), value in zip(pending, values.tolist()):
         metrics[name] = value
+
+
+def _scalar(value: Tensor, device: torch.device) -> Tensor:
+    """``value`` as a 0-dim fp32 tensor on ``device`` (as it is where it is one: a thousand clients'
+    metrics would otherwise cost four operations each)."""
+    if value.dim() == 0 and value.dtype == torch.float32 and value.device == device:
+        return value
+    return value.float().reshape(()).to(device)
 
 
 def finite_flags(groups: Sequence[Iterable[Tensor]]) -> list[bool]:
@@ -131,11 +140,12 @@ def finite_flags(groups: Sequence[Iterable[Tensor]]) -> list[bool]:
     lows: list[Tensor] = []
     highs: list[Tensor] = []
     stacked: dict[int, tuple[Tensor, list[int], list[int]]] = {}  # id(base) -> (base, rows, their groups)
+    bases: dict[int, Optional[tuple[torch.Size, int, int]]] = {}  # what row_of looked up of each base
     for group, tensors in enumerate(groups):
         for t in tensors:
             if not t.numel():
                 continue
-            row = row_of(t)
+            row = row_of(t, bases)
             if row is not None:
                 base, i = row
                 entry = stacked.setdefault(id(base), (base, [], []))
@@ -165,16 +175,29 @@ def finite_flags(groups: Sequence[Iterable[Tensor]]) -> list[bool]:
     return flags
 
 
-def row_of(t: Tensor) -> Optional[tuple[Tensor, int]]:
+def row_of(t: Tensor, bases: Optional[dict[int, Optional[tuple[torch.Size, int, int]]]] = None
+           ) -> Optional[tuple[Tensor, int]]:
     """``(base, i)`` where ``t`` is row ``i`` of a contiguous tensor ``base`` (``base.unbind(0)[i]``,
-    ``base[i]``), else None."""
+    ``base[i]``), else None. ``bases`` keeps what is looked up of each base (its row shape, storage
+    offset and row stride; None: no rows) for the next rows of the same base."""
     base = t._base
-    if (base is None or base.dim() != t.dim() + 1 or not base.is_contiguous() or len(base) == 0
-            or tuple(base.shape[1:]) != tuple(t.shape) or not t.is_contiguous()):
+    if base is None:
         return None
-    offset = t.storage_offset() - base.storage_offset()
-    step = base.stride(0)
-    if step == 0 or offset % step:
+    key = id(base)
+    if bases is None or key not in bases:
+        rows = (base.dim() > 0 and base.is_contiguous() and len(base) > 0 and base.stride(0) > 0)
+        layout = (base.shape[1:], base.storage_offset(), base.stride(0)) if rows else None
+        if bases is not None:
+            bases[key] = layout
+    else:
+        layout = bases[key]
+    if layout is None:
+        return None
+    shape, first, step = layout
+    if t.shape != shape or not t.is_contiguous():
+        return None
+    offset = t.storage_offset() - first
+    if offset % step:
         return None
     i = offset // step
     return (base, i) if 0 <= i < len(base) else None

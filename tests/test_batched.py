@@ -28,6 +28,7 @@ from fl_lightning.algorithms import (
     PFedHN,
 )
 from fl_lightning.backends import BatchedBackend
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.backends.batched import backend as backend_module
 from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.backends.batched.sizing import activation_bytes
@@ -114,6 +115,17 @@ def test_batched_equals_sequential(name):
     assert_close(dict(logged.callback_metrics), dict(logged_batched.callback_metrics), atol=1e-5)
 
 
+class RecordSteps(FederatedCallback):
+    """Each (round, client)'s local steps, as its update reports them."""
+
+    def __init__(self) -> None:
+        self.steps: dict[tuple[int, int], float] = {}
+
+    def on_client_update(self, trainer, module, update):
+        self.steps[module.current_epoch, update.client_id] = update.metrics["steps"]
+        return update
+
+
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_ragged_clients_need_no_padding(momentum):
     """local_epochs (clients with different step counts, a smaller last batch) and clients with fewer
@@ -121,7 +133,13 @@ def test_ragged_clients_need_no_padding(momentum):
     momentum buffers in the optimizer state)."""
     epochs = lambda b, k: FedAvg(mlp(momentum), clients_per_round=5, local_epochs=2, client_backend=b,  # noqa: E731
                                  clients_per_block=k)
-    assert_close(outcome(fitted(epochs, "sequential")[0]), outcome(fitted(epochs, "batched")[0]), atol=1e-5)
+    steps = {}
+    for backend in ("sequential", "batched"):
+        module, record = epochs(backend, 4), RecordSteps()
+        trainer(3, callbacks=[record]).fit(module, synthetic(6))
+        steps[backend] = (outcome(module), record.steps)
+    assert_close(steps["sequential"][0], steps["batched"][0], atol=1e-5)
+    assert steps["batched"][1] == steps["sequential"][1] and len(set(steps["batched"][1].values())) > 1
     small = SUPPORTED["SCAFFOLD"]
     a, b = fitted(small, "sequential", batch_size=64), fitted(small, "batched", batch_size=64)
     assert_close(outcome(a[0]), outcome(b[0]), atol=1e-5)

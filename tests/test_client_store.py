@@ -83,8 +83,30 @@ def test_state_vector_round_trip_with_buffers():
         sv.load(torch.zeros(3))
 
 
+def _folded_seed(seed: int, *keys) -> int:
+    """derive_seed written out: splitmix64 of the seed, then of each key (crc32 for strings) mixed in."""
+    import zlib
+
+    mask = (1 << 64) - 1
+
+    def splitmix64(x: int) -> int:
+        x = (x + 0x9E3779B97F4A7C15) & mask
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    h = splitmix64(seed & mask)
+    for key in keys:
+        h = splitmix64(h ^ ((zlib.crc32(key.encode()) if isinstance(key, str) else key) & mask))
+    return h & ((1 << 63) - 1)
+
+
 def test_keyed_generators():
     assert derive_seed(0, "a", 1) == derive_seed(0, "a", 1) != derive_seed(0, "a", 2) != derive_seed(0, "b", 1)
+    # the shared prefix (seed, stream, round) is mixed once and cached: the same seeds as the fold itself
+    for seed, keys in [(0, ()), (3, ("batches",)), (3, ("batches", 7, 0)), (3, ("batches", 7, 1)), (-1, (2**70, "x")),
+                       (5, ("a", "b", 9, -1))]:
+        assert derive_seed(seed, *keys) == _folded_seed(seed, *keys)
     a = torch.rand(3, generator=generator(1, "x", 2))
     assert torch.equal(a, torch.rand(3, generator=generator(1, "x", 2)))
 

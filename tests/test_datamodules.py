@@ -119,6 +119,32 @@ def test_stacked_step_positions_are_each_splits_passes_drawn_from_its_generator(
         ClientData(data, torch.arange(0), batch_size=3).step_positions(2, torch.Generator())
 
 
+@pytest.mark.parametrize("source_shape", [(50,), (50, 3), (50, 1, 2, 2)])
+@pytest.mark.parametrize("index_shape", [(), (4,), (3, 4), (2, 3, 4), (0,), (3, 0)])
+def test_take_rows_is_advanced_indexing(source_shape, index_shape):
+    from fl_lightning.datamodules.client_data import take_rows
+
+    source = torch.randn(*source_shape, generator=torch.Generator().manual_seed(0))
+    index = torch.randint(0, 50, index_shape, generator=torch.Generator().manual_seed(1))
+    rows = take_rows(source, index)
+    assert rows.shape == source[index].shape and torch.equal(rows, source[index])
+    with pytest.raises(IndexError):
+        take_rows(source, torch.tensor([50]))
+
+
+def test_client_data_is_made_once_per_placement_of_the_pool_and_follows_the_batch_size():
+    dm = synthetic(4)
+    dm.setup()
+    data = dm.client_data(1)
+    assert dm.client_data(1) is data and dm.client_data(1, "val") is not data
+    dm.place_pool(torch.device("cpu"))
+    assert dm.client_data(1) is not data and torch.equal(dm.client_data(1).indices, data.indices)
+    dm.batch_size = 3
+    assert dm.client_data(1).batch_size == 3
+    with pytest.raises(ValueError, match="client_id must be in"):
+        dm.client_data(4)
+
+
 def test_stacked_indices_equal_each_split_indexed_on_its_own():
     """Splits of different sizes, their tables drawn at once (one gather) as each would be alone."""
     data = TensorDataset(torch.arange(100))

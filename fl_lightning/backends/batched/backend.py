@@ -50,16 +50,30 @@ class Block:
         self.checked = False
         #: the steps' ``self.log`` values (name, total, samples, options), handed to the round once the block is done
         self.logs: list[tuple[str, Tensor, int, dict[str, Any]]] = []
+        #: steps every client of the block took that the runs' ``steps_taken`` do not count yet
+        self._steps_of_all = 0
 
     def record(self, members: Optional[list[int]], outputs: dict[str, Tensor]) -> None:
         """Keep a step's outputs, stacked over ``members`` (None: every client of the block)."""
         self.outputs.append((members, outputs))
-        for i in range(len(self.runs)) if members is None else members:
-            self.runs[i].steps_taken += 1
+        if members is None:  # counted for the runs once, by :meth:`count_steps`
+            self._steps_of_all += 1
+        else:
+            for i in members:
+                self.runs[i].steps_taken += 1
+
+    def count_steps(self) -> None:
+        """Bring every run's ``steps_taken`` up to date with the steps the whole block took (once per
+        block, where a thousand clients' counts at every step cost more than the step's launch)."""
+        if self._steps_of_all:
+            for run in self.runs:
+                run.steps_taken += self._steps_of_all
+            self._steps_of_all = 0
 
     def unstack(self) -> None:
         """Give every run its values back, and the mean of each of its step outputs over its steps
         (on the device: the round's end reads every client's at once)."""
+        self.count_steps()
         rows = [t.unbind(0) for t in self.tensors]  # every client's views of a leaf at once
         rebuild = plain_unflattener(self.spec) or (lambda leaves: tree_unflatten(leaves, self.spec))
         for i, run in enumerate(self.runs):
@@ -418,6 +432,7 @@ class BatchedBackend(ClientBackend[Block]):
         the block's clients took different numbers of steps, or vmap cannot run the hook (then never
         again, with a one-time warning that says why): each client's own, eagerly."""
         runs = block.runs
+        block.count_steps()
         if (not runs or not context.algorithm.vectorized_final or self._eager_final is not None
                 or len({run.steps_taken for run in runs}) > 1):
             return None
@@ -514,11 +529,10 @@ class BatchedBackend(ClientBackend[Block]):
     @staticmethod
     def _take_back(block: Block, results: list) -> None:
         """Write the groups' new carries into the block's stacked carry."""
-        specs = {(repr(spec), repr(static)) for _, _, (_, spec, static, _) in results}
-        if len(specs) > 1:
+        _, _, (_, spec, static, _) = results[0]
+        if len(results) > 1 and len({(repr(s), repr(t)) for _, _, (_, s, t, _) in results}) > 1:
             raise ValueError("the clients of a block changed their run values differently at one step; the batched "
                              "backend needs the same structure for every client: use client_backend='sequential'")
-        _, _, (_, spec, static, _) = results[0]
         if len(results) == 1 and results[0][1] is None:  # every client, one call: take the new carry as it is
             # (a value the step made without the client dimension, a constant, comes out of vmap expanded: give
             # it memory of its own, since later steps write into the carry in place)
