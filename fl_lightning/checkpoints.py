@@ -71,33 +71,32 @@ def checksum(value: Any) -> str:
     Equal for a value and its copy read back by ``torch.load``, whatever device it is mapped to;
     objects that are neither tensors nor plain data count by their type only.
     """
-    crc = 0
-    for chunk in _chunks(value):
-        crc = zlib.crc32(chunk, crc)
-    return f"crc32:{crc:08x}"
+    return f"crc32:{_crc(value, 0):08x}"
 
 
-def _chunks(value: Any) -> Iterator[Union[bytes, memoryview]]:
-    """The byte strings :func:`checksum` runs over."""
+def _crc(value: Any, crc: int) -> int:
+    """``crc`` continued over ``value``'s bytes for :func:`checksum` (one call per node: a checkpoint
+    naming thousands of clients' entries is checksummed every round)."""
     if isinstance(value, Tensor):
         t = value.detach()
         t = t.to_dense() if t.layout != torch.strided else t
-        yield f"T{t.dtype}{tuple(t.shape)}".encode()
+        crc = zlib.crc32(f"T{t.dtype}{tuple(t.shape)}".encode(), crc)
         if t.numel():
-            yield memoryview(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-    elif isinstance(value, dict):
-        yield f"{{{len(value)}".encode()
+            crc = zlib.crc32(memoryview(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()), crc)
+        return crc
+    if isinstance(value, dict):
+        crc = zlib.crc32(f"{{{len(value)}".encode(), crc)
         for key, item in value.items():
-            yield from _chunks(key)
-            yield from _chunks(item)
-    elif isinstance(value, (list, tuple)):
-        yield f"[{len(value)}".encode()
+            crc = _crc(item, _crc(key, crc))
+        return crc
+    if isinstance(value, (list, tuple)):
+        crc = zlib.crc32(f"[{len(value)}".encode(), crc)
         for item in value:
-            yield from _chunks(item)
-    elif value is None or isinstance(value, (bool, int, float, str, bytes)):
-        yield f"{type(value).__name__}:{value!r}".encode()
-    else:
-        yield type(value).__qualname__.encode()
+            crc = _crc(item, crc)
+        return crc
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return zlib.crc32(f"{type(value).__name__}:{value!r}".encode(), crc)
+    return zlib.crc32(type(value).__qualname__.encode(), crc)
 
 
 def with_checksum(checkpoint: dict[str, Any]) -> dict[str, Any]:

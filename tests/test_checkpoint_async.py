@@ -141,3 +141,32 @@ def test_a_checkpoint_written_while_training_went_on_resumes_bitwise(tmp_path):
 def test_asynchronous_must_be_a_bool():
     with pytest.raises(ValueError, match="asynchronous must be True or False, got 'yes'"):
         RoundCheckpoint(asynchronous="yes")
+
+
+def test_the_snapshot_copies_every_tensor_and_rebuilds_every_container():
+    """What the training thread hands the writer: no tensor or container shared with the state it
+    copies (training goes on changing that in place), the same values and container types."""
+    from collections import namedtuple
+
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    from fl_lightning.callbacks.checkpoint import snapshot
+
+    Pair = namedtuple("Pair", "a b")
+    rows = [1, 2.5, "x", None, True, b"y"]
+    state = {"model": OrderedDict(w=torch.ones(2), b=torch.zeros(1)), "rows": rows, "pair": Pair(torch.ones(1), 3),
+             "nested": {"t": (torch.arange(3), [torch.eye(2)])}}
+    copy = snapshot(state)
+    expected = apply_to_collection(state, torch.Tensor, lambda t: t.detach().clone())
+    assert type(copy["model"]) is OrderedDict and type(copy["pair"]) is Pair and type(copy["nested"]["t"]) is tuple
+    assert copy["rows"] == rows and copy["rows"] is not rows and copy["nested"] is not state["nested"]
+    originals = [state["model"]["w"], state["model"]["b"], state["pair"].a, state["nested"]["t"][0],
+                 state["nested"]["t"][1][0]]
+    copies = [copy["model"]["w"], copy["model"]["b"], copy["pair"].a, copy["nested"]["t"][0], copy["nested"]["t"][1][0]]
+    wanted = [expected["model"]["w"], expected["model"]["b"], expected["pair"].a, expected["nested"]["t"][0],
+              expected["nested"]["t"][1][0]]
+    for original, copied, value in zip(originals, copies, wanted):
+        assert torch.equal(copied, value) and copied.data_ptr() != original.data_ptr()
+    state["model"]["w"].add_(1.0)
+    rows.append(7)
+    assert torch.equal(copy["model"]["w"], torch.ones(2)) and copy["rows"] == [1, 2.5, "x", None, True, b"y"]

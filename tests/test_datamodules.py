@@ -132,19 +132,6 @@ def test_take_rows_is_advanced_indexing(source_shape, index_shape):
         take_rows(source, torch.tensor([50]))
 
 
-def test_client_data_is_made_once_per_placement_of_the_pool_and_follows_the_batch_size():
-    dm = synthetic(4)
-    dm.setup()
-    data = dm.client_data(1)
-    assert dm.client_data(1) is data and dm.client_data(1, "val") is not data
-    dm.place_pool(torch.device("cpu"))
-    assert dm.client_data(1) is not data and torch.equal(dm.client_data(1).indices, data.indices)
-    dm.batch_size = 3
-    assert dm.client_data(1).batch_size == 3
-    with pytest.raises(ValueError, match="client_id must be in"):
-        dm.client_data(4)
-
-
 def test_stacked_indices_equal_each_split_indexed_on_its_own():
     """Splits of different sizes, their tables drawn at once (one gather) as each would be alone."""
     data = TensorDataset(torch.arange(100))

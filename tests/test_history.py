@@ -98,6 +98,23 @@ def test_history_resumes_with_the_checkpoint(tmp_path):
     assert resumed.rows[3]["round/client_loss"] == pytest.approx(straight.rows[3]["round/client_loss"], abs=1e-6)
 
 
+def test_the_checkpointed_rows_are_one_text_read_back_as_they_were():
+    """A checkpoint holds the rows as one string (copying and checksumming it every round costs the
+    same whatever the round); loading gives the rows back exactly, NaN included, and so does the
+    state of checkpoints written before (the rows themselves)."""
+    history = RoundHistory(summary=False)
+    rows = [{"round": 1, "clients": [0, 3], "updates": 2, "round/client_loss": 0.1 + 0.2, "val_acc": float("nan")},
+            {"round": 2, "clients": [1], "updates": 1, "round/client_loss": 1e-300, "round/excluded": 1.0}]
+    history.load_state_dict({"rows": rows})  # an earlier checkpoint's form
+    state = history.state_dict()
+    assert list(state) == ["rows_json"] and isinstance(state["rows_json"], str)
+    again = RoundHistory(summary=False)
+    again.load_state_dict(state)
+    assert json.dumps(again.rows) == json.dumps(rows) and again.rows[0]["round/client_loss"] == 0.1 + 0.2
+    assert again.state_dict() == state
+    assert RoundHistory(summary=False).state_dict() == {"rows_json": "[]"}
+
+
 def test_a_run_resumed_from_its_round_checkpoint_has_every_round_once(tmp_path):
     """RoundCheckpoint saves at the round's end: the row of the round it saves (validation metrics
     included) is in it, so 3 rounds resumed to 5 give the rows of an uninterrupted run."""

@@ -258,8 +258,6 @@ class FederatedDataModule(pl.LightningDataModule):
         self.pool: Optional[Dataset] = None
         #: every client's split indices on the accelerator, when the pool is there (:meth:`place_pool`)
         self._device_splits: Optional[dict[str, tuple[Tensor, ...]]] = None
-        #: the ClientData of each (split, client) asked for, made once per placement of the pool
-        self._client_data: dict[tuple[str, int], ClientData] = {}
         self.test_set: Optional[Dataset] = None
         self.splits: dict[str, list[np.ndarray]] = {}
         self._partition_digest: Optional[str] = None  # partition_hash(), once the splits are made
@@ -323,7 +321,7 @@ class FederatedDataModule(pl.LightningDataModule):
             none = np.array([], dtype=np.int64)
             split = [(np.sort(p), none, none) for p in parts]
         self.splits = {name: [s[j] for s in split] for j, name in enumerate(SPLITS)}
-        self._partition_digest, self._client_data = None, {}
+        self._partition_digest = None
         empty = [c for c, idx in enumerate(self.splits["train"]) if len(idx) == 0]
         if empty:
             raise ValueError(f"client(s) {empty[:10]} have no training samples after the val/test split")
@@ -370,7 +368,7 @@ class FederatedDataModule(pl.LightningDataModule):
             return
         target = device if on_device else torch.device("cpu")
         pool.tensors = tuple(t.to(target) for t in pool.tensors)
-        self._device_splits, self._client_data = None, {}
+        self._device_splits = None
         if on_device:
             self._device_splits = {
                 name: torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(target).split([len(p) for p in parts])
@@ -378,11 +376,7 @@ class FederatedDataModule(pl.LightningDataModule):
 
     # --------------------------------------------------------------- access
     def client_data(self, client_id: int, split: Split = "train") -> ClientData:
-        """Client ``client_id``'s ``split`` of the pool (its indices on the pool's device), made once
-        (a round of a thousand clients asks for each several times)."""
-        data = self._client_data.get((split, client_id))
-        if data is not None and data.batch_size == self.batch_size:
-            return data
+        """Client ``client_id``'s ``split`` of the pool (its indices on the pool's device)."""
         if split not in self.splits:
             raise ValueError(f"split must be one of {sorted(self.splits)}, got {split!r}")
         if not 0 <= client_id < self.num_clients:
@@ -391,8 +385,7 @@ class FederatedDataModule(pl.LightningDataModule):
             indices = self._device_splits[split][client_id]
         else:
             indices = torch.from_numpy(self.splits[split][client_id])
-        data = self._client_data[split, client_id] = ClientData(self.pool, indices, self.batch_size)
-        return data
+        return ClientData(self.pool, indices, self.batch_size)
 
     def num_samples(self, client_id: int) -> int:
         """Size of the client's training split."""
