@@ -11,10 +11,14 @@ clients used most recently; older ones are spilled to files in ``directory`` (on
 per entry and version, named by the round that wrote it) and read back when their client takes
 part again. Checkpoints are incremental: a checkpoint writes the files of the entries that are
 new since the last one (the round's clients) and holds only the manifest (every entry's
-version), so its size and the time to write it do not grow with the clients. The files a
-checkpoint names are kept while it is among the ``keep_checkpoints`` latest ones, and while the
-next one is being written (a kill during that write leaves it whole); loading one warms the RAM
-part from them (checking every value it reads is finite).
+version and shape), as a few integer columns per entry name (:class:`Manifest`), kept up to date
+as entries change: what a checkpoint costs to gather, copy, checksum and write grows with the
+round's clients, not with all the clients that hold state (only the columns' bytes do: 32 per
+entry). The files a checkpoint names are kept while it is among the ``keep_checkpoints`` latest
+ones, and while the next one is being written (a kill during that write leaves it whole); the
+files an entry's new version supersedes are removed once no kept checkpoint names them, found
+from the entries that changed, not by listing every entry. Loading one warms the RAM part from
+them (checking every value it reads is finite).
 
 A run owns its folder: the engine gives every run a folder of its own, named by a run id, below
 ``client_state_dir``, and records it in checkpoints as an absolute path. A run that resumes a
@@ -38,10 +42,11 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -69,6 +74,71 @@ class StateSpec:
         return value.detach().clone()
 
 
+Key = tuple[int, str]  # (client, entry name)
+
+
+@dataclass
+class Manifest:
+    """What a checkpoint's store state names: every entry's version (``client -> name ->
+    version``) and shape, the folder its files were written in (``directory``), and the folder of
+    each entry whose file another run wrote (read where it is)."""
+
+    directory: Optional[str]
+    versions: dict[int, dict[str, int]] = field(default_factory=dict)
+    shapes: dict[Key, tuple[int, ...]] = field(default_factory=dict)
+    elsewhere: dict[Key, str] = field(default_factory=dict)
+
+
+def read_manifest(state: dict[str, Any]) -> Manifest:
+    """The :class:`Manifest` of a store's checkpoint state: its columns (``"names"``), or the nested
+    dicts of checkpoints written before (``"entries"``: ``client -> name -> version``, with
+    ``"shapes"`` and ``"elsewhere"`` alike)."""
+    manifest = Manifest(state.get("directory"))
+    if "names" in state:
+        shapes, folders = [tuple(shape) for shape in state["shapes"]], list(state["folders"])
+        for name, columns in state["names"].items():
+            rows = zip(*(columns[c].tolist() for c in _COLUMNS))
+            for client, version, shape, folder in rows:
+                manifest.versions.setdefault(client, {})[name] = version
+                manifest.shapes[(client, name)] = shapes[shape]
+                if folder >= 0:
+                    manifest.elsewhere[(client, name)] = folders[folder]
+        return manifest
+    manifest.versions = {int(cid): dict(v) for cid, v in state["entries"].items()}
+    manifest.shapes = {(int(cid), name): tuple(shape) for cid, entry in state.get("shapes", {}).items()
+                       for name, shape in entry.items()}
+    manifest.elsewhere = {(int(cid), name): folder for cid, entry in state.get("elsewhere", {}).items()
+                          for name, folder in entry.items()}
+    return manifest
+
+
+#: the columns of one entry name in a checkpoint's manifest
+_COLUMNS = ("clients", "versions", "shapes", "folders")
+
+
+class _Columns:
+    """One entry name's part of the manifest as integer columns: each client's version, shape (an
+    index into the store's shapes) and folder (an index into the store's folders of other runs'
+    files; -1: this store's own), a row per client, updated in place as entries change."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, int] = {}
+        self._table = np.zeros((len(_COLUMNS), 64), dtype=np.int64)
+
+    def put(self, client: int, version: int, shape: int, folder: int) -> None:
+        row = self._rows.get(client)
+        if row is None:
+            row = self._rows[client] = len(self._rows)
+            if row == self._table.shape[1]:
+                self._table = np.concatenate([self._table, np.zeros_like(self._table)], axis=1)
+        self._table[:, row] = (client, version, shape, folder)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The columns as tensors of their own (the checkpoint's copy)."""
+        table = torch.from_numpy(self._table[:, : len(self._rows)].copy())
+        return dict(zip(_COLUMNS, table.unbind(0)))
+
+
 class ClientStateStore:
     """A mapping ``client_id -> {name: tensor}`` with at most ``memory_budget`` bytes in RAM.
 
@@ -94,15 +164,25 @@ class ClientStateStore:
         self._spilled: dict[int, dict[str, int]] = {}  # client -> name -> version on disk (not in RAM)
         self._versions: dict[int, dict[str, int]] = {}  # client -> name -> version of its current value
         self._written: dict[int, dict[str, Tensor]] = {}  # this process's entries of the round (for sync)
-        #: files the latest checkpoints name: the one being written and the ``keep_checkpoints`` before it
-        self._named: deque[set[str]] = deque(maxlen=(keep_checkpoints or 0) + 1)
         self._on_disk: set[str] = set()  # files of this store's directory it wrote or was given
+        #: the entries changed since the last checkpoint, with their version that checkpoint named
+        #: (None: none, or another run's file, which is never removed)
+        self._changed: dict[Key, Optional[int]] = {}
+        #: files of versions no checkpoint named (superseded before the next checkpoint): removed at it
+        self._unnamed: set[str] = set()
+        #: (checkpoint, the files its entries' new versions superseded), removed once no kept checkpoint names them
+        self._retiring: deque[tuple[int, set[str]]] = deque()
+        self._checkpoints = 0  # checkpoints taken by this store (the index of the next one)
+        #: the manifest's columns by entry name, and the shapes and other runs' folders they index
+        self._columns: dict[str, _Columns] = {}
+        self._shape_index: dict[tuple[int, ...], int] = {}
+        self._folder_index: dict[str, int] = {}
         #: the directory of an entry's file when another run wrote it (loaded from its checkpoint): read
         #: from there, never rewritten or removed
-        self._elsewhere: dict[tuple[int, str], str] = {}
-        self._unsaved: set[tuple[int, str]] = set()  # entries whose current value has no file yet
+        self._elsewhere: dict[Key, str] = {}
+        self._unsaved: set[Key] = set()  # entries whose current value has no file yet
         #: every entry's shape, kept in checkpoints: a file read back must hold a tensor of that shape
-        self._shapes: dict[tuple[int, str], tuple[int, ...]] = {}
+        self._shapes: dict[Key, tuple[int, ...]] = {}
 
     # ------------------------------------------------------------ access
     def get(self, client_id: int, name: str, device: Union[str, torch.device, None] = None) -> Optional[Tensor]:
@@ -121,6 +201,7 @@ class ClientStateStore:
         """Store a CPU copy of ``value`` for ``client_id`` (``version``: the round that wrote it)."""
         client_id = int(client_id)
         value = value.detach().to("cpu", copy=True)
+        self._note_change(client_id, name)
         self._put(client_id, name, value)
         self._versions.setdefault(client_id, {})[name] = version
         self._elsewhere.pop((client_id, name), None)
@@ -161,6 +242,8 @@ class ClientStateStore:
             for part, part_versions in gathered:
                 for cid, entry in part.items():
                     for name, value in entry.items():
+                        if self._versions.get(cid, {}).get(name) != part_versions[cid][name]:  # another process's
+                            self._note_change(cid, name)
                         self._put(cid, name, value.cpu())
                         self._versions.setdefault(cid, {})[name] = part_versions[cid][name]
                         self._elsewhere.pop((cid, name), None)
@@ -179,6 +262,20 @@ class ClientStateStore:
             spilled.pop(name, None)
             if not spilled:
                 del self._spilled[client_id]
+
+    def _note_change(self, client_id: int, name: str) -> None:
+        """Before an entry takes a new value: remember the version the last checkpoint named (its
+        file is removed once no kept checkpoint names it), or, for a version of its own written
+        since that checkpoint and spilled, the file no checkpoint will name."""
+        key = (client_id, name)
+        version = self._versions.get(client_id, {}).get(name)
+        own = version is not None and key not in self._elsewhere
+        if key not in self._changed:
+            self._changed[key] = version if own else None
+        elif own and version != self._changed[key] and self.directory is not None:
+            path = self._path(client_id, name, version)
+            if path in self._on_disk:
+                self._unnamed.add(path)
 
     def _spill(self) -> None:
         """Move the least recently used clients to disk until the RAM part fits the budget."""
@@ -240,20 +337,37 @@ class ClientStateStore:
         no directory (used outside a ``FederatedModule``) holds everything in RAM and puts it in
         the checkpoint."""
         if self.directory is None:
+            self._changed = {}
             return {"memory": {cid: dict(entry) for cid, entry in self._ram.items()},
                     "versions": {cid: dict(v) for cid, v in self._versions.items()}, "spilled": {}}
         self._persist()
-        entries = {cid: dict(versions) for cid, versions in self._versions.items()}
-        self._named.append({self._path(cid, n, v) for cid, e in entries.items() for n, v in e.items()
-                            if (cid, n) not in self._elsewhere})
-        self._prune()
-        elsewhere: dict[int, dict[str, str]] = {}
-        for (cid, name), directory in self._elsewhere.items():
-            elsewhere.setdefault(cid, {})[name] = directory
-        shapes: dict[int, dict[str, list[int]]] = {}
-        for (cid, name), shape in self._shapes.items():
-            shapes.setdefault(cid, {})[name] = list(shape)
-        return {"entries": entries, "directory": self.directory, "elsewhere": elsewhere, "shapes": shapes}
+        retired = set()
+        for (cid, name), named in self._changed.items():
+            version = self._versions[cid][name]
+            self._put_columns(cid, name)
+            if named is not None and named != version:
+                retired.add(self._path(cid, name, named))
+        self._changed = {}
+        self._prune(retired)
+        self._checkpoints += 1
+        return {"directory": self.directory, "names": {name: c.tensors() for name, c in self._columns.items()},
+                "shapes": [list(shape) for shape in self._shape_index], "folders": list(self._folder_index)}
+
+    def _put_columns(self, client_id: int, name: str) -> None:
+        """Bring the manifest's row of an entry up to date with its version, shape and folder."""
+        shape, folder = self._shapes[(client_id, name)], self._elsewhere.get((client_id, name))
+        columns = self._columns.get(name)
+        if columns is None:
+            columns = self._columns[name] = _Columns()
+        columns.put(client_id, self._versions[client_id][name], self._shape_index.setdefault(shape, len(self._shape_index)),
+                    -1 if folder is None else self._folder_index.setdefault(folder, len(self._folder_index)))
+
+    def _rebuild_columns(self) -> None:
+        """The manifest's columns of every entry (after a checkpoint was loaded)."""
+        self._columns, self._shape_index, self._folder_index = {}, {}, {}
+        for cid, entry in sorted(self._versions.items()):
+            for name in entry:
+                self._put_columns(cid, name)
 
     def load_state_dict(self, state: dict[str, Any], checkpoint_path: Optional[str] = None) -> None:
         """Replace all entries with those a checkpoint names, reading back into RAM the most recently
@@ -285,25 +399,26 @@ class ClientStateStore:
         written_in = None if state.get("directory") is None else locate(state["directory"])
         if self.directory is None:
             self.directory = written_in
-        if "entries" not in state:  # the formats of earlier checkpoints: entries in the file
+        self._changed, self._unnamed, self._retiring = {}, set(), deque()
+        if "entries" not in state and "names" not in state:  # the formats of earlier checkpoints: entries in the file
             self._load_inline(state, written_in)
+            self._rebuild_columns()
             return
-        self._versions = {int(cid): dict(v) for cid, v in state["entries"].items()}
+        manifest = read_manifest(state)
+        self._versions = manifest.versions
         self._spilled = {cid: dict(v) for cid, v in self._versions.items()}
-        self._shapes = {(int(cid), name): tuple(shape) for cid, entry in state.get("shapes", {}).items()
-                        for name, shape in entry.items()}
-        elsewhere = state.get("elsewhere", {})
-        own: set[str] = set()
+        self._shapes = manifest.shapes
+        own: set[str] = set()  # (the loaded checkpoint names them: kept until entries' new versions supersede them)
         for cid, entry in self._versions.items():
             for name, version in entry.items():
-                written_by = elsewhere.get(cid, {}).get(name)
+                written_by = manifest.elsewhere.get((cid, name))
                 directory = written_in if written_by is None else locate(written_by)
                 if directory is not None and directory != self.directory:
                     self._elsewhere[(cid, name)] = directory  # another run's file: read only
                 else:
                     own.add(self._path(cid, name, version))
         self._on_disk |= own
-        self._named = deque([own], maxlen=self._named.maxlen)  # kept while this checkpoint may be the latest
+        self._rebuild_columns()
         folders = set(self._elsewhere.values()) | ({self.directory} if own else set())
         gone = sorted(folder for folder in folders if not os.path.isdir(folder))
         if gone:
@@ -363,14 +478,20 @@ class ClientStateStore:
         if wrote and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()  # the files exist before any process relies on them
 
-    def _prune(self) -> None:
-        """Remove files no recent checkpoint and no current entry names (rank 0)."""
-        if self.keep_checkpoints is None or not _rank0():
+    def _prune(self, retired: set[str]) -> None:
+        """At a checkpoint, whose entries' new versions superseded the files ``retired`` (named by
+        the checkpoint before): remove the files no checkpoint named, and those that the latest
+        ``keep_checkpoints`` checkpoints and the one being written no longer name (rank 0)."""
+        if self.keep_checkpoints is None:
+            self._unnamed = set()
             return
-        keep = set().union(*self._named) if self._named else set()
-        keep |= {self._path(cid, n, v) for cid, entry in self._spilled.items() for n, v in entry.items()}
-        for path in sorted(self._on_disk - keep):
-            if os.path.exists(path):
+        self._retiring.append((self._checkpoints, retired))
+        due, self._unnamed = self._unnamed, set()
+        while self._retiring[0][0] + self.keep_checkpoints <= self._checkpoints:
+            due |= self._retiring.popleft()[1]
+        rank0 = _rank0()
+        for path in sorted(due):
+            if rank0 and os.path.exists(path):
                 os.remove(path)
             self._on_disk.discard(path)
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fl_lightning.seeding import derive_seed, generator, sample_clients
-from fl_lightning.client_store import ClientStateStore, StateSpec, read_state_file
+from fl_lightning.client_store import ClientStateStore, Manifest, StateSpec, read_manifest, read_state_file
 from fl_lightning.vectors import ModelVector
 
 
@@ -42,13 +42,15 @@ def test_checkpoints_are_incremental(tmp_path):
     store = ClientStateStore(directory=str(tmp_path))
     store.set(1, "c", torch.ones(2), version=0)
     store.set(2, "c", torch.ones(2), version=0)
-    assert store.state_dict() == {"entries": {1: {"c": 0}, 2: {"c": 0}}, "directory": str(tmp_path), "elsewhere": {},
-                                  "shapes": {1: {"c": [2]}, 2: {"c": [2]}}}
+    first = store.state_dict()
+    assert read_manifest(first) == Manifest(str(tmp_path), {1: {"c": 0}, 2: {"c": 0}}, {(1, "c"): (2,), (2, "c"): (2,)}, {})
+    assert set(first) == {"directory", "names", "shapes", "folders"}  # integer columns, whatever the clients
+    assert all(t.dtype == torch.int64 and t.shape == (2,) for t in first["names"]["c"].values())
     written = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt")}
     assert sorted(written) == ["1.c.0.pt", "2.c.0.pt"]
     store.set(2, "c", torch.full((2,), 3.0), version=1)  # the next round changes client 2 only
     state = store.state_dict()
-    assert state["entries"] == {1: {"c": 0}, 2: {"c": 1}}
+    assert read_manifest(state).versions == {1: {"c": 0}, 2: {"c": 1}}
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt") if p.name != "2.c.1.pt"} == written
     copy = ClientStateStore(directory=str(tmp_path / "mine"))
     copy.load_state_dict(state)  # another run's checkpoint: its files are read where they are
@@ -56,11 +58,51 @@ def test_checkpoints_are_incremental(tmp_path):
     assert copy.nbytes() == 16  # read back into RAM (within the budget)
     copy.set(1, "c", torch.zeros(2), version=2)
     again = copy.state_dict()  # names the other run's file of client 2, writes only its own new entry
-    assert again["elsewhere"] == {2: {"c": str(tmp_path)}}
+    assert read_manifest(again).elsewhere == {(2, "c"): str(tmp_path)}
     assert sorted(p.name for p in (tmp_path / "mine").glob("*.pt")) == ["1.c.2.pt"]
     for _ in range(3):
         copy.state_dict()  # pruning never removes another run's files
     assert (tmp_path / "2.c.1.pt").exists() and (tmp_path / "1.c.0.pt").exists()
+
+
+def test_a_checkpoint_touches_only_the_entries_changed_since_the_last(tmp_path, monkeypatch):
+    """Gathering a checkpoint costs the round's entries, not all the stored ones: 40 clients hold
+    state, a round changes 3, the next checkpoint updates 3 rows of its columns and hands over the
+    same tensors' worth (a row per entry)."""
+    store = ClientStateStore(memory_budget=0, directory=str(tmp_path), keep_checkpoints=1)
+    for cid in range(40):
+        store.set(cid, "c", torch.full((2,), float(cid)), version=0)
+    store.sync()
+    store.state_dict()
+    updated = []
+    original = ClientStateStore._put_columns
+    monkeypatch.setattr(ClientStateStore, "_put_columns", lambda self, cid, name: (updated.append(cid), original(self, cid, name)))
+    for cid in (3, 17, 29):
+        store.set(cid, "c", torch.zeros(2), version=1)
+    store.sync()
+    state = store.state_dict()
+    assert sorted(updated) == [3, 17, 29]
+    manifest = read_manifest(state)
+    assert manifest.versions == {cid: {"c": 1 if cid in (3, 17, 29) else 0} for cid in range(40)}
+    assert state["names"]["c"]["clients"].tolist() == list(range(40)) and state["shapes"] == [[2]]
+    store.state_dict()  # the files version 1 superseded go once no kept checkpoint names them
+    assert not (tmp_path / "3.c.0.pt").exists() and (tmp_path / "4.c.0.pt").exists() and (tmp_path / "3.c.1.pt").exists()
+
+
+def test_a_checkpoint_of_the_nested_manifest_resumes(tmp_path):
+    """The manifest as nested dicts (checkpoints written before it was columns) loads the same."""
+    store = ClientStateStore(memory_budget=0, directory=str(tmp_path))
+    store.set(1, "c", torch.ones(2), version=0)
+    store.set(2, "c", torch.full((2,), 2.0), version=3)
+    store.state_dict()
+    nested = {"entries": {1: {"c": 0}, 2: {"c": 3}}, "directory": str(tmp_path), "elsewhere": {},
+              "shapes": {1: {"c": [2]}, 2: {"c": [2]}}}
+    copy = ClientStateStore(directory=str(tmp_path / "next"))
+    copy.load_state_dict(nested)
+    assert torch.equal(copy.get(2, "c"), torch.full((2,), 2.0)) and torch.equal(copy.get(1, "c"), torch.ones(2))
+    assert read_manifest(copy.state_dict()) == Manifest(str(tmp_path / "next"), {1: {"c": 0}, 2: {"c": 3}},
+                                                        {(1, "c"): (2,), (2, "c"): (2,)},
+                                                        {(1, "c"): str(tmp_path), (2, "c"): str(tmp_path)})
 
 
 def test_store_keeps_a_copy():
@@ -158,8 +200,9 @@ def test_a_checkpoint_names_the_files_and_resumes_exactly(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)
     trainer(3, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(8))
     store = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["federated"]["store"]
-    assert set(store) == {"entries", "directory", "elsewhere", "shapes"} and sorted(store["entries"]) == list(first.store.clients())
-    assert not any(isinstance(v, torch.Tensor) for e in store["entries"].values() for v in e.values())  # names only
+    assert set(store) == {"directory", "names", "shapes", "folders"}
+    assert sorted(read_manifest(store).versions) == list(first.store.clients())
+    assert all(t.dtype == torch.int64 for c in store["names"].values() for t in c.values())  # names only
     resumed = scaffold(tmp_path / "other", 3 * ENTRY)  # the checkpoint says where the files are
     trainer(6).fit(resumed, synthetic(8), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
     assert torch.equal(global_vector(straight), global_vector(resumed))
@@ -203,7 +246,7 @@ def test_a_checkpoint_of_the_inline_format_resumes_and_is_written_incrementally(
     old = {"memory": {4: {"c": torch.full((2,), 4.0)}}, "versions": {4: {"c": 3}}, "spilled": {}}
     store = ClientStateStore(directory=str(tmp_path))
     store.load_state_dict(old)
-    assert store.state_dict()["entries"] == {4: {"c": 3}}
+    assert read_manifest(store.state_dict()).versions == {4: {"c": 3}}
     assert torch.equal(read_state_file(str(tmp_path / "4.c.3.pt")), torch.full((2,), 4.0))
 
 
@@ -350,3 +393,13 @@ def test_a_run_without_client_state_creates_no_folder(tmp_path):
 def test_bad_client_state_arguments_fail_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SCAFFOLD(tiny_client(), **kwargs)
+
+
+def test_a_store_without_a_folder_takes_new_versions_and_checkpoints_inline():
+    store = ClientStateStore()
+    for version in range(3):
+        store.set(0, "c", torch.full((2,), float(version)), version=version)
+    state = store.state_dict()
+    copy = ClientStateStore()
+    copy.load_state_dict(state)
+    assert torch.equal(copy.get(0, "c"), torch.full((2,), 2.0))

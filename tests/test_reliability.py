@@ -24,7 +24,7 @@ from fl_lightning.checkpoints import CheckpointError, load_checkpoint, with_chec
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
 from fl_lightning.functional.dro import KLDRO
-from fl_lightning.client_store import read_state_file, state_file
+from fl_lightning.client_store import read_manifest, read_state_file, state_file
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,8 +200,9 @@ def test_a_checkpoint_with_non_finite_client_state_is_refused(tmp_path):
     module = build("SCAFFOLD")
     trainer(1, callbacks=[checkpoint], enable_checkpointing=True).fit(module, data())
     store = load_checkpoint(tmp_path / "last.ckpt")["federated"]["store"]
-    cid = sorted(store["entries"])[0]
-    path = Path(store["directory"]) / f"{cid}.control.{store['entries'][cid]['control']}.pt"
+    versions = read_manifest(store).versions
+    cid = sorted(versions)[0]
+    path = Path(store["directory"]) / f"{cid}.control.{versions[cid]['control']}.pt"
     value = read_state_file(str(path))
     value[0] = float("inf")
     torch.save(state_file(value, str(path)), path)
@@ -259,8 +260,9 @@ def test_a_yaml_file_as_ckpt_path_is_not_a_checkpoint(tmp_path):
 
 
 def state_path(tmp_path: Path, store: dict, rank: int = 0) -> Path:
-    cid = sorted(store["entries"])[rank]
-    return Path(store["directory"]) / f"{cid}.control.{store['entries'][cid]['control']}.pt"
+    versions = read_manifest(store).versions
+    cid = sorted(versions)[rank]
+    return Path(store["directory"]) / f"{cid}.control.{versions[cid]['control']}.pt"
 
 
 def damage(path: Path, how: str, tmp_path: Path) -> None:
