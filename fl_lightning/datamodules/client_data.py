@@ -156,6 +156,10 @@ def stacked_step_positions(splits: Sequence[ClientData], steps: int, generators:
         raise ValueError(f"the splits' step batch sizes differ: {[split.step_batch_size for split in splits]}")
     per_pass = [n // b for n in sizes]
     passes = [max(1, -(-steps // k)) for k in per_pass]
+    if len(splits) == 1:  # one client (the sequential backend's): its passes cut and joined, the same draws
+        (n,), (k,), (p,), (g,) = sizes, per_pass, passes, generators
+        cut = torch.stack([torch.randperm(n, generator=g)[: k * b] for _ in range(p)])
+        return cut.view(1, p * k, b)[:, :steps]
     drawn = torch.cat([torch.randperm(n, generator=g) for n, k, g in zip(sizes, passes, generators) for _ in range(k)])
     n, k, p = (torch.tensor(values).view(-1, 1) for values in (sizes, per_pass, passes))
     first = (p * n).cumsum(0) - p * n  # where each split's permutations start in ``drawn``
