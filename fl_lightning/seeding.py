@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import zlib
 from contextlib import contextmanager
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 
@@ -79,13 +79,28 @@ def keyed_rng(seed: int, *keys: Key, device: Optional[torch.device] = None) -> I
     What the block draws from the global RNG (``torch.rand``, ``nn.Dropout``...) then depends on
     the key only, and the draws outside the block are unchanged by it.
     """
+    with keyed_rngs(seed, *keys, device=device) as reseed:
+        reseed()
+        yield
+
+
+@contextmanager
+def keyed_rngs(seed: int, *keys: Key, device: Optional[torch.device] = None) -> Iterator[Callable[..., None]]:
+    """:func:`keyed_rng` for a sequence of keys: the global RNG's state is saved once and restored
+    at the end, and the block receives ``reseed(*more)``, which seeds it from ``derive_seed(seed,
+    *keys, *more)``. The draws after each ``reseed`` are those of a ``keyed_rng(seed, *keys, *more)``
+    of their own, at the cost of one seeding instead of a save and a restore of the RNG's state
+    as well (a block's local steps: one each)."""
     cuda = None
     if device is not None and torch.device(device).type == "cuda":
         index = torch.device(device).index
         cuda = torch.cuda.current_device() if index is None else index
-    with torch.random.fork_rng(devices=[] if cuda is None else [cuda]):
-        s = derive_seed(seed, *keys)
+
+    def reseed(*more: Key) -> None:
+        s = derive_seed(seed, *keys, *more)
         torch.default_generator.manual_seed(s)
         if cuda is not None:
             torch.cuda.default_generators[cuda].manual_seed(s)
-        yield
+
+    with torch.random.fork_rng(devices=[] if cuda is None else [cuda]):
+        yield reseed

@@ -205,9 +205,9 @@ def test_clients_smaller_than_the_batch_step_as_blocks_of_their_own(monkeypatch)
     calls = []
     advance = BatchedBackend._advance
 
-    def spy(self, context, block, groups, step, phase):
+    def spy(self, context, block, groups, step, phase, reseed=None):
         calls.append((block, len(block.runs), [len(g.members) for g in groups]))  # the block kept: ids stay unique
-        return advance(self, context, block, groups, step, phase)
+        return advance(self, context, block, groups, step, phase, reseed)
 
     monkeypatch.setattr(BatchedBackend, "_advance", spy)
     fitted(SUPPORTED["SCAFFOLD"], "batched", block=5, rounds=1, batch_size=64)  # batches of 64, 62, 43, 28...
@@ -547,10 +547,10 @@ def test_a_default_block_out_of_memory_steps_again_in_halves(name, where, monkey
     if where == "step":
         advance = BatchedBackend._advance
 
-        def failing_advance(self, context, block, groups, step, phase):
+        def failing_advance(self, context, block, groups, step, phase, reseed=None):
             if len(block.runs) > 2 and step == 1:
                 raise oom
-            return advance(self, context, block, groups, step, phase)
+            return advance(self, context, block, groups, step, phase, reseed)
 
         monkeypatch.setattr(BatchedBackend, "_advance", failing_advance)
     else:
@@ -596,7 +596,7 @@ def test_a_lockstep_default_block_counts_every_runs_tensors_and_raises_out_of_me
         tight, _ = fitted(make, "batched", block=None, rounds=1)
     assert tight.backend.clients_per_block == 1
 
-    def failing_advance(self, context, block, groups, step, phase):
+    def failing_advance(self, context, block, groups, step, phase, reseed=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(BatchedBackend, "_advance", failing_advance)
@@ -737,8 +737,8 @@ def test_plain_training_of_many_clients_equals_one_by_one(name, block, monkeypat
     assert torch.equal(module.global_model.flatten(), before)
     calls = []
     advance = BatchedBackend._advance
-    monkeypatch.setattr(BatchedBackend, "_advance", lambda self, context, block_, groups, step, phase: calls.append(
-        [len(g.members) for g in groups]) or advance(self, context, block_, groups, step, phase))
+    monkeypatch.setattr(BatchedBackend, "_advance", lambda self, context, block_, groups, step, phase, reseed=None: (
+        calls.append([len(g.members) for g in groups]) or advance(self, context, block_, groups, step, phase, reseed)))
     monkeypatch.setattr("fl_lightning.backends.batched.backend.train_one_by_one", None)  # not used: all vectorized
     together = _finetuned(module, clients)
     assert torch.equal(module.global_model.flatten(), before)
@@ -800,10 +800,10 @@ def test_plain_training_out_of_memory_goes_again_in_halves(monkeypatch):
     expected = dict(train_one_by_one(module.context, list(range(6)), start, 4, "finetune", 0))
     advance = BatchedBackend._advance
 
-    def failing_advance(self, context, block, groups, step, phase):
+    def failing_advance(self, context, block, groups, step, phase, reseed=None):
         if len(block.runs) > 2 and step == 1:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return advance(self, context, block, groups, step, phase)
+        return advance(self, context, block, groups, step, phase, reseed)
 
     monkeypatch.setattr(BatchedBackend, "_advance", failing_advance)
     with pytest.warns(UserWarning, match="ran out of memory in training, in a block of 6 clients"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 from functools import partial
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional, Protocol, TypeVar, cast
+from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Protocol, TypeVar, cast
 
 import pytorch_lightning as pl
 import torch
@@ -30,7 +30,7 @@ from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import routed_log
 from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.run import ClientRun, StepOutput
-from fl_lightning.seeding import generator, keyed_rng
+from fl_lightning.seeding import generator, keyed_rngs
 from fl_lightning.update import ClientUpdate, UpdateSpec
 from fl_lightning.vectors import ModelVector
 
@@ -296,8 +296,7 @@ class ClientContext:
             yield batch, {name: next(it) for name, it in extras.items()}
 
     # ------------------------------------------------------------ the setting of local work
-    @contextmanager
-    def local_work(self, client_id: int, *keys: Any) -> Iterator[None]:
+    def local_work(self, client_id: int, *keys: Any) -> ContextManager[Callable[..., None]]:
         """The setting of local work of ``client_id``.
 
         The global torch RNG is forked and seeded from ``(seed, "client", client, *keys)``, so the
@@ -310,6 +309,20 @@ class ClientContext:
         buffers (BatchNorm's ``num_batches_tracked``) are not federated state: local work leaves
         them at the global model's values, whatever the backend.
         """
+        return self._setting(client_id, keys, seeded=True)
+
+    def local_steps(self, client_id: int, *keys: Any) -> ContextManager[Callable[..., None]]:
+        """:meth:`local_work` entered once for consecutive pieces of local work (a block's steps):
+        the block receives ``reseed(*more)``, after which the global RNG draws what it would in a
+        ``local_work(client_id, *keys, *more)`` of its own. The rest of the setting (train mode, the
+        routed ``self.log``, the integer buffers' values) holds through the block, set up once: a
+        block of small clients' steps costs its launch, not the setting's."""
+        return self._setting(client_id, keys, seeded=False)
+
+    @contextmanager
+    def _setting(self, client_id: int, keys: tuple[Any, ...], seeded: bool) -> Iterator[Callable[..., None]]:
+        """:meth:`local_work`'s setting (the RNG seeded from ``keys`` already with ``seeded``), which
+        yields :meth:`local_steps`' ``reseed``."""
         training = self.trainer.training
         client = self.client
         was_training = client.training
@@ -317,7 +330,10 @@ class ClientContext:
             self._integer_buffers = [b for b in client.buffers() if not b.is_floating_point()]
         counters = [(b, b.clone()) for b in self._integer_buffers]
         with ExitStack() as stack:
-            stack.enter_context(keyed_rng(self.algorithm.seed, "client", client_id, *keys, device=self.device))
+            reseed = stack.enter_context(keyed_rngs(self.algorithm.seed, "client", client_id, *keys,
+                                                    device=self.device))
+            if seeded:
+                reseed()
             stack.enter_context(routed_log(client, self.logs.log if training else _drop_log))
             if not training:
                 stack.enter_context(torch.inference_mode(False))
@@ -325,7 +341,7 @@ class ClientContext:
             if not was_training:
                 client.train()
             try:
-                yield
+                yield reseed
             finally:
                 if not was_training:
                     client.eval()

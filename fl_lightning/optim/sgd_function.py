@@ -53,6 +53,12 @@ class FunctionalSGD:
         """The one learning rate of the parameters a step moves (see :func:`~fl_lightning.optim.param_groups.single_lr`)."""
         return single_lr(h.lr for h in self.groups if not h.frozen)
 
+    def initial_state(self) -> list[Optional[Tensor]]:
+        """The state before the first step: no momentum buffer yet (None) for each parameter. It is
+        the state that steps without momentum keep, so that their compiled step sees one structure
+        of the state from the first step on (one graph, where an empty first state would take two)."""
+        return [None] * len(self.groups)
+
     def step_(
         self, params: Sequence[Tensor], grads: Sequence[Tensor], state: Sequence[Optional[Tensor]]
     ) -> list[Optional[Tensor]]:
@@ -60,7 +66,8 @@ class FunctionalSGD:
 
         With ``d = g + weight_decay * p``: ``buf = d`` at the first step, else
         ``momentum * buf + (1 - dampening) d``; the direction is ``buf`` (``d + momentum * buf``
-        with Nesterov), and ``p <- p - lr * direction``.
+        with Nesterov), and ``p <- p - lr * direction``. The first step is the one whose ``state``
+        holds no buffer for the parameter: :meth:`initial_state`'s, or an empty one.
         """
         first = len(state) == 0
         new_state: list[Optional[Tensor]] = []

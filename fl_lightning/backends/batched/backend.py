@@ -242,8 +242,8 @@ class BatchedBackend(ClientBackend[Block]):
             return []
         groups = fixed_groups(context, runs, stream)
         if groups is None or len(groups) == 1:
-            return [(runs, plan_steps(context, runs) if groups is None else steps_of(groups))]
-        return [([runs[i] for i in g.members], steps_of([IndexGroup(list(range(len(g.members))), g.indices)]))
+            return [(runs, plan_steps(context, runs) if groups is None else steps_of(context, groups))]
+        return [([runs[i] for i in g.members], steps_of(context, [IndexGroup(list(range(len(g.members))), g.indices)]))
                 for g in groups]
 
     def _run_block(self, context: ClientContext, runs: list[FunctionalRun], plan: Any) -> dict[int, dict[str, Tensor]]:
@@ -255,8 +255,7 @@ class BatchedBackend(ClientBackend[Block]):
         most that size (a one-time warning says so)."""
         try:
             block = Block(runs, plan)
-            for step, step_groups in enumerate(block.plan):
-                self._advance(context, block, step_groups, step, "step")
+            self._steps(context, block)
             finals = self._vectorized_finals(context, block) if context.finalizes_rounds else None
         except torch.cuda.OutOfMemoryError:
             if self.requested_block is not None or len(runs) == 1:
@@ -355,8 +354,7 @@ class BatchedBackend(ClientBackend[Block]):
             try:
                 for members, plan in self._blocks_of(context, runs, stream):
                     block = Block(members, plan, step=plain_step, work=stream)
-                    for k, step_groups in enumerate(block.plan):
-                        self._advance(context, block, step_groups, k, "step")
+                    self._steps(context, block)
                     block.unstack()
             except torch.cuda.OutOfMemoryError:
                 if self.requested_block is not None or size == 1:
@@ -503,15 +501,34 @@ class BatchedBackend(ClientBackend[Block]):
         self._finish_runs(context, group.runs)
 
     # ------------------------------------------------------------ one vectorized step of a block
+    def _steps(self, context: ClientContext, block: Block) -> None:
+        """Every local step of ``block``'s plan, in order. Where the plan draws its batches from the
+        engine's index tables (no callback, no batches of ``client_init``'s), the steps share one
+        setting of local work (:meth:`ClientContext.local_steps`), each step's random draws seeded
+        as in a setting of its own; otherwise each step has its own, the plan drawn outside it."""
+        if context.changes_local_batches or any(run.batches is not None for run in block.runs):
+            for step, groups in enumerate(block.plan):
+                self._advance(context, block, groups, step, "step")
+            return
+        first, last = block.runs[0], block.runs[-1]
+        with context.local_steps(first.client_id, block.work, first.round, last.client_id) as reseed:
+            for step, groups in enumerate(block.plan):
+                self._advance(context, block, groups, step, "step", reseed)
+
     def _advance(self, context: ClientContext, block: Block, groups: list[StepGroup], step: int,
-                 phase: str) -> Optional[Tensor]:
+                 phase: str, reseed: Optional[Callable[..., None]] = None) -> Optional[Tensor]:
         """Run ``phase`` (``"step"``: ``client_step``; ``"share"``: ``client_share``) of local step
         ``step`` for the block's clients that take it (``groups``: by batch shapes), one vectorized call
-        per group; returns the stacked shares of the ``"share"`` phase (None if the clients share nothing)."""
+        per group; returns the stacked shares of the ``"share"`` phase (None if the clients share nothing).
+        The step runs in a setting of local work of its own, or with ``reseed`` (:meth:`_steps`) in the
+        block's, the global RNG seeded for the step as a setting of its own would seed it."""
         everyone = len(groups) == 1 and len(groups[0].members) == len(block.runs)
         results = []
         first, last = block.runs[0], block.runs[-1]
-        with context.local_work(first.client_id, block.work, first.round, last.client_id, phase, step):
+        if reseed is not None:
+            reseed(phase, step)
+        with nullcontext() if reseed is not None else context.local_work(
+                first.client_id, block.work, first.round, last.client_id, phase, step):
             for group in groups:
                 index = None if everyone else torch.tensor(group.members, device=block.tensors[0].device)
                 tensors = block.tensors if index is None else [t.index_select(0, index) for t in block.tensors]

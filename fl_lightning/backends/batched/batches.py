@@ -2,7 +2,9 @@
 of their batches (each group runs as one vectorized call), with the group's batches.
 
 A step's batches are, per group, the dataset indices of every stream ``[clients, batch]``,
-gathered from the pool in one go (:class:`IndexGroup`). Only where a callback rewrites local
+gathered from the pool in one go (:class:`IndexGroup`); where every step's indices are known at the
+block's start and the pool is a tensor one, several steps' batches are gathered at once and each
+step takes its own (:class:`GatheredGroup`, :func:`steps_of`). Only where a callback rewrites local
 batches (``on_local_batch``) or ``client_init`` gave its own, the clients' real batches are stacked
 instead (:class:`BatchGroup`): the one exception, kept apart.
 """
@@ -14,6 +16,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
+from torch.utils.data import TensorDataset
 
 from fl_lightning.backends.batched.run import FunctionalRun
 from fl_lightning.backends.context import ClientContext
@@ -22,6 +25,10 @@ from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
 
 #: one client's step: its batch (or its indices) and those of the algorithm's extra streams
 Item = tuple[Any, dict[str, Any]]
+
+#: the most bytes of batches :func:`steps_of` gathers at once for a group's coming steps (one step's
+#: batches at least): enough for the steps of a small model's round, little beside a block's runs
+GATHER_AHEAD_BYTES = 32 * 2**20
 
 
 @dataclass
@@ -52,7 +59,21 @@ class BatchGroup:
         return batch, extras
 
 
-StepGroup = IndexGroup | BatchGroup
+@dataclass
+class GatheredGroup:
+    """Clients of a block (positions ``members``) whose step batches were gathered with those of
+    other steps (:func:`steps_of`): this step's batch and extra streams' batches, on the device."""
+
+    members: list[int]
+    batch: Any
+    extras: dict[str, Any]
+
+    def load(self, context: ClientContext) -> Item:
+        """The group's batches, gathered already."""
+        return self.batch, self.extras
+
+
+StepGroup = IndexGroup | BatchGroup | GatheredGroup
 
 
 def plan_steps(context: ClientContext, runs: list[FunctionalRun]) -> Iterator[list[StepGroup]]:
@@ -69,7 +90,7 @@ def plan_steps(context: ClientContext, runs: list[FunctionalRun]) -> Iterator[li
             yield _group_batches(items)
     groups = fixed_groups(context, runs)
     if groups is not None:
-        yield from steps_of(groups)
+        yield from steps_of(context, groups)
         return
     tables = [{stream: _index_steps(context, run, stream) for stream in _streams(context)} for run in runs]
     for k in range(max((len(t["batches"]) for t in tables), default=0)):
@@ -101,11 +122,41 @@ def fixed_groups(context: ClientContext, runs: list[FunctionalRun], stream: Opti
     return groups
 
 
-def steps_of(groups: list[IndexGroup]) -> Iterator[list[IndexGroup]]:
-    """The steps of :func:`fixed_groups`' groups: at step ``k``, each group that has one, with its rows ``k``."""
+def steps_of(context: ClientContext, groups: list[IndexGroup]) -> Iterator[list[StepGroup]]:
+    """The steps of :func:`fixed_groups`' groups: at step ``k``, each group that has one, with its rows ``k``.
+
+    From a tensor pool (a ``TensorDataset``, whose gather draws nothing and runs no code of the
+    user's), each group's batches of its coming steps are gathered in one go, as many steps as
+    :data:`GATHER_AHEAD_BYTES` holds, laid out ``[steps, clients, batch, ...]`` so that each step's
+    batch is a contiguous slice: one gather (on a GPU, one launch per tensor; from a pool on the
+    host, one copy) for many steps, the same values as a gather per step. Other pools are gathered
+    a step at a time, inside the step's local work (their ``__getitem__`` may draw random numbers)."""
+    ahead = isinstance(context.algorithm.datamodule.pool, TensorDataset)
+    chunks: list[tuple[int, int, dict[str, Any]]] = [(0, 0, {}) for _ in groups]  # steps [start, end) gathered
     for k in range(max((len(g.indices["batches"][0]) for g in groups), default=0)):
-        yield [IndexGroup(g.members, {s: rows[:, k] for s, rows in g.indices.items()})
-               for g in groups if k < len(g.indices["batches"][0])]
+        step = []
+        for i, g in enumerate(groups):
+            steps = len(g.indices["batches"][0])
+            if k >= steps:
+                continue
+            if not ahead:
+                step.append(IndexGroup(g.members, {s: rows[:, k] for s, rows in g.indices.items()}))
+                continue
+            start, end, gathered = chunks[i]
+            if k >= end:
+                start, end = k, min(steps, k + _steps_ahead(context, g))
+                gathered = {s: context.gather(rows[:, start:end].transpose(0, 1)) for s, rows in g.indices.items()}
+                chunks[i] = (start, end, gathered)
+            batches = {s: tuple(t[k - start] for t in batch) for s, batch in gathered.items()}
+            step.append(GatheredGroup(g.members, batches.pop("batches"), batches))
+        yield step
+
+
+def _steps_ahead(context: ClientContext, group: IndexGroup) -> int:
+    """How many steps of ``group``'s batches :data:`GATHER_AHEAD_BYTES` holds (at least one)."""
+    row = sum(t.element_size() * t[0].numel() for t in context.algorithm.datamodule.pool.tensors)
+    step = row * sum(rows[:, 0].numel() for rows in group.indices.values())
+    return max(1, GATHER_AHEAD_BYTES // max(step, 1))
 
 
 def _streams(context: ClientContext) -> tuple[str, ...]:

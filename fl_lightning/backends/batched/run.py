@@ -39,7 +39,10 @@ class FunctionalRun(ClientRun):
         self.context = context
         self.function = function
         self.tensors = tensors
-        self.opt_state: list[Tensor] = []
+        #: the optimizer's state (before the first step:
+        #: :meth:`~fl_lightning.optim.sgd_function.FunctionalSGD.initial_state`)
+        self.opt_state: list[Optional[Tensor]] = (function.initial_state() if isinstance(function, FunctionalSGD)
+                                                  else [])
         #: ``self.log`` calls of the client during a vectorized step: name -> value * batch size
         self.logs: dict[str, Tensor] = {}
         #: their options and batch sizes (the same for every client of a vectorized step), by name
