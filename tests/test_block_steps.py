@@ -124,7 +124,8 @@ def test_a_blocks_steps_in_one_setting_draw_as_in_a_setting_each():
         assert torch.equal(a.end(), b.end())
 
 
-@pytest.mark.parametrize("hyper", [sgd(), sgd(weight_decay=1e-2), sgd(0.9, dampening=0.3), sgd(0.9, nesterov=True)], ids=["plain", "weight-decay", "momentum-dampening", "nesterov"])
+@pytest.mark.parametrize("hyper", [sgd(), sgd(weight_decay=1e-2), sgd(0.9, dampening=0.3), sgd(0.9, nesterov=True)],
+                         ids=["plain", "weight-decay", "momentum-dampening", "nesterov"])
 def test_sgd_from_its_initial_state_steps_as_from_an_empty_one(hyper):
     function = FunctionalSGD([hyper, sgd(frozen=True)])
     torch.manual_seed(0)
