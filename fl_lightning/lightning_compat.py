@@ -14,8 +14,9 @@ state, which a client's evaluation sets aside) are here too, for the same reason
 
 from __future__ import annotations
 
-import logging
+import collections
 import functools
+import logging
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
@@ -202,11 +203,9 @@ def light_result_moves() -> Iterator[None]:
     original = _ResultMetric.to
 
     def to(self: _ResultMetric, *args: Any, **kwargs: Any) -> _ResultMetric:
-        if len(args) == 1 and not kwargs and isinstance(args[0], torch.device):
-            leaves = tree_flatten(list(self.__dict__.values()))[0]
-            if all(leaf.device == args[0] for leaf in leaves if isinstance(leaf, torch.Tensor)) and \
-                    not any(isinstance(leaf, Metric) for leaf in leaves):
-                return self
+        if len(args) == 1 and not kwargs and isinstance(args[0], torch.device) and \
+                all(_placed(value, args[0]) for value in self.__dict__.values()):
+            return self
         return original(self, *args, **kwargs)
 
     _ResultMetric.to = to
@@ -214,6 +213,21 @@ def light_result_moves() -> Iterator[None]:
         yield
     finally:
         _ResultMetric.to = original
+
+
+def _placed(value: Any, device: torch.device) -> bool:
+    """Whether every tensor in ``value`` (nested in lists, tuples, dicts and deques, as a pytree
+    nests them) is on ``device``, and no ``Metric`` is among them: a walk of the collections, where
+    ``tree_flatten`` of a result's attributes builds a spec of each (a third of a ``self.log`` call)."""
+    if isinstance(value, torch.Tensor):
+        return value.device == device
+    if isinstance(value, Metric):
+        return False
+    if isinstance(value, dict):
+        return all(_placed(v, device) for v in value.values())
+    if isinstance(value, (list, tuple, collections.deque)):
+        return all(_placed(v, device) for v in value)
+    return True
 
 
 def sync_module_states(module: nn.Module) -> None:
