@@ -142,6 +142,23 @@ def test_stacked_indices_equal_each_split_indexed_on_its_own():
     assert torch.equal(stacked_indices(splits, positions), torch.stack(alone))
 
 
+
+def test_client_data_is_made_once_and_anew_when_what_it_holds_changes():
+    """A client split's ``ClientData`` is kept while its indices, the pool and the batch size are the
+    same; a split replaced, another batch size or another pool make a new one from them."""
+    dm = synthetic(4)
+    dm.setup("fit")
+    first = dm.client_data(1, "train")
+    assert dm.client_data(1, "train") is first and dm.client_data(2, "train") is not first
+    assert dm.client_data(1, "val") is not first
+    dm.splits["train"][1] = dm.splits["train"][1][:3]  # a split replaced: the new indices
+    fewer = dm.client_data(1, "train")
+    assert len(fewer) == 3 and torch.equal(fewer.indices, first.indices[:3])
+    dm.batch_size = 5
+    assert dm.client_data(1, "train").batch_size == 5
+    dm.pool = TensorDataset(*(t.clone() for t in dm.pool.tensors))
+    assert dm.client_data(1, "train").dataset is dm.pool
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

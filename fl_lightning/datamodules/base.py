@@ -258,6 +258,8 @@ class FederatedDataModule(pl.LightningDataModule):
         self.pool: Optional[Dataset] = None
         #: every client's split indices on the accelerator, when the pool is there (:meth:`place_pool`)
         self._device_splits: Optional[dict[str, tuple[Tensor, ...]]] = None
+        #: each client split's ClientData by (client, split), with the indices it was made of (:meth:`client_data`)
+        self._client_data: dict[tuple[int, str], tuple[Any, ClientData]] = {}
         self.test_set: Optional[Dataset] = None
         self.splits: dict[str, list[np.ndarray]] = {}
         self._partition_digest: Optional[str] = None  # partition_hash(), once the splits are made
@@ -381,11 +383,17 @@ class FederatedDataModule(pl.LightningDataModule):
             raise ValueError(f"split must be one of {sorted(self.splits)}, got {split!r}")
         if not 0 <= client_id < self.num_clients:
             raise ValueError(f"client_id must be in [0, {self.num_clients}), got {client_id}")
-        if self._device_splits is not None:
-            indices = self._device_splits[split][client_id]
-        else:
-            indices = torch.from_numpy(self.splits[split][client_id])
-        return ClientData(self.pool, indices, self.batch_size)
+        source = (self.splits if self._device_splits is None else self._device_splits)[split][client_id]
+        # made once and kept while the split's indices, the pool and the batch size are the same objects and
+        # value (a block of a thousand clients asks for each several times a round; its making is most of a call)
+        kept = self._client_data.get((client_id, split))
+        if kept is not None and kept[0] is source and kept[1].dataset is self.pool and \
+                kept[1].batch_size == self.batch_size:
+            return kept[1]
+        data = ClientData(self.pool, source if self._device_splits is not None else torch.from_numpy(source),
+                          self.batch_size)
+        self._client_data[(client_id, split)] = (source, data)
+        return data
 
     def num_samples(self, client_id: int) -> int:
         """Size of the client's training split."""
