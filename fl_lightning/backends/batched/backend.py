@@ -16,7 +16,8 @@ from torch._dynamo.exc import TorchDynamoException
 from torch.func import vmap
 
 from fl_lightning.backends.base import ClientBackend
-from fl_lightning.backends.batched.batches import IndexGroup, StepGroup, fixed_groups, plan_steps, steps_of
+from fl_lightning.backends.batched.batches import (IndexGroup, StepGroup, fixed_groups, plan_steps, real_batches,
+                                                   steps_of)
 from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
@@ -506,7 +507,7 @@ class BatchedBackend(ClientBackend[Block]):
         engine's index tables (no callback, no batches of ``client_init``'s), the steps share one
         setting of local work (:meth:`ClientContext.local_steps`), each step's random draws seeded
         as in a setting of its own; otherwise each step has its own, the plan drawn outside it."""
-        if context.changes_local_batches or any(run.batches is not None for run in block.runs):
+        if real_batches(context, block.runs):
             for step, groups in enumerate(block.plan):
                 self._advance(context, block, groups, step, "step")
             return

@@ -76,12 +76,18 @@ class GatheredGroup:
 StepGroup = IndexGroup | BatchGroup | GatheredGroup
 
 
+def real_batches(context: ClientContext, runs: list[FunctionalRun]) -> bool:
+    """Whether ``runs`` step on real batches (a callback rewrites local batches, or ``client_init`` gave
+    a run its own) rather than on the engine's index tables."""
+    return context.changes_local_batches or any(run.batches is not None for run in runs)
+
+
 def plan_steps(context: ClientContext, runs: list[FunctionalRun]) -> Iterator[list[StepGroup]]:
     """Each local step of the block's ``runs``: the clients that take it, grouped by batch shapes.
 
     Real batches are drawn a step at a time (the callbacks see them in the clients' order);
     indices come from the engine's keyed streams, which draw from no global generator."""
-    if context.changes_local_batches or any(run.batches is not None for run in runs):
+    if real_batches(context, runs):
         streams = [context.step_batches(run) for run in runs]
         while True:
             items = [next(stream, None) for stream in streams]
@@ -105,7 +111,7 @@ def fixed_groups(context: ClientContext, runs: list[FunctionalRun], stream: Opti
     same at every step. The streams are the round's (its batches, the algorithm's extra streams), or
     ``stream`` alone as the main batches (plain local training). None otherwise (``local_epochs``,
     real batches)."""
-    if context.changes_local_batches or any(run.batches is not None or run.num_steps is None for run in runs):
+    if real_batches(context, runs) or any(run.num_steps is None for run in runs):
         return None
     streams = {"batches": stream} if stream is not None else {s: s for s in _streams(context)}
     splits = [context.client_data(run.client_id) for run in runs]
@@ -132,11 +138,11 @@ def steps_of(context: ClientContext, groups: list[IndexGroup]) -> Iterator[list[
     host, one copy) for many steps, the same values as a gather per step. Other pools are gathered
     a step at a time, inside the step's local work (their ``__getitem__`` may draw random numbers)."""
     ahead = isinstance(context.algorithm.datamodule.pool, TensorDataset)
+    lengths = [len(g.indices["batches"][0]) for g in groups]  # each group's number of steps
     chunks: list[tuple[int, int, dict[str, Any]]] = [(0, 0, {}) for _ in groups]  # steps [start, end) gathered
-    for k in range(max((len(g.indices["batches"][0]) for g in groups), default=0)):
+    for k in range(max(lengths, default=0)):
         step = []
-        for i, g in enumerate(groups):
-            steps = len(g.indices["batches"][0])
+        for i, (g, steps) in enumerate(zip(groups, lengths)):
             if k >= steps:
                 continue
             if not ahead:
