@@ -27,6 +27,7 @@ class Layout:
 
     def __init__(self, shapes: Sequence[torch.Size], num_param_tensors: int) -> None:
         self.shapes = [torch.Size(s) for s in shapes]
+        self._views = [tuple(s) for s in self.shapes]  # view() takes a tuple in under half a Size's time
         self.numels = [s.numel() for s in self.shapes]
         self.num_param_tensors = num_param_tensors
         self.num_params = sum(self.numels[:num_param_tensors])
@@ -36,20 +37,20 @@ class Layout:
         """Views of ``vector`` (length ``dim``) shaped like every tensor of the state."""
         if vector.numel() != self.dim:
             raise ValueError(f"state vector has {vector.numel()} entries, the model has {self.dim}")
-        return [part.view(shape) for part, shape in zip(vector.split(self.numels), self.shapes)]
+        return [part.view(shape) for part, shape in zip(vector.split(self.numels), self._views)]
 
     def split_params(self, vector: Tensor) -> list[Tensor]:
         """Views of ``vector`` (length ``num_params`` or ``dim``) shaped like the parameters."""
         if vector.numel() not in (self.num_params, self.dim):
             raise ValueError(f"vector has {vector.numel()} entries, the parameters {self.num_params}")
         parts = vector[: self.num_params].split(self.numels[: self.num_param_tensors])
-        return [part.view(shape) for part, shape in zip(parts, self.shapes)]
+        return [part.view(shape) for part, shape in zip(parts, self._views)]
 
     @staticmethod
     def flatten(tensors: Sequence[Tensor], dtype: torch.dtype = torch.float32) -> Tensor:
         """One new flat ``dtype`` vector of ``tensors`` (detached), in their order."""
-        with torch.no_grad():
-            return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+        with torch.no_grad():  # no graph: each tensor's flat view goes in as it is, cast only where it must be
+            return torch.cat([t.reshape(-1) if t.dtype == dtype else t.reshape(-1).to(dtype) for t in tensors])
 
 
 class ModelVector:
@@ -87,8 +88,7 @@ class ModelVector:
     def load(self, vector: Tensor) -> None:
         """Write ``vector`` (length ``dim``) into the tensors, in place."""
         with torch.no_grad():
-            for t, v in zip(self.tensors, self.layout.split(vector)):
-                t.copy_(v)
+            torch._foreach_copy_(self.tensors, self.layout.split(vector))
 
     def set_grads(self, grads: Sequence[Tensor]) -> None:
         """Make ``grads`` (shaped like the parameters) the parameters' ``.grad`` (see :func:`set_grads`)."""

@@ -112,6 +112,13 @@ def test_stacked_step_positions_are_each_splits_passes_drawn_from_its_generator(
     stacked = stacked_step_positions(splits, 5, [torch.Generator().manual_seed(i) for i in range(4)])
     expected = [alone(len(s), 3, 5, torch.Generator().manual_seed(i)) for i, s in enumerate(splits)]
     assert torch.equal(stacked, torch.stack(expected))
+    for steps in (1, 3, 4, 9):  # one split alone, in one pass (3 and 4 batches a pass) and in several
+        for split in splits[1:2] + splits[3:]:
+            g = torch.Generator().manual_seed(steps)
+            want = alone(len(split), 3, steps, torch.Generator().manual_seed(steps))
+            assert torch.equal(split.step_positions(steps, g), want)
+            assert torch.equal(stacked_step_positions([split], steps, [torch.Generator().manual_seed(steps)]),
+                               want.unsqueeze(0))
     with pytest.raises(ValueError, match="step batch sizes differ"):
         stacked_step_positions([splits[0], ClientData(data, torch.arange(2), batch_size=3)], 5,
                                [torch.Generator(), torch.Generator()])

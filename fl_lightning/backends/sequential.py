@@ -169,8 +169,7 @@ class ModuleRun(ClientRun):
     def restart(self, start: Tensor) -> None:
         self.start = start
         with torch.no_grad():
-            for t, v in zip(self._tensors, self.layout.split(start)):
-                t.copy_(v)
+            torch._foreach_copy_(self._tensors, self.layout.split(start))
 
     def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
         if vector is not None:
