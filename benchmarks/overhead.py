@@ -10,6 +10,7 @@ busy machine disturbs less: another process taking the core does not count.
 
     python benchmarks/overhead.py [--rounds 20] [--repeats 3] [--mnist ../shared/data] [--clock cpu]
     python benchmarks/overhead.py --decompose --clock cpu
+    python benchmarks/overhead.py --one-work-item --clock cpu
 
 Prints both times per round and the ratio framework / hand-written (target <= 1.05 on CPU).
 
@@ -17,6 +18,10 @@ Prints both times per round and the ratio framework / hand-written (target <= 1.
 whatever its steps (its 10 clients' start and end, Lightning's loop around each client, the round's
 end): the same comparison with a model too small to cost anything (784-8-10, batches of 4), at 1,
 10 and 40 local steps; the difference's slope over the round's steps and its intercept.
+
+``--one-work-item`` adds a row of the same federation with the round's 10 clients run as one work
+item (one Lightning batch a round, the clients one after another inside it) where the sequential
+backend makes each client a work item of its own: what Lightning's loop around a work item costs.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import torch.nn.functional as F
 from common import QuietMLP, mnist_or_random
 
 from fl_lightning.algorithms import FedAvg
+from fl_lightning.backends.context import ClientContext
+from fl_lightning.backends.sequential import SequentialBackend
 from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.models import MLP
 from fl_lightning.seeding import generator, sample_clients
@@ -101,11 +108,25 @@ def timed_fit(module: pl.LightningModule, dm: FederatedDataModule, rounds: int) 
     return timer.seconds / rounds
 
 
+class OneWorkItem(SequentialBackend):
+    """The sequential backend with all of a round's clients in one work item (``--one-work-item``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clients_per_block = PER_ROUND
+
+    def run_clients(self, context: ClientContext, clients: list[int]) -> None:
+        for client in clients:
+            super().run_clients(context, [client])
+
+
 def framework(dm: FederatedDataModule, rounds: int, client_cls: type = QuietMLP, steps: int = STEPS,
-              hidden: tuple[int, ...] = HIDDEN) -> float:
-    """The same FedAvg through fl_lightning; returns seconds per round."""
+              hidden: tuple[int, ...] = HIDDEN, one_work_item: bool = False) -> float:
+    """The same FedAvg through fl_lightning (``one_work_item``: :class:`OneWorkItem`); seconds per round."""
     torch.manual_seed(0)
     module = FedAvg(client_cls(hidden=hidden, lr=LR), clients_per_round=PER_ROUND, local_steps=steps, seed=0)
+    if one_work_item:
+        module.backend = OneWorkItem()
     return timed_fit(module, dm, rounds)
 
 
@@ -136,6 +157,8 @@ def main() -> None:
                         help="wall clock, or the main thread's CPU time (less disturbed by other processes)")
     parser.add_argument("--decompose", action="store_true",
                         help="the overhead per local step and per round, with a model too small to cost anything")
+    parser.add_argument("--one-work-item", action="store_true",
+                        help="also time the round's clients as one work item: the cost of Lightning's loop per client")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     global CLOCK
@@ -149,17 +172,22 @@ def main() -> None:
         times["hand-written PyTorch"].append(hand_written(dm, args.rounds))
         times["fl_lightning"].append(framework(dm, args.rounds))
         times["fl_lightning, client logs"].append(framework(dm, args.rounds, MLP))
+        if args.one_work_item:
+            times.setdefault("fl_lightning, one work item", []).append(framework(dm, args.rounds, one_work_item=True))
     best = {name: min(ts) for name, ts in times.items()}
     print(f"data: {data}; {CLIENTS} clients, {PER_ROUND}/round, {STEPS} steps of batch {BATCH}; "
           f"{args.rounds} rounds x {args.repeats} repeats, {args.threads} thread(s), {args.clock} clock")
     for name, ts in times.items():
-        print(f"{name:<26}: {best[name] * 1e3:8.1f} ms/round (runs: {', '.join(f'{t * 1e3:.1f}' for t in ts)})")
+        print(f"{name:<28}: {best[name] * 1e3:8.1f} ms/round (runs: {', '.join(f'{t * 1e3:.1f}' for t in ts)})")
     hand = best["hand-written PyTorch"]
     median = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"ratio fl_lightning / hand-written: {best['fl_lightning'] / hand:.3f} best of runs (target <= 1.05), "
           f"{median['fl_lightning'] / median['hand-written PyTorch']:.3f} median")
     print(f"ratio with the client's self.log('train_loss') at every local step: "
           f"{best['fl_lightning, client logs'] / hand:.3f} (Lightning's logging cost, paid per local step)")
+    if args.one_work_item:
+        print(f"ratio with the round's clients in one work item: {best['fl_lightning, one work item'] / hand:.3f} "
+              f"(Lightning's loop around a work item: {(best['fl_lightning'] - best['fl_lightning, one work item']) / PER_ROUND * 1e3:.3f} ms a client)")
 
 
 if __name__ == "__main__":
