@@ -39,6 +39,12 @@ class Layout:
             raise ValueError(f"state vector has {vector.numel()} entries, the model has {self.dim}")
         return [part.view(shape) for part, shape in zip(vector.split(self.numels), self._views)]
 
+    def write(self, tensors: Sequence[Tensor], vector: Tensor) -> None:
+        """Write ``vector`` (length ``dim``) into ``tensors`` (shaped like the state), in place: one
+        multi-tensor copy."""
+        with torch.no_grad():
+            torch._foreach_copy_(list(tensors), self.split(vector))
+
     def split_params(self, vector: Tensor) -> list[Tensor]:
         """Views of ``vector`` (length ``num_params`` or ``dim``) shaped like the parameters."""
         if vector.numel() not in (self.num_params, self.dim):
@@ -87,8 +93,7 @@ class ModelVector:
 
     def load(self, vector: Tensor) -> None:
         """Write ``vector`` (length ``dim``) into the tensors, in place."""
-        with torch.no_grad():
-            torch._foreach_copy_(self.tensors, self.layout.split(vector))
+        self.layout.write(self.tensors, vector)
 
     def set_grads(self, grads: Sequence[Tensor]) -> None:
         """Make ``grads`` (shaped like the parameters) the parameters' ``.grad`` (see :func:`set_grads`)."""

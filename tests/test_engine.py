@@ -328,6 +328,18 @@ def test_layout_splits_and_flattens_in_state_order():
     assert torch.equal(vector.layout.flatten(parts), flat)
     with pytest.raises(ValueError, match="state vector has 3 entries, the model has 16"):
         vector.layout.split(torch.zeros(3))
+    # written back in place, cast to each tensor's dtype; flattened to fp32 whatever the tensors' dtype
+    target = [torch.empty(t.shape, dtype=torch.bfloat16 if i == 0 else torch.float32)
+              for i, t in enumerate(vector.tensors)]
+    values = torch.arange(16, dtype=torch.float32)
+    vector.layout.write(target, values)
+    assert all(torch.equal(t, p.to(t.dtype)) for t, p in zip(target, vector.layout.split(values)))
+    assert torch.equal(vector.layout.flatten(target), values)  # integers up to 15: exact in bf16
+    assert vector.layout.flatten(target).dtype == torch.float32
+    vector.load(values + 1)
+    assert torch.equal(vector.flatten(), values + 1)
+    with pytest.raises(ValueError, match="state vector has 3 entries"):
+        vector.layout.write(target, torch.zeros(3))
 
 
 def test_a_logger_accepts_hyperparameters_the_module_and_the_data_share(tmp_path):

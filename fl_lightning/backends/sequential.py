@@ -168,8 +168,7 @@ class ModuleRun(ClientRun):
 
     def restart(self, start: Tensor) -> None:
         self.start = start
-        with torch.no_grad():
-            torch._foreach_copy_(self._tensors, self.layout.split(start))
+        self.layout.write(self._tensors, start)
 
     def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
         if vector is not None:

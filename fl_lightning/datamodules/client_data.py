@@ -112,9 +112,9 @@ class ClientData:
         n = self._size
         if n == 0:
             raise ValueError("the client split is empty")
-        b = min(self.batch_size, n)
+        b = self.step_batch_size
         k = n // b
-        passes = max(1, -(-steps // k))
+        passes = num_passes(steps, k)
         if passes == 1:  # a sequential client's usual round: one permutation, no copy
             return torch.randperm(n, generator=generator)[: steps * b].view(steps, b)
         cut = torch.stack([torch.randperm(n, generator=generator)[: k * b] for _ in range(passes)])
@@ -155,6 +155,11 @@ class ClientData:
         return self.fetch(torch.arange(len(self)))
 
 
+def num_passes(steps: int, per_pass: int) -> int:
+    """The passes over a split that ``steps`` batches take, ``per_pass`` whole batches a pass (at least one)."""
+    return max(1, -(-steps // per_pass))
+
+
 def stacked_step_positions(splits: Sequence[ClientData], steps: int, generators: Sequence[torch.Generator]) -> Tensor:
     """Each split's positions of ``steps`` batches of ``b`` samples, ``[len(splits), steps, b]``, for
     splits of one step batch size ``b`` (:attr:`ClientData.step_batch_size`), each from its generator
@@ -162,16 +167,16 @@ def stacked_step_positions(splits: Sequence[ClientData], steps: int, generators:
     remainder left out), the next pass starting when a batch would not fit. The permutations are
     drawn split by split, then put in place for all splits with a few operations (a block of a
     thousand clients would otherwise cost a slice per permutation and a concatenation per client)."""
+    if len(splits) == 1:  # one client: its passes cut and joined, the same draws
+        return splits[0].step_positions(steps, generators[0]).unsqueeze(0)
     sizes = [len(split) for split in splits]
     if 0 in sizes:
         raise ValueError("the client split is empty")
     b = splits[0].step_batch_size
     if any(split.step_batch_size != b for split in splits):
         raise ValueError(f"the splits' step batch sizes differ: {[split.step_batch_size for split in splits]}")
-    if len(splits) == 1:  # one client: its passes cut and joined, the same draws
-        return splits[0].step_positions(steps, generators[0]).unsqueeze(0)
     per_pass = [n // b for n in sizes]
-    passes = [max(1, -(-steps // k)) for k in per_pass]
+    passes = [num_passes(steps, k) for k in per_pass]
     drawn = torch.cat([torch.randperm(n, generator=g) for n, k, g in zip(sizes, passes, generators) for _ in range(k)])
     n, k, p = (torch.tensor(values).view(-1, 1) for values in (sizes, per_pass, passes))
     first = (p * n).cumsum(0) - p * n  # where each split's permutations start in ``drawn``
