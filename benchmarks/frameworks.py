@@ -1,8 +1,9 @@
 """The same FedAvg work through every path installed here, in one run: ms per round, the speed-up
 over a hand-written PyTorch loop, client-steps per second and achieved FLOP/s.
 
-Paths: a hand-written PyTorch FedAvg loop; fl_lightning's sequential backend; its batched
-backend (blocks of 10, 50, 100 clients); a new Lightning ``Trainer`` per client per round (the
+Paths: a hand-written PyTorch FedAvg loop; fl_lightning's sequential backend, a Trainer batch per
+client and (``block`` = the round's clients) one a round; its batched backend (blocks of 10, 50, 100
+clients); a new Lightning ``Trainer`` per client per round (the
 pattern of Flower's Lightning example); Flower's simulation engine (Ray) with a plain-torch
 client and with a Lightning client, when ``flwr[simulation]`` is installed
 (``pip install -e ".[bench]"``; skipped with a message otherwise). Every path trains the same
@@ -209,11 +210,12 @@ class _Timer(pl.Callback):
         self.seconds = time.perf_counter() - self.start
 
 
-def fl_lightning(w: Workload, dm: FederatedDataModule, rounds: int, backend: str, block: int = 10,
+def fl_lightning(w: Workload, dm: FederatedDataModule, rounds: int, backend: str, block: Optional[int] = None,
                  accelerator: str = "cpu", precision: str = "32-true", compile_step: bool = False,
                  callbacks: Sequence[pl.Callback] = ()) -> float:
-    """The same FedAvg through fl_lightning on ``accelerator`` in ``precision`` (``compile_step``: the
-    batched backend's compiled step), with ``callbacks`` added; seconds per round, a warm-up round not
+    """The same FedAvg through fl_lightning on ``accelerator`` in ``precision`` in blocks of ``block``
+    clients (None: the backend's default; ``compile_step``: the batched backend's compiled step), with
+    ``callbacks`` added; seconds per round, a warm-up round not
     counted (two with ``compile_step``: its step compiled in the first round and once more in the
     second, 12 s and 1.6 s for workload a on 2 CPU cores)."""
     torch.manual_seed(0)
@@ -494,8 +496,10 @@ def run_cpu(args: argparse.Namespace, results: dict[str, Any], save: Callable[[]
         # the fast paths are timed interleaved (hand, sequential, batched..., hand, ...), the best of
         # --repeats each
         top = max(w.blocks)
+        whole_round = f"fl_lightning sequential, block {w.clients_per_round}"  # one Trainer batch a round
         fast = {HAND: lambda: hand_written(w, dm, w.rounds),
-                "fl_lightning sequential": lambda: fl_lightning(w, dm, w.rounds, "sequential")}
+                "fl_lightning sequential": lambda: fl_lightning(w, dm, w.rounds, "sequential"),
+                whole_round: lambda: fl_lightning(w, dm, w.rounds, "sequential", w.clients_per_round)}
         for block in w.blocks:
             fast[f"fl_lightning batched, block {block}"] = lambda block=block: fl_lightning(w, dm, w.rounds, "batched",
                                                                                           block)
@@ -508,6 +512,7 @@ def run_cpu(args: argparse.Namespace, results: dict[str, Any], save: Callable[[]
         report(HAND, min(times[HAND]))
         report("fl_lightning sequential", min(times["fl_lightning sequential"]),
                peak_memory(key, "sequential", 1, args.threads))
+        report(whole_round, min(times[whole_round]))
         for block in w.blocks:
             name = f"fl_lightning batched, block {block}"
             report(name, min(times[name]), peak_memory(key, "batched", block, args.threads))

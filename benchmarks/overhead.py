@@ -3,7 +3,7 @@
 The same work both ways: an MNIST-sized MLP (784-200-200-10), 100 clients (iid), 10 per round,
 10 local SGD steps of batch 64 per client, sample-weighted averaging of the deltas. Both train
 the same client module (its forward is the user's, not the framework's). Runs are
-interleaved in one process (hand, framework, hand, framework, ...) and the best of each is
+interleaved in one process (each repeat runs every row, starting one row later than the last) and the best of each is
 compared (the median ratio is printed too), so the ratio is robust to the machine's background load.
 Each run is timed by the wall clock and by the main thread's CPU time (``--clock``), which a
 busy machine disturbs less: another process taking the core does not count.
@@ -12,7 +12,10 @@ busy machine disturbs less: another process taking the core does not count.
     python benchmarks/overhead.py --decompose --clock cpu
     python benchmarks/overhead.py --one-work-item --clock cpu
 
-Prints both times per round and the ratio framework / hand-written (target <= 1.05 on CPU).
+Prints both times per round and the ratio framework / hand-written (target <= 1.05 on CPU), and
+Lightning's own loop around as many Trainer batches as a round has clients, with a training step
+that does nothing: the part of the overhead that comes with one Trainer batch per client, whatever
+the engine does (the ratio's floor, printed beside it).
 
 ``--decompose`` splits the difference into what each local step adds and what a round adds
 whatever its steps (its 10 clients' start and end, Lightning's loop around each client, the round's
@@ -20,8 +23,9 @@ end): the same comparison with a model too small to cost anything (784-8-10, bat
 10 and 40 local steps; the difference's slope over the round's steps and its intercept.
 
 ``--one-work-item`` adds a row of the same federation with the round's 10 clients run as one work
-item (one Lightning batch a round, the clients one after another inside it) where the sequential
-backend makes each client a work item of its own: what Lightning's loop around a work item costs.
+item (``clients_per_block=10``: one Trainer batch a round, the clients one after another inside it)
+where the sequential backend's default makes each client a work item of its own: what Lightning's
+loop around a work item costs the engine.
 """
 
 from __future__ import annotations
@@ -29,17 +33,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from common import QuietMLP, mnist_or_random
 
 from fl_lightning.algorithms import FedAvg
-from fl_lightning.backends.context import ClientContext
-from fl_lightning.backends.sequential import SequentialBackend
 from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.models import MLP
 from fl_lightning.seeding import generator, sample_clients
@@ -99,7 +102,7 @@ class Timer(pl.Callback):
         self.seconds = CLOCK() - self.start
 
 
-def timed_fit(module: pl.LightningModule, dm: FederatedDataModule, rounds: int) -> float:
+def timed_fit(module: pl.LightningModule, dm: Optional[FederatedDataModule], rounds: int) -> float:
     """Fit ``module`` for ``rounds`` rounds on the CPU, no validation or logging; seconds per round."""
     timer = Timer()
     trainer = pl.Trainer(max_epochs=rounds, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -108,25 +111,38 @@ def timed_fit(module: pl.LightningModule, dm: FederatedDataModule, rounds: int) 
     return timer.seconds / rounds
 
 
-class OneWorkItem(SequentialBackend):
-    """The sequential backend with all of a round's clients in one work item (``--one-work-item``)."""
+class NoOpBatches(pl.LightningModule):
+    """Lightning's loop alone: ``batches_per_epoch`` Trainer batches an epoch, each a manual-optimization
+    ``training_step`` that does nothing (the loop the engine's work items run in)."""
 
-    def __init__(self) -> None:
+    def __init__(self, batches_per_epoch: int) -> None:
         super().__init__()
-        self.clients_per_block = PER_ROUND
+        self.automatic_optimization = False
+        self.batches_per_epoch = batches_per_epoch
+        self.layer = torch.nn.Linear(1, 1)
 
-    def run_clients(self, context: ClientContext, clients: list[int]) -> None:
-        for client in clients:
-            super().run_clients(context, [client])
+    def training_step(self, batch: int, batch_idx: int) -> None:
+        return None
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(range(self.batches_per_epoch), batch_size=None)
+
+
+def lightning_loop(rounds: int) -> float:
+    """Seconds per round of Lightning's loop alone around :data:`PER_ROUND` batches a round (:class:`NoOpBatches`)."""
+    return timed_fit(NoOpBatches(PER_ROUND), None, rounds)
 
 
 def framework(dm: FederatedDataModule, rounds: int, client_cls: type = QuietMLP, steps: int = STEPS,
               hidden: tuple[int, ...] = HIDDEN, one_work_item: bool = False) -> float:
-    """The same FedAvg through fl_lightning (``one_work_item``: :class:`OneWorkItem`); seconds per round."""
+    """The same FedAvg through fl_lightning (``one_work_item``: the round's clients in one work item,
+    ``clients_per_block=PER_ROUND``); seconds per round."""
     torch.manual_seed(0)
-    module = FedAvg(client_cls(hidden=hidden, lr=LR), clients_per_round=PER_ROUND, local_steps=steps, seed=0)
-    if one_work_item:
-        module.backend = OneWorkItem()
+    module = FedAvg(client_cls(hidden=hidden, lr=LR), clients_per_round=PER_ROUND, local_steps=steps, seed=0,
+                    clients_per_block=PER_ROUND if one_work_item else None)
     return timed_fit(module, dm, rounds)
 
 
@@ -167,13 +183,19 @@ def main() -> None:
         decompose(args.mnist, args.rounds, args.repeats)
         return
     dm, data = mnist_or_random(args.mnist, num_clients=CLIENTS, partition="iid", batch_size=BATCH)
-    times: dict[str, list[float]] = {"hand-written PyTorch": [], "fl_lightning": [], "fl_lightning, client logs": []}
-    for _ in range(args.repeats):
-        times["hand-written PyTorch"].append(hand_written(dm, args.rounds))
-        times["fl_lightning"].append(framework(dm, args.rounds))
-        times["fl_lightning, client logs"].append(framework(dm, args.rounds, MLP))
-        if args.one_work_item:
-            times.setdefault("fl_lightning, one work item", []).append(framework(dm, args.rounds, one_work_item=True))
+    runs: dict[str, Callable[[], float]] = {
+        "hand-written PyTorch": lambda: hand_written(dm, args.rounds),
+        "fl_lightning": lambda: framework(dm, args.rounds),
+        "fl_lightning, client logs": lambda: framework(dm, args.rounds, MLP),
+        "Lightning's loop alone": lambda: lightning_loop(args.rounds),
+    }
+    if args.one_work_item:
+        runs["fl_lightning, one work item"] = lambda: framework(dm, args.rounds, one_work_item=True)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for repeat in range(args.repeats):  # each repeat starts one later: no row always runs first or last
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            times[name].append(runs[name]())
     best = {name: min(ts) for name, ts in times.items()}
     print(f"data: {data}; {CLIENTS} clients, {PER_ROUND}/round, {STEPS} steps of batch {BATCH}; "
           f"{args.rounds} rounds x {args.repeats} repeats, {args.threads} thread(s), {args.clock} clock")
@@ -183,6 +205,10 @@ def main() -> None:
     median = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"ratio fl_lightning / hand-written: {best['fl_lightning'] / hand:.3f} best of runs (target <= 1.05), "
           f"{median['fl_lightning'] / median['hand-written PyTorch']:.3f} median")
+    loop = best["Lightning's loop alone"]
+    print(f"Lightning's loop around {PER_ROUND} batches a round, a no-op training step: {loop * 1e3:.2f} ms "
+          f"({loop / PER_ROUND * 1e3:.3f} ms a batch); the ratio's floor with a Trainer batch per client: "
+          f"{(hand + loop) / hand:.3f}, the engine's own share: {(best['fl_lightning'] - hand - loop) / hand:.3f}")
     print(f"ratio with the client's self.log('train_loss') at every local step: "
           f"{best['fl_lightning, client logs'] / hand:.3f} (Lightning's logging cost, paid per local step)")
     if args.one_work_item:

@@ -4,6 +4,8 @@ One workload of ``benchmarks/frameworks.py`` (FedAvg, the batched backend) runs 
 rounds after warm-up; the engine's parts are timed as they run:
 
   index tables   drawing the block's batches (``fixed_groups``)
+  batches        gathering the steps' batches from the pool by those tables (``steps_of``, as the steps
+                 draw them: many steps' batches at once from a tensor pool)
   start runs     each client's run and ``client_init`` (``_start_runs``)
   stack          the block's carries stacked (``stack_carries``)
   steps          the vectorized local steps (``_advance``), compiled with ``--compile-step``
@@ -32,11 +34,12 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import inspect
 import json
 import os
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -51,6 +54,7 @@ from fl_lightning.module import FederatedModule  # noqa: E402
 #: part name -> (owner, attribute) of the function it times
 PARTS: dict[str, tuple[Any, str]] = {
     "index tables": (batched, "fixed_groups"),
+    "batches": (batched, "steps_of"),
     "start runs": (batched.BatchedBackend, "_start_runs"),
     "stack": (batched, "stack_carries"),
     "steps": (batched.BatchedBackend, "_advance"),
@@ -78,25 +82,42 @@ def timed(totals: collections.Counter, counting: dict[str, bool], name: str, fun
           sync: bool, ops: Optional[collections.Counter] = None) -> Callable[..., Any]:
     """``function``, adding its wall time (after a device sync, with ``sync``) to ``totals[name]``
     while ``counting["on"]``; with ``ops``, the number of tensor operations it dispatched to
-    ``ops[name]`` instead (:class:`OpCounter`; its wall time then includes the counting)."""
+    ``ops[name]`` instead (:class:`OpCounter`; its wall time then includes the counting). A
+    generator function is charged with the drawing of each of its items, where it does its work."""
+
+    def charged(call: Callable[[], Any]) -> Any:
+        if ops is not None:
+            with OpCounter() as counter:
+                try:
+                    return call()
+                finally:
+                    ops[name] += counter.count
+        start = time.perf_counter()
+        try:
+            return call()
+        finally:
+            if sync:
+                frameworks.synchronize()
+            totals[name] += time.perf_counter() - start
+
+    if inspect.isgeneratorfunction(function):
+        @functools.wraps(function)
+        def generator(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            items = function(*args, **kwargs)
+            while True:
+                try:
+                    item = charged(functools.partial(next, items)) if counting["on"] else next(items)
+                except StopIteration:
+                    return
+                yield item
+
+        return generator
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not counting["on"]:
             return function(*args, **kwargs)
-        if ops is not None:
-            with OpCounter() as counter:
-                try:
-                    return function(*args, **kwargs)
-                finally:
-                    ops[name] += counter.count
-        start = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            if sync:
-                frameworks.synchronize()
-            totals[name] += time.perf_counter() - start
+        return charged(functools.partial(function, *args, **kwargs))
 
     return wrapper
 
@@ -178,8 +199,8 @@ def main() -> None:
         name = args.workload
     if ops is not None:
         print(f"{name}, block {block}, {'compiled' if args.compile_step else 'eager'} step: tensor operations a round")
-        for name in PARTS:
-            print(f"  {name:<36} {ops[name] / args.rounds:9.0f}")
+        for part in PARTS:
+            print(f"  {part:<36} {ops[part] / args.rounds:9.0f}")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"workload": name, "block": block, "compile_step": args.compile_step,
@@ -191,8 +212,8 @@ def main() -> None:
     device = torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu"
     print(f"{name}, block {block}, {'compiled' if args.compile_step else 'eager'} step, {device}, "
           f"{'device synced at each part' if sync else 'no sync'}: {seconds * 1e3:.1f} ms a round")
-    for name, value in per_round.items():
-        print(f"  {name:<36} {value * 1e3:9.2f} ms  {100 * value / seconds:5.1f}%")
+    for part, value in per_round.items():
+        print(f"  {part:<36} {value * 1e3:9.2f} ms  {100 * value / seconds:5.1f}%")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"workload": name, "block": block, "compile_step": args.compile_step, "device": device,

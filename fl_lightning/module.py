@@ -100,11 +100,14 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             another, in the client module; the reference) or ``"batched"`` (blocks of clients
             advance one local step together, vectorized with ``torch.func``; see
             :mod:`fl_lightning.backends.batched` for what it supports).
-        clients_per_block: clients per vectorized block of the batched backend (memory grows with it).
-            None: the round's clients (each process's share) in one block, as far as a quarter of the
-            device's free memory holds their runs (four copies of the model each, plus state entries,
-            uploads and the activations of a local step, counted at setup); a block that runs out of
-            memory all the same steps again in halves. A number bounds it yourself.
+        clients_per_block: the clients of one work item (one Trainer batch). Batched backend: the
+            clients of a vectorized block (memory grows with it); None: the round's clients (each
+            process's share) in one block, as far as a quarter of the device's free memory holds
+            their runs (four copies of the model each, plus state entries, uploads and the
+            activations of a local step, counted at setup); a block that runs out of memory all the
+            same steps again in halves; a number bounds it yourself. Sequential backend: clients run
+            one after another in one work item; None: one (a Trainer batch per client); more pays
+            Lightning's loop around a batch once per block, with the same results.
         compile_step: the batched backend captures its vectorized local step with ``torch.compile``
             (compiled once per step structure, then reused: several times faster for small models,
             on the CPU and on a GPU; see :class:`~fl_lightning.backends.BatchedBackend`).

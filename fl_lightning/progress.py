@@ -33,7 +33,9 @@ def work_unit(module: Any) -> str:
     """What one work item of ``module``'s rounds is: ``client``, ``block`` or ``step``."""
     if getattr(module, "lockstep", False):
         return "step"
-    return "block" if getattr(module, "client_backend", "sequential") == "batched" else "client"
+    if getattr(module, "client_backend", "sequential") == "batched":
+        return "block"
+    return "block" if getattr(getattr(module, "backend", None), "clients_per_block", 1) > 1 else "client"
 
 
 class RoundProgressBar(TQDMProgressBar):

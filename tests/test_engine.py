@@ -94,6 +94,48 @@ def test_result_does_not_depend_on_client_order():
     assert torch.equal(global_vector(a), global_vector(b))
 
 
+class BatchCount(pl.Callback):
+    """Counts the Trainer's training batches (work items)."""
+
+    def __init__(self):
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.batches += 1
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "feddro"])
+def test_sequential_blocks_run_a_block_of_clients_per_work_item_with_the_same_results(algorithm):
+    """The sequential backend with ``clients_per_block=3``: a round of 5 clients is 2 Trainer batches
+    (lock-step FedDRO, whose rounds take every client, keeps a batch per local step), the clients'
+    results are bitwise those of a batch per client, and the progress bar counts blocks."""
+    from fl_lightning.algorithms import FedDRO
+    from fl_lightning.functional.dro import KLDRO
+    from fl_lightning.progress import work_unit
+
+    def make(block):
+        if algorithm == "feddro":
+            return FedDRO(tiny_client(), KLDRO(lam=2.0), local_steps=3, clients_per_round=5, seed=1,
+                          clients_per_block=block)
+        return FedAvg(tiny_client(), clients_per_round=5, local_steps=3, seed=1, clients_per_block=block)
+
+    modules, counts, losses = [], [], []
+    for block in (None, 3):
+        module, count = make(block), BatchCount()
+        trainer(2, callbacks=[count]).fit(module, synthetic(5))
+        modules.append(module)
+        counts.append(count.batches)
+        losses.append(module.trainer.callback_metrics["round/client_loss"])
+    assert torch.equal(global_vector(modules[0]), global_vector(modules[1]))
+    assert torch.equal(losses[0], losses[1])
+    if algorithm == "feddro":
+        assert counts == [2 * 3, 2 * 3]  # a work item per local step either way
+        assert work_unit(modules[1]) == "step"
+    else:
+        assert counts == [2 * 5, 2 * 2]
+        assert (work_unit(modules[0]), work_unit(modules[1])) == ("client", "block")
+
+
 def test_fedavg_is_mean_of_deltas_by_hand():
     """One round, all clients, one local step: x1 = x0 + sum_i n_i (y_i - x0) / sum n_i."""
     dm = synthetic(3)

@@ -40,8 +40,8 @@ class ClientBackend(ABC, Generic[Group]):
     lock-step rounds, ``client_share``) for this process's clients of a round.
 
     Args:
-        clients_per_block: clients per group (the batched backend's vectorized blocks; 1 in the
-            sequential backend).
+        clients_per_block: clients per group: a work item's (one Trainer batch; the batched
+            backend's vectorized blocks), or a lock-step group's (:meth:`group_size`).
     """
 
     def __init__(self, clients_per_block: int = 1) -> None:
@@ -68,11 +68,15 @@ class ClientBackend(ABC, Generic[Group]):
             assert steps is not None, "lock-step rounds have a fixed number of local steps"
             return steps
         _, world = rank_and_world()
-        return math.ceil(math.ceil(clients_per_round / world) / self.clients_per_block)
+        return math.ceil(math.ceil(clients_per_round / world) / self.group_size(context))
+
+    def group_size(self, context: ClientContext) -> int:
+        """Clients per group: a work item's clients, or one lock-step group's."""
+        return self.clients_per_block
 
     def start_round(self, context: ClientContext, clients: list[int]) -> list[Any]:
         """Plan the round for this process's ``clients``; returns the work items."""
-        size = self.clients_per_block
+        size = self.group_size(context)
         groups = [clients[i : i + size] for i in range(0, len(clients), size)]
         self._groups = []
         if context.lockstep:
