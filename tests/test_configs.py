@@ -8,7 +8,9 @@ instantiated or trained):
 * every standalone config parses alone;
 * every ``fl-lightning fit`` command written in the README, in ``docs/`` and in the configs' own
   header comments parses, and every override is used by at least one of them;
-* every run of the experiment plans (``experiments/<paper>/plan.py``) parses;
+* every run of the experiment plans (``experiments/<paper>/plan.py``) parses: one run of each
+  shape (:func:`run_shape`: the same configs and flags, values of the same kinds), which parses
+  exactly when the others of its shape do;
 * through the real command line, ``fl-lightning fit --print_config`` of a base and an override
   prints the override's algorithm with the base's client (the lists and nested arguments merge).
 """
@@ -81,6 +83,28 @@ def planned_runs() -> list[tuple[str, list[str]]]:
     return runs
 
 
+def run_shape(args: list[str]) -> tuple[str, ...]:
+    """What parsing a run's arguments depends on: its flags and config files, its string values
+    (choices, class paths, names) as written, and of every other value only its YAML kind
+    (``<int>``, ``<float>``, ``<bool>``, ``<NoneType>``). Parsing checks a number's kind against its
+    parameter's type, never its value (no parameter is typed with a range), so two runs of one
+    shape (a grid's learning rates, its seeds) parse or fail together."""
+    shape = []
+    for arg in args:
+        value = arg if arg.startswith("-") else yaml.safe_load(arg)
+        kind = isinstance(value, (bool, int, float, type(None))) and not isinstance(value, str)
+        shape.append(f"<{type(value).__name__}>" if kind else arg)
+    return tuple(shape)
+
+
+def one_run_per_shape(runs: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """The first run of each :func:`run_shape`, named with how many runs share its shape."""
+    shapes: dict[tuple[str, ...], list[tuple[str, list[str]]]] = {}
+    for name, args in runs:
+        shapes.setdefault(run_shape(args), []).append((name, args))
+    return [(f"{alike[0][0]} (+{len(alike) - 1} of its shape)", alike[0][1]) for alike in shapes.values()]
+
+
 COMMANDS = documented_commands()
 RUNS = planned_runs()
 
@@ -115,7 +139,8 @@ def test_every_documented_command_parses(args, parser):
     assert cfg.model.class_path and cfg.data.class_path
 
 
-@pytest.mark.parametrize("args", [args for _, args in RUNS], ids=[name for name, _ in RUNS])
+@pytest.mark.parametrize("args", [args for _, args in one_run_per_shape(RUNS)],
+                         ids=[name for name, _ in one_run_per_shape(RUNS)])
 def test_every_planned_run_parses(args, parser):
     cfg = parser.parse_args(args)
     assert cfg.model.class_path and cfg.data.class_path
@@ -150,3 +175,16 @@ def test_print_config_composes_base_and_override(override, capsys):
     added = given.get("trainer", {}).get("callbacks+", [])
     callbacks = [c["class_path"] for c in printed["trainer"].get("callbacks") or []]
     assert callbacks[len(callbacks) - len(added):] == [c["class_path"] for c in added]
+
+
+def test_runs_of_one_shape_differ_in_their_numbers_only():
+    """:func:`run_shape` keeps what parsing checks: a number's kind, every string as written; and
+    the package types no parameter with a range (``jsonargparse.typing``), which parsing would
+    check value by value."""
+    assert run_shape(["--lr", "0.1", "--seed", "0"]) == run_shape(["--lr", "0.003", "--seed", "7"])
+    assert run_shape(["--steps", "10"]) != run_shape(["--steps", "0.5"])
+    assert run_shape(["--schedule", "constant"]) != run_shape(["--schedule", "cosine"])
+    assert run_shape(["--flag", "true"]) != run_shape(["--flag", "1"])
+    assert run_shape(["--trainer.callbacks.fraction=0.4"]) != run_shape(["--trainer.callbacks.fraction=0.2"])
+    assert not [p for p in (ROOT / "fl_lightning").rglob("*.py") if "jsonargparse.typing" in p.read_text()]
+    assert sum(int(name.rsplit("(+", 1)[1].split()[0]) + 1 for name, _ in one_run_per_shape(RUNS)) == len(RUNS)
