@@ -10,6 +10,8 @@ run in ``tests/test_docs.py``, which also checks what they do):
   checked with ``--print_config``;
 * ``python benchmarks/...`` scripts and ``python -m experiments...`` modules answer ``--help``
   (an experiment's ``--list``, which only prints its runs, runs as written);
+* a command a page repeats (the README's quickstart, in its set-up and again in its tour) runs
+  once: the repeat would run the same thing in the same folder;
 * a command's leading environment assignments (``NAME=value``) are dropped: the command runs in
   this process;
 * the set-up lines (``python3 -m venv``, ``pip install``, ``pytest``) are what CI runs
@@ -130,10 +132,13 @@ def test_the_commands_of_a_page_work_as_written(page, tmp_path, monkeypatch):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
+    done: set[str] = set()
     for lang, code in blocks(page):
         if lang == "bash":
             for command in commands(code):
-                run_command(command)
+                if command not in done:
+                    run_command(command)
+                    done.add(command)
         elif page.name not in PYTHON_TESTED_ELSEWHERE:
             exec(compile(code, str(page), "exec"), namespace)
 

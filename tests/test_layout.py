@@ -5,13 +5,13 @@ imports first in a fresh interpreter (no import cycle)."""
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import fl_lightning
+from tests.fresh_python import run_python
 
 PACKAGE = Path(fl_lightning.__file__).resolve().parent
 ROOT = PACKAGE.parent
@@ -96,5 +96,6 @@ def test_functional_depends_on_torch_and_the_standard_library_only():
 
 @pytest.mark.parametrize("module", ["fl_lightning.module", "fl_lightning.callbacks", "fl_lightning.functional"])
 def test_imports_first_in_a_fresh_interpreter(module):
-    done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True)
+    """Importing it first (no module of the package imported before) works: no import cycle."""
+    done = run_python(["-c", f"import {module}"], cwd=ROOT)
     assert done.returncode == 0, done.stderr

@@ -5,7 +5,6 @@ the errors when a checkpoint cannot rebuild its client."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from fl_lightning.checkpoints import CheckpointError, load_checkpoint, with_chec
 from fl_lightning.datamodules import SyntheticFederated
 from fl_lightning.models import LogisticRegression
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
+from tests.fresh_python import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,8 +94,7 @@ def test_local_epochs_alone_and_fl_lightning_help_lists_every_subcommand():
     module = FedAvg(LogisticRegression(in_features=20, num_classes=10, lr=0.1), clients_per_round=2, local_epochs=1)
     assert module.local_epochs == 1 and module.local_steps is None
     trainer(1).fit(module, synthetic(4))
-    out = subprocess.run([sys.executable, "-m", "fl_lightning.cli", "--help"], capture_output=True, text=True,
-                         timeout=120).stdout
+    out = run_python(["-m", "fl_lightning.cli", "--help"], timeout=120).stdout
     for subcommand in ("fit", "validate", "test", "predict", "pefll-predict", "plot"):
         assert subcommand in out
 
@@ -162,8 +161,7 @@ def test_a_client_class_in_a_module_not_imported_is_refused_and_runs_nothing(tmp
         "    print('imported:', name in sys.modules)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=work,
-                         env=env).stdout
+    out = run_python(["-c", script], cwd=work, env=env, timeout=120).stdout
     for module_name in modules:
         assert f"refused: the checkpoint's client class {module_name}.MLP is not imported by this process" in out
         assert f"allowed_classes=['{module_name}.MLP']" in out

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.client_store import read_manifest, read_state_file, state_file
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
+from tests.fresh_python import FreshPython
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = str(ROOT / "configs" / "quickstart.yaml")
@@ -48,18 +47,17 @@ def data() -> SyntheticFederated:
 def killed_run(name: str, folder: Path, mode: str) -> None:
     """Run tests/crash_child.py until it hangs in round 3, then SIGKILL it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, "-m", "tests.crash_child", name, str(folder), mode], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = FreshPython(["-m", "tests.crash_child", name, str(folder), mode], cwd=ROOT, env=env)
     deadline = time.time() + 120
     while not (folder / "ready").exists():
         if child.poll() is not None:
-            raise AssertionError(f"the child ended before hanging: {child.stderr.read().decode()[-2000:]}")
+            raise AssertionError(f"the child ended before hanging: {child.stderr[-2000:]}")
         if time.time() > deadline:
             child.kill()
             raise AssertionError("the child did not reach round 3")
         time.sleep(0.1)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    child.kill()
+    assert child.wait(60) == -signal.SIGKILL
 
 
 @pytest.mark.slow
