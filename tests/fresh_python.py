@@ -9,12 +9,15 @@ from a server that imported those once per test process (:mod:`multiprocessing`'
 working folder, environment and output, and it ends with its command's exit status (``-N`` when
 killed by signal ``N``).
 
-What it shares with its server is the third-party modules' import-time state; a test of start-up
-itself (the malloc settings a sweep's processes start with, say) starts a real interpreter.
+What it shares with its server is the third-party modules' import-time state, and it ends with
+``os._exit`` after its exit handlers (C++ static destructors do not run): a test of start-up or
+exit itself (the malloc settings a sweep's processes start with, a gloo group closed at exit)
+starts a real interpreter.
 """
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import runpy
@@ -27,8 +30,10 @@ from typing import Optional, Sequence
 #: the modules the server imports once: torch, and what importing ``fl_lightning`` imports of Lightning's
 PRELOAD = ["torch", "torchvision", "torchmetrics", "pytorch_lightning", "jsonargparse", "yaml"]
 
-_context = multiprocessing.get_context("forkserver")
-_context.set_forkserver_preload(PRELOAD)
+#: the multiprocessing context whose processes are forked from the preloaded server (also the
+#: tests' two-process rank pool's, :mod:`tests.two_processes`)
+CONTEXT = multiprocessing.get_context("forkserver")
+CONTEXT.set_forkserver_preload(PRELOAD)
 
 
 def _run(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
@@ -69,6 +74,7 @@ def _run(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> 
 
         traceback.print_exc()
         code = 1
+    atexit._run_exitfuncs()  # as the interpreter's exit would; C++ static destructors do not run (os._exit)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -84,7 +90,7 @@ class FreshPython:
         self._folder = tempfile.TemporaryDirectory(prefix="fresh-python-")
         self._out, self._err = (str(Path(self._folder.name) / name) for name in ("stdout", "stderr"))
         cwd = str(cwd if cwd is not None else os.getcwd())
-        self._process = _context.Process(target=_run, args=(list(args), cwd, dict(env if env is not None else os.environ),
+        self._process = CONTEXT.Process(target=_run, args=(list(args), cwd, dict(env if env is not None else os.environ),
                                                              self._out, self._err), daemon=True)
         self._process.start()
         self.pid: int = self._process.pid

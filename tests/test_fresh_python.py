@@ -13,7 +13,8 @@ def test_a_forked_python_is_fresh_and_ends_as_its_command_does(tmp_path):
                        "print([m for m in sys.modules if m.split('.')[0] == 'fl_lightning'])", "a", "b"],
                       cwd=tmp_path, env={"MARK": "here"})
     assert done.returncode == 0 and done.stdout.split("\n")[:2] == [f"{tmp_path} here ['a', 'b']", "[]"]
-    assert run_python(["-c", "raise SystemExit(3)"]).returncode == 3
+    exited = run_python(["-c", "import atexit; atexit.register(print, 'at exit'); raise SystemExit(3)"])
+    assert exited.returncode == 3 and exited.stdout == "at exit\n"
     failed = run_python(["-c", "1 / 0"])
     assert failed.returncode == 1 and "ZeroDivisionError" in failed.stderr
     (tmp_path / "hello.py").write_text("import sys\nprint('module', __name__, sys.argv[1:])\n")

@@ -6,7 +6,9 @@ package (about 20 s a test on two busy cores, half the suite's time for some thi
 ``fl_ddp_pooled`` is ``fl_ddp_spawn`` with its processes kept: two rank processes are spawned once
 per test process, join one gloo group, and run each fit's launch as a spawned rank would (the
 same pickled trainer, the same wrapping function, the global state snapshot restored, rank 0's
-results returned to the launcher). Only the process start is skipped.
+results returned to the launcher). Only the process start is skipped; the rank processes
+themselves are forked from the preloaded interpreter of :mod:`tests.fresh_python` (fresh ones, as
+spawn's are, without importing torch and Lightning again).
 
 The launchers themselves stay covered where they are the subject: ``tests/test_ddp.py`` launches
 ``fl_ddp_spawn`` and the CLI's ``fl_ddp`` (subprocess script launcher) for real. A test with
@@ -16,7 +18,6 @@ collectives of its own runs them as ``pool(2).run(function, args)``.
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import os
 import pickle
 import shutil
@@ -34,6 +35,7 @@ from pytorch_lightning.strategies import StrategyRegistry
 from pytorch_lightning.strategies.launchers import multiprocessing as lightning_launchers
 
 from fl_lightning.strategy import FederatedDDPStrategy
+from tests.fresh_python import CONTEXT
 
 NAME = "fl_ddp_pooled"
 #: seconds a fit may take on the ranks before they are taken for hung and replaced
@@ -69,7 +71,7 @@ class RankPool:
     (Lightning finds the group made and uses it)."""
 
     def __init__(self, nprocs: int) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = CONTEXT  # a fresh process (as spawn's), without importing torch and Lightning again
         self.folder = tempfile.mkdtemp(prefix=NAME)
         self.connections, self.processes = [], []
         for rank in range(nprocs):
