@@ -40,8 +40,7 @@ def _run(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> 
     """The forked process: ``python ARGS`` in ``cwd`` with ``env``, its output written to ``out`` and ``err``."""
     for fd, path in ((1, out), (2, err)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-    stdin = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(stdin, 0)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     sys.stdout = open(1, "w", closefd=False, buffering=1)
     sys.stderr = open(2, "w", closefd=False, buffering=1)
     imported = sorted(m for m in sys.modules if m.split(".")[0] == "fl_lightning"
@@ -120,7 +119,7 @@ class FreshPython:
 
 
 def run_python(args: Sequence[str], cwd: Optional[os.PathLike] = None, env: Optional[dict[str, str]] = None,
-               timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+               timeout: float = 300) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *args], capture_output=True, text=True)`` run as a :class:`FreshPython`."""
     process = FreshPython(args, cwd, env)
     try:
@@ -128,7 +127,4 @@ def run_python(args: Sequence[str], cwd: Optional[os.PathLike] = None, env: Opti
     except subprocess.TimeoutExpired:
         process.kill()
         raise
-    done = subprocess.CompletedProcess(["python", *args], code, process.stdout, process.stderr)
-    if check:
-        done.check_returncode()
-    return done
+    return subprocess.CompletedProcess(["python", *args], code, process.stdout, process.stderr)

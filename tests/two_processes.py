@@ -67,16 +67,15 @@ def serve(rank: int, world_size: int, folder: str, connection: Any) -> None:
 
 
 class RankPool:
-    """``nprocs`` spawned rank processes in one gloo group, that run functions one after the other
-    (Lightning finds the group made and uses it)."""
+    """``nprocs`` rank processes (fresh, forked from the preloaded server of :mod:`tests.fresh_python`)
+    in one gloo group, that run functions one after the other (Lightning finds the group made and uses it)."""
 
     def __init__(self, nprocs: int) -> None:
-        context = CONTEXT  # a fresh process (as spawn's), without importing torch and Lightning again
         self.folder = tempfile.mkdtemp(prefix=NAME)
         self.connections, self.processes = [], []
         for rank in range(nprocs):
-            ours, theirs = context.Pipe()
-            process = context.Process(target=serve, args=(rank, nprocs, self.folder, theirs),
+            ours, theirs = CONTEXT.Pipe()
+            process = CONTEXT.Process(target=serve, args=(rank, nprocs, self.folder, theirs),
                                       daemon=True, name=f"{NAME}-rank{rank}")
             process.start()
             theirs.close()
