@@ -189,3 +189,4 @@ def test_runs_of_one_shape_differ_in_their_numbers_only():
     assert run_shape(["--flag", "true"]) != run_shape(["--flag", "1"])
     assert run_shape(["--trainer.callbacks.fraction=0.4"]) != run_shape(["--trainer.callbacks.fraction=0.2"])
     assert not [p for p in (ROOT / "fl_lightning").rglob("*.py") if "jsonargparse.typing" in p.read_text()]
+    assert {run_shape(args) for _, args in PARSED_RUNS} == {run_shape(args) for _, args in RUNS}  # every shape parsed
