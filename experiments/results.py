@@ -17,6 +17,9 @@ One file per paper holds every run its document reports::
 * ``summary`` (optional): figures measured once per run (data sizes, final evaluations...).
 * ``device`` (runs made since it was recorded): what the run trained on, ``cpu`` or ``cuda: <the
   card>``; ``backend`` (only where the sweep chose it, ``--backend``): the clients' backend.
+* ``env`` (runs made since it was recorded): what the process that recorded the run ran with
+  (:func:`environment`): Python, torch, Lightning and numpy versions, torch's threads, CUDA's version
+  and the tree the code came from.
 * ``diverged`` (only where the run diverged): the round it stopped in and the error; its history
   holds the evaluations before.
 * ``stopped`` (only where a sweep's time limit stopped the run): the round it stopped after, of how
@@ -36,23 +39,60 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 Run = dict[str, Any]
 
 
+#: the folders of the tree a run's results depend on: a run refuses to start while they hold changes
+#: that are not committed, since its record could not be reproduced from the commit it names
+CODE_FOLDERS = ("fl_lightning", "experiments", "configs")
+#: the project's root (whatever the working directory)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class UncommittedChangesError(RuntimeError):
+    """The code a run would record holds changes that no commit has."""
+
+
 def commit() -> str:
-    """The project commit a run ran on: ``FL_LIGHTNING_COMMIT`` where set (a copy of the tree on another
-    machine, whose ``.git``, if any, need not match its files), else ``git rev-parse HEAD`` with ``+``
-    marking uncommitted changes to tracked files other than the result documents, ``docs/results/``,
-    which runs only read."""
+    """The project commit a run runs on: ``FL_LIGHTNING_COMMIT`` where set (a copy of the tree on another
+    machine, whose ``.git``, if any, need not match its files), else ``git rev-parse HEAD``.
+
+    Raises:
+        UncommittedChangesError: files under :data:`CODE_FOLDERS` are changed, added or deleted and not
+            committed (files git ignores, such as run output, aside), naming them.
+        RuntimeError: the tree is no git checkout and ``FL_LIGHTNING_COMMIT`` is not set.
+    """
     if os.environ.get("FL_LIGHTNING_COMMIT"):
         return os.environ["FL_LIGHTNING_COMMIT"]
-    root = Path(__file__).resolve().parents[1]  # whatever the working directory
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=root).stdout.strip()
+                              cwd=ROOT).stdout.strip()
     except (OSError, subprocess.CalledProcessError) as error:  # a copy of the tree without its history
-        raise RuntimeError(f"{root} is not a git checkout: set FL_LIGHTNING_COMMIT to the commit its files are "
+        raise RuntimeError(f"{ROOT} is not a git checkout: set FL_LIGHTNING_COMMIT to the commit its files are "
                            "(a clean copy's, as runs record it)") from error
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results"],
-                           capture_output=True, text=True, cwd=root).stdout
-    return head + ("+" if dirty.strip() else "")
+    changed = subprocess.run(["git", "status", "--porcelain", "--", *CODE_FOLDERS], capture_output=True, text=True,
+                             cwd=ROOT, check=True).stdout.splitlines()
+    if changed:
+        files = [line[3:] for line in changed]
+        raise UncommittedChangesError(
+            f"{len(files)} file(s) under {', '.join(f + '/' for f in CODE_FOLDERS)} are not committed "
+            f"({', '.join(files[:5])}{', ...' if len(files) > 5 else ''}): a run records the commit it runs on, and "
+            "these changes are in none. Commit them, or run from a clean checkout (git worktree add ../clean HEAD)")
+    return head
+
+
+def environment() -> dict[str, Any]:
+    """What this process runs with, as a run records it: the versions of Python, torch, Lightning and
+    numpy, torch's intra-op threads, CUDA's version (None on a CPU build), the machine, and the tree
+    (``"clean"``: :func:`commit` found no uncommitted code; ``"FL_LIGHTNING_COMMIT"``: a copy of the tree
+    named by that variable, which :func:`commit` cannot check)."""
+    import platform
+
+    import numpy
+    import pytorch_lightning
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "lightning": pytorch_lightning.__version__,
+            "numpy": numpy.__version__, "threads": torch.get_num_threads(), "cuda": torch.version.cuda,
+            "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
+            "tree": "FL_LIGHTNING_COMMIT" if os.environ.get("FL_LIGHTNING_COMMIT") else "clean"}
 
 
 def load(path: str | Path) -> list[Run]:

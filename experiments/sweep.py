@@ -40,8 +40,12 @@ than they take advances all of them together (``--until-round 100``, then ``200`
 ``--out`` a file kept between the sessions, the checkpoints under ``runs/`` too), so that every row of a
 table has its seeds at a common round, where ``--time-limit`` alone would take the first runs far and
 leave the rest unstarted.
-A run records the project commit it ran on (:func:`experiments.results.commit`) and the device it
-trained on. Each process keeps the memory its runs free for their next allocations
+A run records the project commit it ran on (:func:`experiments.results.commit`), the device it
+trained on and the process's environment (:func:`experiments.results.environment`: versions, threads).
+A sweep refuses to start, and stops before its next run, while code under ``fl_lightning/``,
+``experiments/`` or ``configs/`` holds uncommitted changes or the checkout has moved to another commit
+than the one its processes imported: a record names a commit that reproduces it. Run long sweeps from a
+checkout of their own (``git worktree add``) while you work on another. Each process keeps the memory its runs free for their next allocations
 (:func:`keep_freed_memory`: glibc would map large vectors anew every round). ``--backend batched``
 runs every client of the plan on the batched backend (a GPU sweep of plans written for the
 sequential one: the same figures to float tolerance), recorded with each run.
@@ -345,7 +349,8 @@ def fit(run: Run, paper: str, plan: Any, commit: str, limits: Limits = Limits(),
         diverged = f"round {cli.trainer.current_epoch + 1}: {type(error).__name__}: {error}"
         print(f"{run.name} diverged in {diverged}", flush=True)
     record = {"name": run.name, "commit": commit, "params": run.params,
-              "wall_s": round(recorder.elapsed(), 1), "history": recorder.history, "device": device_name(cli.trainer)}
+              "wall_s": round(recorder.elapsed(), 1), "history": recorder.history, "device": device_name(cli.trainer),
+              "env": results.environment()}
     if backend is not None:
         record["backend"] = backend
     if len(recorder.commits) > 1:  # stopped and resumed on other code: every commit it ran on
@@ -390,6 +395,7 @@ def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, limits: 
     """Train ``run`` (:func:`fit`) and add its record to ``out``; once it is recorded for good (not
     stopped by a limit), its resume checkpoint goes. The run's memory is handed back, so that
     the next run of the process sizes its blocks by the device's free memory as a new process would."""
+    check_unchanged(commit)
     print(f"== {run.name}: {run.command()}", flush=True)
     started = time.perf_counter()
     record = fit(run, paper, plan, commit, limits, backend)
@@ -403,13 +409,27 @@ def record_run(run: Run, paper: str, plan: Any, out: Path, commit: str, limits: 
         torch.cuda.empty_cache()
 
 
+def check_unchanged(commit: str) -> None:
+    """Refuse to start a run while the checkout is no longer ``commit``, the code this process imported
+    (configs and plans are read again by every run).
+
+    Raises:
+        UncommittedChangesError: code changes that are not committed (:func:`experiments.results.commit`).
+        RuntimeError: the checkout is at another commit now.
+    """
+    now = results.commit()
+    if now != commit:
+        raise RuntimeError(f"the checkout moved from {commit} to {now} while the sweep ran: its processes run "
+                           f"{commit}'s code and would read {now}'s configs; start the sweep again")
+
+
 def serve(runs: Sequence[Run], paper: str, plan: Any, out: Path, ready: int, limits: Limits = Limits(),
           backend: Optional[str] = None) -> None:
     """A slot of a parallel sweep: record the runs whose names its sweep writes to stdin, one a
     line, one after the other, and write each name to the file descriptor ``ready`` once it is
     recorded. Ends at the end of stdin."""
     by_name = {run.name: run for run in runs}
-    commit = results.commit()
+    commit = results.commit()  # the code this slot imported
     with os.fdopen(ready, "w", buffering=1) as done:
         for line in sys.stdin:
             record_run(by_name[line.strip()], paper, plan, out, commit, limits, backend)
@@ -553,6 +573,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             print(f"# {run.name}\n{run.command()}")
         return
     out = opts.out or Path("runs") / f"{opts.paper}.json"
+    try:
+        commit = results.commit()  # the code imported now, which every run of this process runs
+    except results.UncommittedChangesError as error:
+        raise SystemExit(f"experiments.sweep: {error}") from None
     if opts.serve is not None:
         torch.set_num_threads(opts.threads)
         keep_freed_memory()
@@ -567,7 +591,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     torch.set_num_threads(opts.threads)
     keep_freed_memory()
-    commit = results.commit()  # the code imported now, which every run of this process runs
     for run in runs:
         if run.name in done:
             continue

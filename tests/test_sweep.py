@@ -15,6 +15,14 @@ from fl_lightning.callbacks import ClientMetrics
 from tests.helpers import synthetic, tiny_client, trainer
 
 
+@pytest.fixture(autouse=True)
+def recorded_commit(monkeypatch):
+    """The commit the sweeps of these tests record, whatever state the checkout under test is in (a
+    developer's has uncommitted changes; :func:`test_a_run_refuses_uncommitted_code_and_records_its_environment`
+    tests the checkout's own)."""
+    monkeypatch.setenv("FL_LIGHTNING_COMMIT", "0123abc")
+
+
 def test_measures_per_class_and_the_kl_dro_objective():
     losses = torch.tensor([0.5, 1.0, 2.0, 4.0, 0.1], dtype=torch.float64)
     right = torch.tensor([True, False, True, True, False])
@@ -100,7 +108,7 @@ def test_a_sweep_given_a_backend_runs_every_client_on_it_and_records_it(tmp_path
     plain = fit(Run("plain", args, {}, every=1), "test", object(), "abc")
     batched = fit(Run("batched", args, {}, every=1), "test", object(), "abc", backend="batched")
     assert "backend" not in plain and batched["backend"] == "batched"
-    assert plain["device"] == batched["device"] == "cpu"
+    assert plain["device"] == batched["device"] == "cpu" and plain["env"]["torch"] == torch.__version__
     for ours, theirs in zip(batched["history"], plain["history"], strict=True):
         assert ours.keys() == theirs.keys()
         assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-5)
@@ -123,15 +131,56 @@ def test_a_run_parses_its_own_arguments_without_the_sweeps_command_line_warning(
     assert not [w for w in recwarn if "args parameter" in str(w.message)]
 
 
-def test_the_commit_named_by_the_environment_wins_over_the_trees_git(monkeypatch):
-    """A copy of the tree on a lent machine may carry a stale ``.git``: ``FL_LIGHTNING_COMMIT``, where
-    set, is what a run records."""
+def test_a_run_refuses_uncommitted_code_and_records_its_environment(tmp_path, monkeypatch):
+    """A record names a commit that reproduces it: uncommitted changes to code, configs or experiments
+    (changed, deleted or new files; ignored run output aside) are refused naming the files, changes
+    elsewhere (docs) are not; ``FL_LIGHTNING_COMMIT`` (a copy of the tree on a lent machine, whose
+    ``.git`` may be stale) wins. The environment names the versions, threads and the tree."""
+    import subprocess
+
     from experiments import results
 
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    for path in ("fl_lightning/a.py", "configs/b.yaml", "experiments/c.py", "docs/d.md"):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text("x\n")
+    (tmp_path / ".gitignore").write_text("experiments/**/*.json\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "a")
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    monkeypatch.delenv("FL_LIGHTNING_COMMIT")
+    head = git("rev-parse", "HEAD")
+    (tmp_path / "docs/d.md").write_text("changed\n")
+    (tmp_path / "experiments/run.json").write_text("{}")  # ignored run output
+    assert results.commit() == head
+    for change, named in [(lambda: (tmp_path / "fl_lightning/a.py").write_text("y\n"), "fl_lightning/a.py"),
+                          (lambda: (tmp_path / "configs/b.yaml").unlink(), "configs/b.yaml"),
+                          (lambda: (tmp_path / "experiments/new.py").write_text("z\n"), "experiments/new.py")]:
+        change()
+        with pytest.raises(results.UncommittedChangesError, match=rf"1 file\(s\) under fl_lightning/, experiments/, "
+                                                                  rf"configs/ are not committed \({named}\)"):
+            results.commit()
+        git("stash", "-u", "-q")
+    assert results.commit() == head
     monkeypatch.setenv("FL_LIGHTNING_COMMIT", "0123abc")
     assert results.commit() == "0123abc"
-    monkeypatch.delenv("FL_LIGHTNING_COMMIT")
-    assert results.commit().rstrip("+") != "0123abc" and len(results.commit().rstrip("+")) == 40
+    env = results.environment()
+    assert env["torch"] == torch.__version__ and env["threads"] == torch.get_num_threads()
+    assert env["tree"] == "FL_LIGHTNING_COMMIT" and {"python", "lightning", "numpy", "cuda", "machine"} <= env.keys()
+
+
+def test_a_sweep_stops_before_a_run_once_the_checkout_has_moved(monkeypatch):
+    """A sweep's processes run the code they imported: a checkout that moved to another commit (or holds
+    uncommitted code) meanwhile stops the sweep before its next run."""
+    from experiments import sweep
+
+    monkeypatch.setenv("FL_LIGHTNING_COMMIT", "def456")
+    with pytest.raises(RuntimeError, match="the checkout moved from 0123abc to def456 while the sweep ran"):
+        sweep.record_run(sweep.Run("r", [], {}, every=1), "test", object(), "unused.json", "0123abc")
 
 
 def test_merge_parts(tmp_path):
@@ -279,6 +328,7 @@ def test_a_run_stopped_by_the_time_limit_is_recorded_as_such_and_finished_by_the
         main(["quickstart", "--only", "fedavg_lr0.05_s[01]", "--time-limit", "10", "--out", "r.json"])
         monkeypatch.undo()
         monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("FL_LIGHTNING_COMMIT", "0123abc")  # undone with the rest
         (stopped,) = results.load("r.json")  # s1 was not started
         assert stopped["stopped"] == "time limit, after round 5 of 10" and stopped["commit"] == "abc123"
         assert [p["round"] for p in stopped["history"]] == [5]

@@ -38,7 +38,11 @@ on the training splits at the run's lambda (``TUNE_LAM`` for the methods without
   paper's "modified FedAvg";
 * ``length`` (the test of the hypothesis that FedDRO is only slower, and catches up in a run closer
   to the paper's length): FedDRO and the centralized DRO baselines at their chosen rates, lambda 2,
-  seed 0, for ``LONG_EPOCHS`` epochs with the drop at the same fraction of the run.
+  seed 0, for ``LONG_EPOCHS`` epochs with the drop at the same fraction of the run;
+* ``paper_length`` (the headline at the paper's length): every method at its chosen rate, lambda 2,
+  I = 1, seeds 0-4, for ``PAPER_EPOCHS`` epochs (the paper's ~120, its drop after 90). The runs are long
+  for this CPU (about 45 minutes for FedDRO's): advance them together with ``--until-round``, so that
+  every method has all its seeds at a common length when a session ends.
 
 The ``table`` and ``local_steps`` runs are planned once the tuning is complete in the document's
 result file.
@@ -77,6 +81,8 @@ SWEEP_ROUNDS = EPOCHS * STEPS_PER_EPOCH // LOCAL_STEPS[-1]
 #: the ``length`` study's run length, and its methods
 LONG_EPOCHS = 60
 LONG_METHODS = ("feddro", "fastdro", "pdsgd")
+#: the ``paper_length`` study's run length (the paper's: about 120 epochs, the drop after 90)
+PAPER_EPOCHS = 120
 #: FedDRO's momentum in ``BASE``, and those the ``beta`` study tries besides it
 CONFIG_BETA = 0.5
 BETAS = (0.1, 1.0)
@@ -144,6 +150,8 @@ def runs() -> list[Run]:
             plan += [run("table", method, lr, seed, lam) for lam in (LAMS if method in LAM_ARGUMENT else (None,))]
     plan += [run("length", method, chosen[method], 0, TUNE_LAM if method in LAM_ARGUMENT else None, epochs=LONG_EPOCHS)
              for method in LONG_METHODS if method in chosen]
+    plan += [run("paper_length", method, lr, seed, TUNE_LAM if method in LAM_ARGUMENT else None, epochs=PAPER_EPOCHS)
+             for seed in SEEDS for method, lr in chosen.items()]
     if "feddro" in chosen:
         plan += [run("local_steps", "feddro", chosen["feddro"], seed, TUNE_LAM, i, SWEEP_ROUNDS)
                  for seed in SWEEP_SEEDS for i in LOCAL_STEPS]
