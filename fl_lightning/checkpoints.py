@@ -11,39 +11,26 @@ A checkpoint written through :class:`SafeCheckpointIO` carries a checksum of its
 (:func:`checksum`, a CRC-32 over every tensor's bytes and the plain data); a file whose contents
 no longer match it (a flipped bit, a damaged disk) is refused, naming the file.
 
-A checkpoint names classes (the client module's, the optimizer's of a run configured with the
-CLI): loading one builds only classes that are already imported (their module is in
-``sys.modules``), or that the caller allows (``allowed_classes``). A class path is never
-imported because a file names it: importing a module runs its code (``unittest.__main__`` runs
-the tests of the working directory).
+What a checkpoint's hyperparameters may build when a module is loaded from one:
+:mod:`fl_lightning.file_arguments`.
 """
 
 from __future__ import annotations
 
-import importlib
 import pickle
-import sys
 import zlib
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from lightning_fabric.plugins import CheckpointIO
 from torch import Tensor
 
-from fl_lightning.lightning_compat import build_from_checkpoint, default_map_location
 
 PathLike = Union[str, Path]
-#: classes a caller allows a file to name although they are not imported yet: class paths
-#: (``"package.module.Class"``, imported when named) or the classes themselves
-AllowedClasses = Iterable[Union[str, type]]
 
 #: the key of a checkpoint's checksum (``"crc32:<8 hex digits>"``)
 CHECKSUM_KEY = "checksum"
-#: Lightning's instantiators (``LightningCLI`` writes one into the hyperparameters): the only
-#: functions a checkpoint may name to build its module
-INSTANTIATORS = frozenset({"pytorch_lightning.cli.instantiate_module", "lightning.pytorch.cli.instantiate_module"})
 
 
 def is_plain(value: Any) -> bool:
@@ -164,198 +151,10 @@ def verified(checkpoint: dict[str, Any], where: str) -> dict[str, Any]:
     return checkpoint
 
 
-def load_hparams_file(path: PathLike) -> dict[str, Any]:
-    """The hyperparameters of a YAML file (``load_from_checkpoint(hparams_file=...)``), read with
-    ``yaml.safe_load``: YAML tags that build Python objects are refused.
-
-    Raises:
-        CheckpointError: the file is missing, not plain YAML, or not a mapping.
-    """
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"hparams_file {str(path)!r} is not a file")
-    try:
-        hparams = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise CheckpointError(f"hparams_file {str(path)!r} is not plain YAML (tags that build Python objects are "
-                              f"refused): {str(error).splitlines()[0]}") from error
-    if not isinstance(hparams, dict):
-        raise CheckpointError(f"hparams_file {str(path)!r} must hold a mapping of hyperparameters, "
-                              f"got {type(hparams).__name__}")
-    return hparams
-
-
-# ---------------------------------------------------------------- classes a file names
+# ---------------------------------------------------------------- what a load checks
 def class_path_of(cls: type) -> str:
     """``cls``'s class path (``module.QualName``), as checkpoints record it."""
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def imported_class(path: str) -> Optional[type]:
-    """The class ``path`` names when its module is already imported, else None.
-
-    Reads ``sys.modules`` and the namespaces of modules and classes only: nothing is imported,
-    no module ``__getattr__`` runs.
-    """
-    parts = path.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        target: Any = sys.modules.get(".".join(parts[:cut]))
-        if target is None:
-            continue
-        for attribute in parts[cut:]:
-            target = vars(target).get(attribute) if hasattr(target, "__dict__") else None
-        if isinstance(target, type):
-            return target
-    return None
-
-
-def how_to_allow(path: str) -> str:
-    """The ways to let a file name the class ``path``."""
-    module = path.rpartition(".")[0]
-    return (f"import its module first (import {module}), or pass allowed_classes=[{path!r}] "
-            "(or the class itself) if you trust the file")
-
-
-def resolve_class(path: Any, base: type, allowed: AllowedClasses = (), what: str = "class") -> type:
-    """The class a file names by ``path``: an already imported subclass of ``base``, or one of
-    ``allowed``.
-
-    An ``allowed`` class path's module is imported here (the caller trusts it); any other
-    module is not: importing runs its code.
-
-    Raises:
-        CheckpointError: ``path`` names no such class; the message says how to allow it.
-    """
-    if not isinstance(path, str) or not all(part.isidentifier() for part in path.split(".")) or "." not in path:
-        raise CheckpointError(f"the {what} {path!r} is not a class path (package.module.Class)")
-    cls = None
-    for entry in allowed:
-        if isinstance(entry, type) and path == class_path_of(entry):
-            cls = entry
-        elif entry == path:
-            try:
-                importlib.import_module(path.rpartition(".")[0])
-            except ImportError as error:
-                raise CheckpointError(f"the allowed class {path} cannot be imported: {error}") from error
-    if cls is None:
-        cls = imported_class(path)
-    if cls is None:
-        raise CheckpointError(f"the {what} {path} is not imported by this process, and loading imports no module "
-                              f"a file names (importing runs its code): {how_to_allow(path)}")
-    if not issubclass(cls, base):
-        raise CheckpointError(f"the {what} {path} is not a {base.__name__}")
-    return cls
-
-
-def check_class_paths(hparams: Any, allowed: AllowedClasses = (), what: str = "hyperparameter") -> None:
-    """Check every class a checkpoint's hyperparameters name (``class_path`` / ``_class_path``
-    entries, at any depth) with :func:`resolve_class`, and their ``_instantiator`` (Lightning's
-    only: :data:`INSTANTIATORS`).
-
-    Raises:
-        CheckpointError: one names a class that is not imported and not allowed, or another instantiator.
-    """
-    allowed = list(allowed)
-    if isinstance(hparams, dict):
-        for key, value in hparams.items():
-            if key == "_instantiator" and value not in INSTANTIATORS:
-                raise CheckpointError(f"the {what}s name the instantiator {value!r}; only Lightning's "
-                                      f"({', '.join(sorted(INSTANTIATORS))}) may build a module from a file")
-            if key in ("class_path", "_class_path"):
-                resolve_class(value, object, allowed, f"{what} class")
-            else:
-                check_class_paths(value, allowed, what)
-    elif isinstance(hparams, (list, tuple)):
-        for value in hparams:
-            check_class_paths(value, allowed, what)
-
-
-def _dotted_names(value: Any) -> Iterator[str]:
-    """Every string in ``value`` that could be an import path (``a.b.c``: a dot at least), and its prefixes."""
-    if isinstance(value, str):
-        parts = value.split(".")
-        if len(parts) > 1 and all(part.isidentifier() for part in parts):
-            for cut in range(1, len(parts) + 1):
-                yield ".".join(parts[:cut])
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _dotted_names(key)
-            yield from _dotted_names(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _dotted_names(item)
-
-
-class _RefuseImports:
-    """A ``sys.meta_path`` finder refusing to import the modules it names."""
-
-    def __init__(self, names: set[str]) -> None:
-        self.names = names
-        self.refused: list[str] = []
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if fullname in self.names:
-            self.refused.append(fullname)
-            raise ImportError(f"module {fullname!r} is named by a file being loaded and is not imported: "
-                              f"loading imports no module a file names ({how_to_allow(fullname + '.<Class>')})")
-        return None
-
-
-@contextmanager
-def no_imports_named_by(value: Any) -> Iterator[list[str]]:
-    """Refuse, inside the block, to import any module that a string of ``value`` (a file's
-    contents) names and that is not imported yet; other imports (a constructor's own) proceed.
-    Yields the list of the modules refused (filled as the block runs)."""
-    finder = _RefuseImports({name for name in _dotted_names(value) if name not in sys.modules})
-    sys.meta_path.insert(0, finder)
-    try:
-        yield finder.refused
-    finally:
-        sys.meta_path.remove(finder)
-
-
-def load_from_checkpoint(
-    cls: type, checkpoint_path: PathLike, map_location: Any = None, hparams_file: Optional[PathLike] = None,
-    strict: Optional[bool] = None, allowed_classes: AllowedClasses = (), **kwargs: Any,
-) -> Any:
-    """Lightning's ``cls.load_from_checkpoint``, safely: the file is read by :func:`load_checkpoint`,
-    ``hparams_file`` by :func:`load_hparams_file`, the classes the hyperparameters name are
-    checked (:func:`check_class_paths`), and no module a string of the file names is imported
-    while ``cls`` is built.
-
-    Args:
-        cls: a ``LightningModule`` or ``LightningDataModule`` class.
-        checkpoint_path, map_location, hparams_file, strict, **kwargs: as Lightning's.
-        allowed_classes: classes the file may name although they are not imported yet.
-    """
-    checkpoint = load_checkpoint(checkpoint_path, default_map_location(map_location), name="checkpoint_path")
-    return build_checked(cls, checkpoint, hparams_file, strict, allowed_classes, **kwargs)
-
-
-def build_checked(
-    cls: type, checkpoint: dict[str, Any], hparams_file: Optional[PathLike] = None, strict: Optional[bool] = None,
-    allowed_classes: AllowedClasses = (), **kwargs: Any,
-) -> Any:
-    """:func:`load_from_checkpoint` on a checkpoint already read."""
-    key, allowed_classes = cls.CHECKPOINT_HYPER_PARAMS_KEY, list(allowed_classes)
-    if hparams_file is not None:
-        checkpoint[key] = load_hparams_file(hparams_file)
-    hparams = checkpoint.setdefault(key, {})
-    check_class_paths(hparams, allowed_classes)
-    for entry in allowed_classes:  # trusted by the caller: importable while the file's classes are built
-        if isinstance(entry, str):
-            resolve_class(entry, object, [entry], "allowed class")
-    try:
-        with no_imports_named_by(hparams) as refused:
-            return build_from_checkpoint(cls, checkpoint, strict, **kwargs)
-    except Exception as error:
-        if not refused:
-            raise
-        raise CheckpointError(f"the hyperparameters name module {refused[0]}, which is not imported by this process, "
-                              "and loading imports no module a file names (importing runs its code): "
-                              f"{how_to_allow(refused[0] + '.<name>')}") from error
 
 
 def check_written_by(checkpoint: dict[str, Any], cls: type, path: Any) -> None:

@@ -44,6 +44,7 @@ from fl_lightning.lightning_compat import (attached_trainer, count_optimizer_ste
 from fl_lightning.evaluation import ClientEvaluation
 from fl_lightning.module_checkpoint import FederatedCheckpointing, logged_hparams
 from fl_lightning.optim.param_groups import optimizer_lr
+from fl_lightning.optim.server import check_server_optimizer
 from fl_lightning.progress import round_progress_bar
 from fl_lightning.run import ClientRun, StepOutput, plain_step
 from fl_lightning.schedules import (
@@ -191,6 +192,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             clients_per_round, clients_fraction, min_clients, local_steps, local_epochs, self.default_local_steps,
             self.min_local_steps, server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS),
             clients_per_block, compile_step, client_state_memory, client_state_checkpoints, weighting)
+        check_server_optimizer(server_optimizer, client.parameters())
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
         # that checkpoints hold no pickled object and load with weights_only=True; Lightning's advice
         # to ignore a module argument (PeFLL's embedding) is followed by the second call

@@ -4,7 +4,8 @@ Beside Lightning's entries a checkpoint holds a ``"federated"`` entry: the clien
 index (:meth:`~fl_lightning.client_store.ClientStateStore.state_dict`), the run's fingerprint
 (what a resumed run must match) and the client module's recipe (its class path and plain
 hyperparameters), from which ``load_from_checkpoint`` rebuilds it. Everything is read with
-``weights_only=True``: loading runs no code (:mod:`fl_lightning.checkpoints`).
+``weights_only=True`` (:mod:`fl_lightning.checkpoints`), and rebuilding builds nothing of the file's
+choosing (:mod:`fl_lightning.file_arguments`).
 """
 
 from __future__ import annotations
@@ -17,17 +18,15 @@ import pytorch_lightning as pl
 from pytorch_lightning.utilities import rank_zero_warn
 
 from fl_lightning.checkpoints import (
-    AllowedClasses,
     CheckpointError,
-    build_checked,
     check_weights_only,
     check_written_by,
     class_path_of,
     is_plain,
     load_checkpoint,
-    resolve_class,
 )
 from fl_lightning.client_store import ClientStateStore
+from fl_lightning.file_arguments import AllowedClasses, Kind, allowed_class, build_arguments, build_checked
 from fl_lightning.lightning_compat import attached_trainer, default_map_location
 from fl_lightning.vectors import ModelVector
 
@@ -41,23 +40,21 @@ def client_recipe(client: pl.LightningModule) -> dict[str, Any]:
     return {"class_path": class_path_of(type(client)), "hparams": hparams}
 
 
-def build_client(recipe: dict[str, Any], allowed_classes: AllowedClasses = ()) -> pl.LightningModule:
-    """A client module from :func:`client_recipe`'s output: its class (which must be a
-    ``LightningModule``) called with the hyperparameters its constructor takes.
+def build_client(recipe: dict[str, Any], allowed_classes: AllowedClasses = (), where: str = "checkpoint") -> pl.LightningModule:
+    """A client module from :func:`client_recipe`'s output: its class called with the hyperparameters
+    its constructor takes (built by :func:`~fl_lightning.file_arguments.build_arguments`).
 
-    The class must be already imported (its module in ``sys.modules``) or in ``allowed_classes``
-    (class paths, imported here, or classes): the checkpoint names it, and importing a module a
-    file names would run that module's code. Import the client's module before loading, allow
-    it, or pass ``client=``.
+    The class must be one of fl_lightning's models or in ``allowed_classes`` (class paths or
+    classes): a file chooses it, and building a class runs its code. Allow your own client's class,
+    or pass ``client=``.
     """
     path = recipe["class_path"]
-    try:
-        cls = resolve_class(path, pl.LightningModule, allowed_classes, "checkpoint's client class")
-    except CheckpointError as error:
-        raise CheckpointError(f"{error}; or pass client=<the client module>") from error
+    cls = allowed_class(path, Kind(pl.LightningModule), allowed_classes, f"{where}: the client module",
+                        instead="pass client=<the client module>")
     parameters = inspect.signature(cls.__init__).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    arguments = {k: v for k, v in recipe["hparams"].items() if takes_any or k in parameters}
+    values = {k: v for k, v in recipe["hparams"].items() if takes_any or k in parameters}
+    arguments = build_arguments(cls, values, allowed_classes, f"{where}: the client's hyperparameter")
     try:
         return cls(**arguments)
     except TypeError as error:
@@ -180,37 +177,41 @@ class FederatedCheckpointing(pl.LightningModule):
         cls: type[ModuleT], checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
         strict: Optional[bool] = None, allowed_classes: AllowedClasses = (), weights_only: Optional[bool] = None, **kwargs: Any,
     ) -> ModuleT:
-        """The module of a checkpoint this algorithm wrote, read with ``weights_only=True`` (loading runs no code).
+        """The module of a checkpoint this algorithm wrote, read with ``weights_only=True``; building
+        it runs nothing of the file's choosing.
 
-        The client module is rebuilt from the class path and hyperparameters the checkpoint
-        holds (its weights come from the checkpoint) unless given as ``client=...``; other
-        constructor arguments that are objects (an embedding network, an objective) must be given.
-        A class the checkpoint names (the client's, a server optimizer's) is built only if it is
-        already imported (its module is in ``sys.modules``) or in ``allowed_classes``: loading
-        imports no module a file names, since importing runs the module's code.
+        The client module is rebuilt from the class path and hyperparameters the checkpoint holds
+        (its weights come from the checkpoint) unless given as ``client=...``; other constructor
+        arguments that are objects are rebuilt where the checkpoint records them as ``class_path``
+        entries (``fl-lightning fit`` does), else they must be given. A file builds only this
+        class, fl_lightning's own classes for an argument of their kind (its models, partitioners,
+        optimizers and ``torch.optim``'s) and the classes in ``allowed_classes``, with plain
+        keyword arguments (:mod:`fl_lightning.file_arguments`): a client module of your own needs
+        ``allowed_classes=[MyNet]`` or ``client=MyNet(...)``.
 
         Args:
             checkpoint_path, map_location, hparams_file, strict, **kwargs: as Lightning's
-                (``hparams_file`` is read as plain YAML).
-            allowed_classes: classes the checkpoint may name although they are not imported
-                yet: class paths (``"my_package.models.Net"``, imported here) or the classes.
+                (``hparams_file`` is read as plain YAML); ``kwargs`` are taken as given.
+            allowed_classes: further classes the checkpoint may name: class paths
+                (``"my_package.models.Net"``, imported here: you trust them) or the classes.
             weights_only: True or None: checkpoints are always read with ``weights_only=True``.
 
         Raises:
             CheckpointError: the file cannot be used (see :func:`~fl_lightning.checkpoints.load_checkpoint`),
-                another algorithm wrote it, or it names a class that is neither imported nor allowed.
+                another algorithm wrote it, or it names a class it may not build.
         """
         check_weights_only(weights_only)
         allowed_classes = list(allowed_classes)
         checkpoint = load_checkpoint(checkpoint_path, default_map_location(map_location), name="checkpoint_path")
+        where = f"checkpoint_path {str(checkpoint_path)!r}"
         check_written_by(checkpoint, cls, checkpoint_path)
         if "client" not in kwargs:
             recipe = checkpoint.get("federated", {}).get("client")
             if recipe is None:
                 raise CheckpointError(f"{checkpoint_path} holds no client recipe (written before it was saved): "
                                       "pass client=<the client module>")
-            kwargs["client"] = build_client(recipe, allowed_classes)
-        return build_checked(cls, checkpoint, hparams_file, strict, allowed_classes, **kwargs)
+            kwargs["client"] = build_client(recipe, allowed_classes, where)
+        return build_checked(cls, checkpoint, hparams_file, strict, allowed_classes, where, **kwargs)
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed by this run."""

@@ -85,7 +85,7 @@ def test_a_client_without_saved_hyperparameters_needs_client_given(tmp_path):
     module, _, path = fitted(tmp_path, FedAvg(NoHyperparameters(10), clients_per_round=3, local_steps=1))
     with pytest.raises(CheckpointError, match=r"NoHyperparameters cannot be rebuilt from the hyperparameters the "
                                               r"checkpoint holds \(\{\}\).*save_hyperparameters\(\).*client="):
-        FedAvg.load_from_checkpoint(path)
+        FedAvg.load_from_checkpoint(path, allowed_classes=[NoHyperparameters])
     loaded = FedAvg.load_from_checkpoint(path, client=NoHyperparameters(10))
     assert torch.equal(global_vector(loaded), global_vector(module))
 
@@ -163,12 +163,14 @@ def test_a_client_class_in_a_module_not_imported_is_refused_and_runs_nothing(tmp
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = run_python(["-c", script], cwd=work, env=env, timeout=120).stdout
     for module_name in modules:
-        assert f"refused: the checkpoint's client class {module_name}.MLP is not imported by this process" in out
+        assert f"the client module names the class {module_name}.MLP, which loading does not build" in out
         assert f"allowed_classes=['{module_name}.MLP']" in out
     assert out.count("pass client=") == 3 and out.count("imported: False") == 3 and not (tmp_path / "ran").exists()
 
 
-def test_a_client_class_not_imported_loads_when_allowed(tmp_path, monkeypatch):
+def test_a_client_class_of_the_users_loads_when_allowed(tmp_path, monkeypatch):
+    """A client class of the user's own is built only when the caller allows it (imported or not: a
+    file chooses it, and building a class runs its code)."""
     (tmp_path / "my_clients.py").write_text(
         "from fl_lightning.models import MLP\n\nclass Net(MLP):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -176,9 +178,11 @@ def test_a_client_class_not_imported_loads_when_allowed(tmp_path, monkeypatch):
 
     module, _, path = fitted(tmp_path, FedAvg(Net(in_features=20, hidden=(4,), num_classes=10), clients_per_round=3,
                                               local_steps=1))
+    refused = r"names the class my_clients\.Net, which loading does not build.*allowed_classes=\['my_clients\.Net'\]"
+    with pytest.raises(CheckpointError, match=refused):
+        FedAvg.load_from_checkpoint(path)
     monkeypatch.delitem(sys.modules, "my_clients")  # a fresh process that has not imported it
-    with pytest.raises(CheckpointError, match=r"my_clients\.Net is not imported.*import my_clients.*"
-                                              r"allowed_classes=\['my_clients\.Net'\]"):
+    with pytest.raises(CheckpointError, match=refused):
         FedAvg.load_from_checkpoint(path)
     assert "my_clients" not in sys.modules
     loaded = FedAvg.load_from_checkpoint(path, allowed_classes=["my_clients.Net"])
@@ -192,13 +196,18 @@ def set_hyperparameter(key, value):
     return change
 
 
-@pytest.mark.parametrize("value", [{"class_path": "unittest.__main__.Optimizer"}, "unittest.__main__.main"])
-def test_a_hyperparameter_naming_a_module_not_imported_is_refused(tmp_path, monkeypatch, value):
+@pytest.mark.parametrize("value, refused", [
+    ({"class_path": "unittest.__main__.Optimizer"}, r"server_optimizer names the class unittest\.__main__\.Optimizer, "
+                                                    r"which loading does not build \(it takes a maker of torch\.optim"),
+    ("unittest.__main__.main", r"server_optimizer must be None or a callable.*got 'unittest\.__main__\.main'"),
+])
+def test_a_hyperparameter_naming_a_module_not_imported_is_refused(tmp_path, monkeypatch, value, refused):
     """A CLI run's checkpoint names classes in its hyperparameters (the server optimizer's ``class_path``,
-    or an import path given as a string): none of their modules is imported."""
+    or an import path given as a string): none of their modules is imported, and Lightning's instantiator,
+    which the file names, does not run."""
     monkeypatch.chdir(tmp_path)
     path = crafted_checkpoint(tmp_path, set_hyperparameter("server_optimizer", value))
-    with pytest.raises((CheckpointError, ValueError), match=r"unittest\.__main__.*not imported"):
+    with pytest.raises((CheckpointError, ValueError), match=refused):
         FedAvg.load_from_checkpoint(path)
     assert "unittest.__main__" not in sys.modules
 
@@ -207,7 +216,8 @@ def test_a_datamodule_checkpoint_naming_a_module_not_imported_is_refused(tmp_pat
     path = crafted_checkpoint(tmp_path, lambda c: c["datamodule_hyper_parameters"].update(
         partitioner={"class_path": "unittest.__main__.Partitioner"},
         _instantiator="pytorch_lightning.cli.instantiate_module"))
-    with pytest.raises(CheckpointError, match=r"unittest\.__main__\.Partitioner is not imported.*allowed_classes"):
+    with pytest.raises(CheckpointError, match=r"partitioner names the class unittest\.__main__\.Partitioner, which "
+                                              r"loading does not build.*allowed_classes"):
         SyntheticFederated.load_from_checkpoint(path)
     assert "unittest.__main__" not in sys.modules
 

@@ -210,3 +210,17 @@ def test_sampling_settings_are_checked():
         FedAvg(tiny_client(), clients_fraction=0.0)
     with pytest.raises(ValueError, match="min_clients=20 \\(with clients_fraction=0.5\\) is above the number of training clients \\(10\\)"):
         trainer(1).fit(FedAvg(tiny_client(), clients_fraction=0.5, min_clients=20, local_steps=1), synthetic(10))
+
+
+def test_a_bad_server_optimizer_is_refused_at_construction_naming_it():
+    """A server optimizer that cannot be made (a negative rate) or is no maker of one fails when the module
+    is built, naming ``server_optimizer``, not at the first round's end."""
+    import functools
+
+    with pytest.raises(ValueError, match=r"server_optimizer=.*SGD.*cannot make an optimizer of the global model: "
+                                         r"Invalid learning rate: -1.0"):
+        FedAvg(tiny_client(), server_optimizer=functools.partial(torch.optim.SGD, lr=-1.0))
+    with pytest.raises(ValueError, match=r"server_optimizer must be None or a callable .*got 'adam'"):
+        FedAvg(tiny_client(), server_optimizer="adam")
+    with pytest.raises(ValueError, match=r"server_optimizer must make a torch.optim.Optimizer, got list"):
+        FedAvg(tiny_client(), server_optimizer=list)

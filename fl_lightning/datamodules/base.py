@@ -31,7 +31,8 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
-from fl_lightning.checkpoints import AllowedClasses, check_weights_only, checksum, is_plain, load_from_checkpoint
+from fl_lightning.checkpoints import check_weights_only, checksum, is_plain
+from fl_lightning.file_arguments import AllowedClasses, load_from_checkpoint
 from fl_lightning.datamodules.client_data import SPLITS, ClientData, Split
 from fl_lightning.datamodules.partitioners import SHORTCUTS, IidPartitioner, Partitioner, from_shortcut
 from fl_lightning.datamodules.subsample import Subsample
@@ -273,8 +274,8 @@ class FederatedDataModule(pl.LightningDataModule):
         allowed_classes: AllowedClasses = (), weights_only: Optional[bool] = None, **kwargs: Any,
     ) -> "FederatedDataModule":
         """The datamodule of a checkpoint, as Lightning's but safe: read with ``weights_only=True``,
-        and building only classes (a partitioner's, from a CLI run) that are already imported or in
-        ``allowed_classes`` (:func:`fl_lightning.checkpoints.load_from_checkpoint`)."""
+        building only fl_lightning's own partitioners and subsamples (as a CLI run records them) and
+        the classes in ``allowed_classes`` (:func:`fl_lightning.file_arguments.load_from_checkpoint`)."""
         check_weights_only(weights_only)
         return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, None, allowed_classes, **kwargs)
 

@@ -169,3 +169,21 @@ class FedYogi(_FedAdaptive):
     @staticmethod
     def _second_moment(v: Tensor, square: Tensor, beta2: float) -> Tensor:
         return v - (1 - beta2) * square * torch.sign(v - square)
+
+
+def check_server_optimizer(server_optimizer: Any, parameters: Any) -> None:
+    """Refuse a ``server_optimizer`` that is not a callable making a torch optimizer of ``parameters``
+    (the global model's), or that fails to (a bad learning rate...), naming the argument."""
+    if server_optimizer is None:
+        return
+    if not callable(server_optimizer):
+        raise ValueError("server_optimizer must be None or a callable that makes a torch.optim optimizer of the "
+                         f"global model's parameters (YAML: class_path + init_args), got {server_optimizer!r}")
+    try:
+        made = server_optimizer(parameters)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"server_optimizer={server_optimizer!r} cannot make an optimizer of the global model: "
+                         f"{error}") from error
+    if not isinstance(made, torch.optim.Optimizer):
+        raise ValueError(f"server_optimizer must make a torch.optim.Optimizer, got {type(made).__name__} from "
+                         f"{server_optimizer!r}")
