@@ -6,7 +6,13 @@ import io
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from experiments.seed_stats import EXTRA
+
+try:
+    import matplotlib
+except ModuleNotFoundError as missing:
+    raise ModuleNotFoundError(f"the experiments' figures are drawn with matplotlib, which fl-lightning does not "
+                              f"install: install {EXTRA}") from missing
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -7,7 +7,7 @@ rounds (:mod:`experiments.results`).
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -62,11 +62,31 @@ def best_validation(runs: list[results.Run], val_key: str = "val_acc",
     return test[np.arange(len(runs)), pick], rounds[pick]
 
 
-def paired_interval(diff: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """The ``level`` confidence interval of the mean of paired differences (Student's t, n - 1 dof)."""
-    from scipy import stats
+#: what the reports need beyond fl-lightning's own dependencies, and how to install it
+EXTRA = 'the "experiments" extra (pip install -e ".[experiments]")'
 
-    half = stats.t.ppf(0.5 + level / 2, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
+
+def scipy_stats() -> Any:
+    """:mod:`scipy.stats`, which the confidence intervals need.
+
+    Raises:
+        ModuleNotFoundError: scipy is not installed; the message names the extra that brings it.
+    """
+    try:
+        from scipy import stats
+    except ModuleNotFoundError as missing:
+        raise ModuleNotFoundError(f"the experiments' reports compute confidence intervals with scipy, "
+                                  f"which fl-lightning does not install: install {EXTRA}") from missing
+    return stats
+
+
+def paired_interval(diff: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` confidence interval of the mean of paired differences (Student's t, n - 1 dof).
+
+    Raises:
+        ModuleNotFoundError: scipy is not installed (:func:`scipy_stats`).
+    """
+    half = scipy_stats().t.ppf(0.5 + level / 2, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
     return diff.mean() - half, diff.mean() + half
 
 

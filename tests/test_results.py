@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,28 @@ def test_refresh_matches_a_table_whose_caption_changed_to_its_own_counterpart():
     table2_now = f"rounds=100 clients=10\n\n{rows.format(96, 95)}"
     text, unplaced, absent = refresh(doc, [table2, fig3a, fig3b], [table2_now, fig3a, fig3b])
     assert text == doc.replace(table2, table2_now) and unplaced == absent == []
+
+
+def test_a_report_without_scipy_names_the_extra_that_installs_it(monkeypatch, capsys):
+    """The reports' intervals need scipy, which only the extras install: a report run without it says
+    which extra to install, and prints no table."""
+    from experiments.raga import report
+
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy fails as if it were not installed
+    with pytest.raises(ModuleNotFoundError, match=re.escape('pip install -e ".[experiments]"')):
+        report.main([])
+    assert capsys.readouterr().out == ""
+
+
+def test_the_figures_without_matplotlib_name_the_extra_that_installs_it(monkeypatch):
+    monkeypatch.delitem(sys.modules, "experiments.plots", raising=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ModuleNotFoundError, match=re.escape('pip install -e ".[experiments]"')):
+        importlib.import_module("experiments.plots")
+
+
+def test_the_experiments_extra_installs_what_the_reports_import_and_the_test_extra_holds_it():
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((DOCS.parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {re.split("[<>=]", r)[0] for r in extras["experiments"]} == {"scipy", "matplotlib"}
+    assert set(extras["experiments"]) <= set(extras["test"])
