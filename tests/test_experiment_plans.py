@@ -240,6 +240,40 @@ def test_raga_difference_table_pairs_two_settings_by_seed_attack_free_and_in_eve
     assert rows["ipm"] == "| ipm | | – | – | – | -35.00 ± 7.07 [-98.53, +28.53] |"  # seeds 0-1: -40 and -30
 
 
+def test_raga_comparisons_are_made_at_the_best_validation_too_each_picking_its_own_best_baseline():
+    """RAGA against the best baseline and the decoupled RAGA minus RFA, by the test accuracy at the
+    best validation: each seed's figure at its validation peak, the baseline chosen on that figure
+    (here FedAvg, where the final figure chooses RFA), the measure named in the first header."""
+    from experiments.raga import plan as raga
+    from experiments.raga.report import AT_BEST_VAL, DECOUPLED, RFA_KEY, against_table, at_best_validation, \
+        difference_table
+
+    def record(method, seed, peak, end):
+        """A run whose test accuracy is ``peak`` at round 100, its validation peak, and ``end`` after round 200."""
+        decoupled = method == "decoupled"
+        planned = raga.run("table200", "raga" if decoupled else method, seed, raga.DECOUPLE[1] if decoupled else None,
+                           "alie", 0.4, 200, step=0.316, constant=decoupled)
+        return {"name": planned.name, "params": planned.params,
+                "history": [{"round": 100, "test_acc": peak, "val_acc": 0.9},
+                            {"round": 200, "test_acc": end, "val_acc": 0.5}]}
+
+    runs = [record("raga", s, 0.90 + 0.01 * s, 0.80) for s in (0, 1, 2)]
+    runs += [record("rfa", s, 0.70, 0.88) for s in (0, 1, 2)]  # the best baseline at the end, the worst at its peak
+    runs += [record("fedavg", s, 0.85, 0.85) for s in (0, 1, 2)]
+    runs += [record("decoupled", s, 0.50, 0.60) for s in (0, 1, 2)]
+    final = against_table(runs, "table200").splitlines()
+    best = against_table(runs, "table200", at_best_validation, AT_BEST_VAL).splitlines()
+    assert final[0] == "| attack | 0.1 | 0.2 | 0.3 | 0.4 |"
+    assert best[0] == "| attack (test accuracy at the best validation) | 0.1 | 0.2 | 0.3 | 0.4 |"
+    assert final[4] == "| alie | – | – | – | RFA: -8.00 ± 0.00 [-8.00, -8.00] |"
+    assert best[4] == "| alie | – | – | – | FedAvg: +6.00 ± 1.00 [+3.52, +8.48] |"  # seeds: +5, +6, +7
+    rows = difference_table(runs, "table200", DECOUPLED, RFA_KEY, at_best_validation, AT_BEST_VAL).splitlines()
+    assert rows[0] == "| attack (test accuracy at the best validation) | attack-free | 0.1 | 0.2 | 0.3 | 0.4 |"
+    assert "| alie | | – | – | – | -20.00 ± 0.00 [-20.00, -20.00] |" in rows
+    rows = difference_table(runs, "table200", DECOUPLED, RFA_KEY).splitlines()
+    assert "| alie | | – | – | – | -28.00 ± 0.00 [-28.00, -28.00] |" in rows
+
+
 def test_raga_solver_test_swaps_the_medians_iterations_beside_the_table200_runs(monkeypatch, tmp_path):
     """The solver study: RAGA (and the decoupled RAGA) at RFA's Weiszfeld iterations and RFA at RAGA's,
     each at its Table II step size, in the solver cases; its table sets each beside the setting's own
@@ -435,6 +469,28 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     assert beta_table[5] == "| 0.5 (the config) | 0.01 | 50.00 | 50.00 | 50.00 | 0.5000 |" and beta_table[-1].startswith("| 1 | 0.1 | 10.00 |")
 
 
+def test_feddro_differences_pair_seeds_at_the_best_balanced_validation_too(monkeypatch, tmp_path):
+    """FedDRO minus each baseline by the test accuracy at each run's best balanced validation, beside
+    the figures after the last epoch."""
+    from experiments import results
+    from experiments.feddro import plan as feddro
+    from experiments.feddro import report
+
+    tuning = feddro_runs(feddro.tune_runs(), lambda r: 0.9 if r.params["lr"] == 0.05 else 0.5)
+    monkeypatch.setattr(feddro, "RESULTS", tmp_path / "feddro.json")
+    results.save(feddro.RESULTS, tuning)
+    table = [r for r in feddro.runs() if r.params["study"] == "table"]
+    done = feddro_runs(table, lambda r: 0.8 if r.params["method"] == "feddro" else 0.6 + 0.01 * r.params["seed"])
+    for run in done:  # FedDRO's balanced validation peaks at its first epoch, where its test accuracy is 0.7
+        if run["params"]["method"] == "feddro":
+            run["history"][0].update(val_acc_balanced=0.99, test_acc=0.7)
+    differences = report.differences_table(done).splitlines()
+    assert differences[0] == ("| FedDRO minus (points) | train acc: mean ± std [95 % CI] | test acc | "
+                              "test worst class | test acc at best val |")
+    fedavg = next(line for line in differences if line.startswith("| FedAvg (ERM) (FedDRO λ 2) |"))
+    assert fedavg.split(" | ")[2].startswith("+18.00 ± 1.58") and fedavg.endswith("| +8.00 ± 1.58 [+6.04, +9.96] |")
+
+
 def test_raga_runs_use_the_batched_backend_where_the_method_allows_it():
     from experiments.raga import plan as raga
     from fl_lightning.algorithms.byrd_saga import ByrdSAGA
@@ -516,6 +572,41 @@ def test_pefll_report_puts_each_row_at_its_chosen_rate_and_pairs_pefll_with_it(m
     assert "81.00 ± 1.73" in comparison[3] and "95.00 ± 0.00" in comparison[4]
     assert differences[2].startswith("| FedAvg | +11.00 ± 1.00")
     assert differences[3].startswith("| FedAvg + 50 finetuning steps | -3.00 ± 2.00")
+
+
+def test_pefll_differences_pair_seeds_after_the_last_round_and_at_each_runs_best_validation():
+    """PeFLL minus a row at each run's round of best seen-client validation accuracy, by the row's
+    own validation figure (the finetuned one for FedAvg + finetuning), beside the final difference."""
+    from experiments.pefll import plan as pefll, report
+
+    def record(method, seed, peak, end, prefix="clients"):
+        """Test accuracy ``peak`` (seen) and ``peak - 0.1`` (unseen) at round 25, the validation peak,
+        and ``end`` on both after round 50."""
+        run = pefll_runs("table", method, pefll.rates(method)[1], {}, seed)
+        names = report.keys(prefix)
+        run["history"] = [{"round": 25, names[0]: 0.9, names[1]: peak, names[2]: peak - 0.1},
+                          {"round": 50, names[0]: 0.5, names[1]: end, names[2]: end}]
+        return run
+
+    tuning = [pefll_runs("tune", m, lr, {"clients_val/acc_mean": 0.6 if lr == pefll.rates(m)[1] else 0.5,
+                                         "finetuned_val/acc_mean": 0.6 if lr == pefll.rates(m)[1] else 0.5})
+              for m in pefll.RATES for lr in pefll.rates(m)]
+    runs = tuning + [record("pefll", s, 0.95 + 0.01 * s, 0.90) for s in range(3)]
+    for seed in range(3):  # the global model's validation peaks after round 50, the finetuned one's at round 25
+        fedavg = record("fedavg", seed, 0.80, 0.85)
+        fedavg["history"][1]["clients_val/acc_mean"] = 0.95
+        for at, (val, acc) in zip(fedavg["history"], ((0.9, 0.92), (0.5, 0.99))):
+            at.update({"finetuned_val/acc_mean": val, "finetuned_test/acc_mean": acc,
+                       "finetuned_unseen_test/acc_mean": acc})
+        runs.append(fedavg)
+    table = report.differences_table(runs, "table", 100).splitlines()
+    assert table[0] == ("| PeFLL minus | seen, final: mean ± std [95 % CI] | unseen, final | seen, best val | "
+                        "unseen, best val |")
+    assert table[2] == ("| FedAvg | +5.00 ± 0.00 [+5.00, +5.00] | +5.00 ± 0.00 [+5.00, +5.00] | "
+                        "+11.00 ± 1.00 [+8.52, +13.48] | +1.00 ± 1.00 [-1.48, +3.48] |")  # FedAvg after round 50
+    assert table[3] == ("| FedAvg + 50 finetuning steps | -9.00 ± 0.00 [-9.00, -9.00] | "
+                        "-9.00 ± 0.00 [-9.00, -9.00] | +4.00 ± 1.00 [+1.52, +6.48] | "
+                        "-6.00 ± 1.00 [-8.48, -3.52] |")  # the finetuned model's validation peaks at round 25
 
 
 def test_pefll_clients_tables_follow_the_table_cut_to_as_many_client_visits(monkeypatch):

@@ -13,7 +13,8 @@ Accuracies in % are means over clients of each client's accuracy on its own spli
   the ``clients`` tables, the ``table`` runs up to the ``clients`` runs' length
   (:func:`at_client_round`), where each client has taken part as often as in those; after them the
   longer runs at n = 500 (``clients_long``);
-* PeFLL minus each row, paired by seed, with 95 % confidence intervals.
+* PeFLL minus each row, paired by seed, with 95 % confidence intervals, after the last round and at
+  the round of best seen-client validation accuracy.
 """
 
 from __future__ import annotations
@@ -101,16 +102,21 @@ def comparison_table(runs: list[results.Run], study: str, num_clients: int) -> s
 
 
 def differences_table(runs: list[results.Run], study: str, num_clients: int) -> str:
-    """PeFLL minus each other row after the last round, paired by seed (points); empty before
-    another row has runs."""
+    """PeFLL minus each other row, paired by seed (points), on the seen and the unseen clients, after
+    the last round and at each run's round of best seen-client validation accuracy (as
+    :func:`comparison_table`'s columns); empty before another row has runs."""
     ours = chosen_runs(runs, study, "pefll", num_clients=num_clients)
-    lines = ["| PeFLL minus | seen clients: mean ± std [95 % CI] | unseen clients |", "|---|---|---|"]
+    lines = ["| PeFLL minus | seen, final: mean ± std [95 % CI] | unseen, final | seen, best val | unseen, best val |",
+             "|---|---|---|---|---|"]
     for row, (label, _, prefix) in ROWS.items():
         theirs = chosen_runs(runs, study, row, num_clients=num_clients)
         if row == "pefll" or not ours or not theirs:
             continue
+        (our_val, *our_tests), (their_val, *their_tests) = keys("clients"), keys(prefix)
         cells = [paired(ours, theirs, lambda g, k=a: final(g, k), lambda g, k=b: final(g, k))
-                 for a, b in zip(keys("clients")[1:], keys(prefix)[1:])]
+                 for a, b in zip(our_tests, their_tests)]
+        cells += [paired(ours, theirs, lambda g, k=a: best_validation(g, our_val, k)[0],
+                         lambda g, k=b: best_validation(g, their_val, k)[0]) for a, b in zip(our_tests, their_tests)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 

@@ -19,7 +19,8 @@ Accuracies in %; spreads are ``mean ± sample std (ddof = 1) (min–max)`` over 
   fraction, over seeds, the best method of each column in bold; and RAGA against the best of its
   paper's baselines in each attack and fraction, paired by seed, with its 95 % confidence interval;
   and the decoupled RAGA minus RFA (the same step size) and minus RAGA (the same median), paired by
-  seed: what RAGA's rule costs;
+  seed: what RAGA's rule costs; each comparison by the final test accuracy and again by the test
+  accuracy at the best validation;
 * the solver test (``solver``): RAGA, RFA and the decoupled RAGA under its attacks at their own and
   at the other median's Weiszfeld iterations (the own from ``table200``), final test accuracy and at the best
   validation, per seed.
@@ -48,6 +49,15 @@ from experiments.seed_stats import curve_table as seed_curve_table
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "raga.json"
 NAMES = {"raga": "RAGA", "fedavg": "FedAvg", "rfa": "RFA", "byrdsaga": "Byrd-SAGA"}
 CURVE_ROUNDS = (10, 50, 100, 200, 400, 600, 800, 1000)
+
+
+#: the first column's header of a comparison by the test accuracy at the best validation (a final one's: ``attack``)
+AT_BEST_VAL = "attack (test accuracy at the best validation)"
+
+
+def at_best_validation(group: list[results.Run]) -> np.ndarray:
+    """Per seed, the test accuracy at the evaluation with the highest validation accuracy."""
+    return best_validation(group)[0]
 
 
 def label(method: str, server_lr: Optional[float]) -> str:
@@ -94,7 +104,7 @@ def differences_table(groups: Groups) -> str:
     for name, group in list(groups.items())[1:]:
         largest, mean = curve_gaps(group, reference)
         lines.append(f"| {name} | {paired(group, reference, final)} | "
-                     f"{paired(group, reference, lambda g: best_validation(g)[0])} | {fmt(largest, 100)} | {fmt(mean, 100)} |")
+                     f"{paired(group, reference, at_best_validation)} | {fmt(largest, 100)} | {fmt(mean, 100)} |")
     return "\n".join(lines)
 
 
@@ -209,16 +219,25 @@ def grid_table(runs: list[results.Run], study: str, measure: Callable[[list[resu
     return "\n".join(lines)
 
 
-def against_table(runs: list[results.Run], study: str) -> str:
+def against_table(runs: list[results.Run], study: str,
+                  measure: Callable[[list[results.Run]], np.ndarray] = final, head: str = "attack") -> str:
     """RAGA (its paper's schedule) against the best of the baselines its paper compares with (FedAvg,
     RFA, Byrd-SAGA) at each attack and Byzantine fraction of ``study``: that baseline (the highest mean
-    final test accuracy over the seeds both ran) and RAGA's final test accuracy minus its, in points,
-    paired by seed: ``mean ± std [95 % CI]`` (``–``: no seed that both ran). Picking the baseline
-    on the same seeds favours it: an interval above 0 is the stronger for it."""
+    ``measure`` over the seeds both ran) and RAGA's ``measure`` minus its, in points, paired by seed:
+    ``mean ± std [95 % CI]`` (``–``: no seed that both ran). Picking the baseline on the same seeds
+    favours it: an interval above 0 is the stronger for it.
+
+    Args:
+        runs: the result file's runs.
+        study: ``table`` or ``table200``.
+        measure: per seed, the figure compared: the final test accuracy (:func:`final`) or the test
+            accuracy at the best validation (:func:`at_best_validation`).
+        head: the first column's header, which names the measure where it is not the final one.
+    """
     cells = study_cells(runs, study)
     raga = cells.get(("raga", None, False), {})
     baselines = [key for key in cells if key[0] != "raga"]
-    lines = ["| attack | " + " | ".join(f"{f:g}" for f in FRACTIONS) + " |", "|---|" + "---|" * len(FRACTIONS)]
+    lines = [f"| {head} | " + " | ".join(f"{f:g}" for f in FRACTIONS) + " |", "|---|" + "---|" * len(FRACTIONS)]
     for attack in ATTACKS:
         row = []
         for case in [(attack, f) for f in FRACTIONS]:
@@ -228,12 +247,12 @@ def against_table(runs: list[results.Run], study: str) -> str:
             for key in baselines:
                 theirs = [r for r in not_diverged(cells[key].get(case, [])) if r["params"]["seed"] in seeds]
                 if theirs:
-                    scored.append((final(theirs).mean(), key, theirs))
+                    scored.append((measure(theirs).mean(), key, theirs))
             if not scored:
                 row.append("–")
                 continue
             _, key, theirs = max(scored, key=lambda item: item[0])
-            row.append(f"{NAMES[key[0]]}: {paired(ours, theirs, final)}")
+            row.append(f"{NAMES[key[0]]}: {paired(ours, theirs, measure)}")
         lines.append(f"| {attack} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -245,19 +264,21 @@ def against_table(runs: list[results.Run], study: str) -> str:
 DECOUPLED, RFA_KEY, RAGA_KEY = ("raga", DECOUPLE[1], True), ("rfa", None, False), ("raga", None, False)
 
 
-def difference_table(runs: list[results.Run], study: str, ours: tuple, theirs: tuple) -> str:
-    """``ours`` minus ``theirs`` (settings keyed as :func:`study_cells` keys them) in ``study``: final
-    test accuracy, in points, paired by seed, ``mean ± std [95 % CI]``, attack-free and under each
-    attack at each Byzantine fraction (``–``: no seed that both ran without diverging)."""
+def difference_table(runs: list[results.Run], study: str, ours: tuple, theirs: tuple,
+                     measure: Callable[[list[results.Run]], np.ndarray] = final, head: str = "attack") -> str:
+    """``ours`` minus ``theirs`` (settings keyed as :func:`study_cells` keys them) in ``study``: the
+    final test accuracy or another ``measure`` (:func:`against_table`'s; ``head`` names it), in
+    points, paired by seed, ``mean ± std [95 % CI]``, attack-free and under each attack at each
+    Byzantine fraction (``–``: no seed that both ran without diverging)."""
     cells = study_cells(runs, study)
     a, b = cells.get(ours, {}), cells.get(theirs, {})
 
     def cell(case: tuple[str, float]) -> str:
         mine, other = not_diverged(a.get(case, [])), not_diverged(b.get(case, []))
         common = {r["params"]["seed"] for r in mine} & {r["params"]["seed"] for r in other}
-        return paired(mine, other, final) if common else "–"
+        return paired(mine, other, measure) if common else "–"
 
-    lines = ["| attack | attack-free | " + " | ".join(f"{f:g}" for f in FRACTIONS) + " |",
+    lines = [f"| {head} | attack-free | " + " | ".join(f"{f:g}" for f in FRACTIONS) + " |",
              "|---|---|" + "---|" * len(FRACTIONS), f"| none | {cell(('none', 0.0))} |" + " |" * len(FRACTIONS)]
     lines += [f"| {attack} | | " + " | ".join(cell((attack, f)) for f in FRACTIONS) + " |" for attack in ATTACKS]
     return "\n".join(lines)
@@ -303,9 +324,10 @@ def tables(runs: list[results.Run]) -> list[str]:
     for study in TABLES:
         if results.select(runs, study=study):
             out += [grid_table(runs, study, final, "final test accuracy, %"),
-                    grid_table(runs, study, lambda g: best_validation(g)[0], "test accuracy at the best validation, %"),
-                    against_table(runs, study), difference_table(runs, study, DECOUPLED, RFA_KEY),
-                    difference_table(runs, study, DECOUPLED, RAGA_KEY)]
+                    grid_table(runs, study, at_best_validation, "test accuracy at the best validation, %"),
+                    against_table(runs, study), against_table(runs, study, at_best_validation, AT_BEST_VAL)]
+            out += [difference_table(runs, study, DECOUPLED, theirs, measure, head) for theirs in (RFA_KEY, RAGA_KEY)
+                    for measure, head in ((final, "attack"), (at_best_validation, AT_BEST_VAL))]
     if results.select(runs, study="solver"):
         out.append(solver_table(runs))
     return out
