@@ -461,7 +461,8 @@ def test_feddro_tuning_gives_every_method_the_papers_grid_and_plans_the_table_on
     assert [r.params["method"] for r in long] == list(feddro.LONG_METHODS)
     assert all(r.params["rounds"] == feddro.LONG_EPOCHS * feddro.STEPS_PER_EPOCH and "[45]" in r.args for r in long)
     length = report.tables(done + feddro_runs(long, lambda r: 0.99))[-1].splitlines()
-    assert length[2:4] == ["| FedDRO, λ 2 | 20 | 80.00 | 80.00 | 80.00 | 0.8 |", "| FedDRO, λ 2 | 60 | 99.00 | 99.00 | 99.00 | 0.99 |"]
+    assert length[2:4] == ["| FedDRO, λ 2 | 20 | 80.00 | 80.00 | 80.00 | 0.8 | 80.00 |",
+                           "| FedDRO, λ 2 | 60 | 99.00 | 99.00 | 99.00 | 0.99 | 99.00 |"]
     # the momentum table sets the beta runs beside the tuning's FedDRO runs (beta 0.5)
     beta_table = report.tables(done + feddro_runs(momenta, lambda r: r.params["beta"] * r.params["lr"]))[-1].splitlines()
     assert beta_table[2:5] == ["| 0.1 | 0.01 | 0.10 | 0.10 | 0.10 | 0.0010 |", "| 0.1 | 0.05 | 0.50 | 0.50 | 0.50 | 0.0050 |",

@@ -17,7 +17,8 @@ diverge (a table names the others and the round each stopped in).
 * the centralized test (``centralized``): FedDRO's balanced validation accuracy per rate on 8 clients
   (batch 16; the tuning's runs) and on one client (batch 128);
 * the length test (``length``): each method's figures after ``LONG_EPOCHS`` epochs beside its
-  ``EPOCHS``-epoch run of the comparison (seed 0, lambda 2);
+  ``EPOCHS``-epoch run of the comparison (seed 0, lambda 2), and the test accuracy at each run's
+  best balanced validation;
 * the momentum test (``beta``): FedDRO's balanced validation accuracy, training accuracy (overall and
   worst class) and training KL-DRO objective after the last epoch per momentum and rate (beta 0.5:
   the tuning's runs).
@@ -158,15 +159,17 @@ def beta_table(runs: list[results.Run]) -> str:
 
 
 def length_table(runs: list[results.Run]) -> str:
-    """Per method (seed 0, lambda 2 where it has one), after the last epoch of its comparison run and of its long run."""
+    """Per method (seed 0, lambda 2 where it has one), after the last epoch of its comparison run and
+    of its long run, and each run's test accuracy at its best balanced validation."""
     keys = ("train_acc", "test_acc", "test_acc_worst_class")
-    lines = ["| method, seed 0 | epochs | train acc | test acc | test worst class | train KL-DRO objective |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| method, seed 0 | epochs | train acc | test acc | test worst class | train KL-DRO objective | "
+             "test acc at best val |", "|---|---|---|---|---|---|---|"]
     for long in results.select(runs, study="length"):
         method, lam = long["params"]["method"], long["params"]["lam"]
         short = results.select(runs, study="table", method=method, lam=lam, seed=0)
         for run, epochs in ((short[0] if short else None, EPOCHS), (long, LONG_EPOCHS)):
             cells = [last_cell(run, k) for k in keys] + [last_cell(run, "train_kl_dro", 1, ".4g")]
+            cells.append("–" if run is None else f"{100 * at_best_validation([run])[0]:.2f}")
             lines.append(f"| {label(method, lam)} | {epochs} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
