@@ -9,7 +9,11 @@ objects, such as the client module or an embedding network, are left out), so it
 
 A checkpoint written through :class:`SafeCheckpointIO` carries a checksum of its contents
 (:func:`checksum`, a CRC-32 over every tensor's bytes and the plain data); a file whose contents
-no longer match it (a flipped bit, a damaged disk) is refused, naming the file.
+no longer match it (a flipped bit, a damaged disk, a hand-edited tensor) is refused, naming the file.
+A file without a checksum (written by another program, or by fl_lightning before checkpoints
+carried one) is refused as well, since a change to it could not be seen: one you trust gets its
+checksum from :func:`add_checksum` (``fl-lightning checkpoint --add-checksum PATH``), or is read
+with ``allow_unverified=True`` (:func:`load_checkpoint`, ``load_from_checkpoint``, ``load_pefll``).
 
 What a checkpoint's hyperparameters may build when a module is loaded from one:
 :mod:`fl_lightning.file_arguments`.
@@ -17,6 +21,7 @@ What a checkpoint's hyperparameters may build when a module is loaded from one:
 
 from __future__ import annotations
 
+import os
 import pickle
 import zlib
 from pathlib import Path
@@ -100,21 +105,12 @@ def _looks_like_torch_file(path: Path) -> bool:
     return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
 
 
-def load_checkpoint(path: PathLike, map_location: Any = "cpu", name: str = "ckpt_path") -> dict[str, Any]:
-    """The checkpoint at ``path``, read with ``weights_only=True`` and its checksum checked.
-
-    Args:
-        path: the file.
-        map_location: where tensors are loaded.
-        name: the caller's name of the path, for error messages.
+def _read(path: Path, map_location: Any, where: str) -> dict[str, Any]:
+    """The dict ``torch.save`` wrote to ``path`` (its checksum still in it), read with ``weights_only=True``.
 
     Raises:
-        CheckpointError: the file is missing, empty, not a checkpoint (a YAML file...), not a
-            complete checkpoint, damaged (its contents do not match its checksum), or holds
-            pickled objects (which could run code when loaded).
+        CheckpointError: as :func:`load_checkpoint`, except for the checksum.
     """
-    path = Path(path)
-    where = f"{name} {str(path)!r}"
     if not path.is_file():
         raise CheckpointError(f"{where} is not a file")
     if path.stat().st_size == 0:
@@ -135,20 +131,86 @@ def load_checkpoint(path: PathLike, map_location: Any = "cpu", name: str = "ckpt
         raise CheckpointError(f"{where} is not a complete checkpoint (truncated or damaged: {error})") from error
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"{where} is not a checkpoint: it holds a {type(checkpoint).__name__}, not a dict")
-    return verified(checkpoint, where)
+    return checkpoint
 
 
-def verified(checkpoint: dict[str, Any], where: str) -> dict[str, Any]:
-    """``checkpoint`` without its checksum, after checking it (a checkpoint without one passes).
+def load_checkpoint(path: PathLike, map_location: Any = "cpu", name: str = "ckpt_path",
+                    allow_unverified: bool = False) -> dict[str, Any]:
+    """The checkpoint at ``path``, read with ``weights_only=True`` and its checksum checked.
+
+    Args:
+        path: the file.
+        map_location: where tensors are loaded.
+        name: the caller's name of the path, for error messages.
+        allow_unverified: accept a file without a checksum (one you trust: its contents cannot be
+            checked); a file whose checksum does not match is refused all the same.
 
     Raises:
-        CheckpointError: the contents do not match the checksum (``where`` names the file).
+        CheckpointError: the file is missing, empty, not a checkpoint (a YAML file...), not a
+            complete checkpoint, damaged (its contents do not match its checksum), without a
+            checksum (unless ``allow_unverified``), or holds pickled objects (which could run code
+            when loaded).
     """
+    path = Path(path)
+    return verified(_read(path, map_location, f"{name} {str(path)!r}"), path, name, allow_unverified)
+
+
+def verified(checkpoint: dict[str, Any], path: Any, name: str = "ckpt_path",
+             allow_unverified: bool = False) -> dict[str, Any]:
+    """``checkpoint``, read from ``path`` (the caller's ``name`` of it), without its checksum, after
+    checking it.
+
+    Raises:
+        CheckpointError: the contents do not match the checksum, or there is none and
+            ``allow_unverified`` is False; naming the file and what to do.
+    """
+    where = f"{name} {str(path)!r}"
     saved = checkpoint.pop(CHECKSUM_KEY, None)
+    if saved is None and not allow_unverified:
+        raise CheckpointError(
+            f"{where} has no checksum (written by another program, or by fl_lightning before checkpoints carried "
+            "one), so a change to its contents could not be detected: it is refused. If you trust the file, add its "
+            f"checksum with `fl-lightning checkpoint --add-checksum {path}` and use it as before, or pass "
+            "allow_unverified=True (load_from_checkpoint, load_pefll, load_checkpoint)")
     if saved is not None and saved != checksum(checkpoint):
         raise CheckpointError(f"{where} is damaged: its contents do not match the checksum written with it ({saved}); "
                               "use an earlier checkpoint")
     return checkpoint
+
+
+def add_checksum(path: PathLike) -> bool:
+    """Add its :func:`checksum` to the checkpoint at ``path``, which has none: for a file you trust
+    (one written before fl_lightning's checkpoints carried a checksum), which is then loaded,
+    resumed and evaluated as any other. The file is rewritten atomically, its tensors on the
+    devices they were saved from.
+
+    Returns:
+        True if the checksum was added; False if the file had a matching one already.
+
+    Raises:
+        CheckpointError: the file cannot be read (see :func:`load_checkpoint`), or its checksum does
+            not match its contents (a damaged file is not given a new one).
+    """
+    path = Path(path)
+    checkpoint = _read(path, None, f"checkpoint {str(path)!r}")
+    if CHECKSUM_KEY in checkpoint:
+        verified(checkpoint, path, "checkpoint")
+        return False
+    temporary = str(path) + ".tmp"
+    torch.save(with_checksum(checkpoint), temporary)
+    replace_durably(temporary, str(path))
+    return True
+
+
+def replace_durably(temporary: str, path: str) -> None:
+    """Rename the file ``temporary`` over ``path`` once its data is on disk: ``path`` then holds
+    the previous file or the new one, never part of one (a rename is atomic on POSIX file systems)."""
+    descriptor = os.open(temporary, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)  # the data reaches the disk before the rename does
+    finally:
+        os.close(descriptor)
+    os.replace(temporary, path)
 
 
 # ---------------------------------------------------------------- what a load checks
@@ -191,14 +253,24 @@ class SafeCheckpointIO(CheckpointIO):
 
     def __init__(self, inner: CheckpointIO) -> None:
         self.inner = inner
+        self._handed: Optional[tuple[str, dict[str, Any]]] = None
+
+    def hand_over(self, path: PathLike, checkpoint: dict[str, Any]) -> None:
+        """Make the next read of ``path`` return ``checkpoint``, which the caller read from it (by
+        :func:`load_checkpoint`) and checked, instead of reading the file again: the Trainer then
+        loads what was checked, whatever happened to the file since (``fl-lightning``'s ``--ckpt_path``)."""
+        self._handed = (os.fspath(path), checkpoint)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         self.inner.save_checkpoint(with_checksum(checkpoint), path, storage_options)
 
     def load_checkpoint(self, path: Any, map_location: Optional[Callable] = None, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        handed, self._handed = self._handed, None
+        if handed is not None and isinstance(path, (str, Path)) and os.fspath(path) == handed[0]:
+            return handed[1]
         if isinstance(path, (str, Path)) and "://" not in str(path):
             return load_checkpoint(path, map_location)
-        return verified(self.inner.load_checkpoint(path, map_location=map_location, weights_only=True), str(path))
+        return verified(self.inner.load_checkpoint(path, map_location=map_location, weights_only=True), path)
 
     def remove_checkpoint(self, path: Any) -> None:
         self.inner.remove_checkpoint(path)
@@ -207,7 +279,8 @@ class SafeCheckpointIO(CheckpointIO):
         self.inner.teardown()
 
 
-def install_safe_io(strategy: Any) -> None:
-    """Wrap ``strategy``'s checkpoint IO in :class:`SafeCheckpointIO` (once)."""
+def install_safe_io(strategy: Any) -> SafeCheckpointIO:
+    """Wrap ``strategy``'s checkpoint IO in :class:`SafeCheckpointIO` (once); returns it."""
     if not isinstance(strategy.checkpoint_io, SafeCheckpointIO):
         strategy.checkpoint_io = SafeCheckpointIO(strategy.checkpoint_io)
+    return strategy.checkpoint_io

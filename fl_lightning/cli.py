@@ -7,10 +7,13 @@
     fl-lightning validate --config configs/quickstart.yaml --ckpt_path last.ckpt
     fl-lightning predict --config configs/quickstart.yaml --ckpt_path last.ckpt   # -> <log folder>/predictions.pt
     fl-lightning fit --config configs/quickstart.yaml --print_config
+    fl-lightning fit --config configs/quickstart.yaml --trainer.max_epochs 60 --ckpt_path last
     fl-lightning pefll-predict --config configs/pefll/<run>.yaml --predict.ckpt_path last.ckpt
     fl-lightning plot runs/quickstart
+    fl-lightning checkpoint --add-checksum old.ckpt
 
-``plot`` draws a run's history (``fl_lightning.plotting``).
+``plot`` draws a run's history (``fl_lightning.plotting``). ``checkpoint --add-checksum`` adds
+its checksum to a checkpoint you trust that has none (:func:`fl_lightning.checkpoints.add_checksum`).
 
 ``pefll-predict`` takes the training config (model and data) and a trained PeFLL checkpoint and
 writes each client's personalized model, generated with no finetuning (by default for the
@@ -23,6 +26,7 @@ strategies are registered on import, so ``--trainer.strategy fl_ddp`` works.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 import warnings
@@ -35,8 +39,9 @@ from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
 from fl_lightning import plotting
+from fl_lightning.callbacks.checkpoint import last_round_checkpoint
 from fl_lightning.callbacks.history import RoundHistory
-from fl_lightning.checkpoints import load_checkpoint
+from fl_lightning.checkpoints import add_checksum, install_safe_io, load_checkpoint
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.module import FederatedModule
 
@@ -44,10 +49,11 @@ from fl_lightning.module import FederatedModule
 DESCRIPTION = """fl-lightning: federated learning with one Lightning Trainer (a Trainer epoch is a round).
 
 Besides the subcommands below, `fl-lightning plot RUN_DIR [RUN_DIR ...]` draws runs' metrics
-per round and the label distribution of their clients (see `fl-lightning plot --help`), and
+per round and the label distribution of their clients (see `fl-lightning plot --help`),
 `fl-lightning pefll-predict --config <PeFLL training config> --predict.ckpt_path <checkpoint>`
 writes each client's personalized model with PeFLL-predict (see `fl-lightning pefll-predict
---help`)."""
+--help`), and `fl-lightning checkpoint --add-checksum PATH` adds its checksum to a checkpoint you
+trust that has none (see `fl-lightning checkpoint --help`)."""
 
 
 #: Lightning's advice, loading a checkpoint, to add its callbacks, where those missing are the ones the
@@ -74,6 +80,12 @@ class FederatedCLI(LightningCLI):
     * ``--ckpt_path`` never replaces the configured model with the checkpoint's: a checkpoint of
       another algorithm is refused, and settings that differ from the checkpoint's are used as
       configured, with a warning naming each (``FederatedModule.on_load_checkpoint``);
+    * ``--ckpt_path`` is read once: the file is checked, and the Trainer is handed the contents
+      checked (a file replaced meanwhile is not read);
+    * ``--ckpt_path last`` is the ``last.ckpt`` of the run's round checkpoints
+      (:func:`~fl_lightning.callbacks.checkpoint.last_round_checkpoint`: the latest run's, in
+      ``fit``, ``validate``, ``test`` and ``predict``), printed; with none, the command is refused,
+      naming where it looked;
     * ``validate``, ``test`` and ``predict`` from a ``fit`` checkpoint do not repeat Lightning's
       advice to add the callbacks this CLI added to ``fit`` (``RoundCheckpoint``, ``RoundHistory``):
       their state resumes training, which these subcommands do not do. The advice stays for the
@@ -122,21 +134,40 @@ class FederatedCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """(Replaces ``LightningCLI``'s, which merges the checkpoint's hyperparameters into the
-        configuration.) Check the checkpoint file and refuse one written by another algorithm."""
-        subcommand = self.config.get("subcommand")
-        if not subcommand:
-            return
-        ckpt_path = self.config[subcommand].get("ckpt_path")
-        if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry"):
-            return
-        hparams = load_checkpoint(ckpt_path).get("hyper_parameters", {})
-        saved = hparams.get("_class_path")
+        configuration.) Nothing: the checkpoint is read once the Trainer is built
+        (:meth:`_prepare_subcommand_kwargs`)."""
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if kwargs.get("ckpt_path"):
+            kwargs["ckpt_path"] = self._checked(str(kwargs["ckpt_path"]), subcommand)
+        return kwargs
+
+    def _checked(self, ckpt_path: str, subcommand: str) -> str:
+        """``--ckpt_path``'s file (``last``: :func:`last_round_checkpoint`, printed), read once and
+        checked, its contents handed to the Trainer; a checkpoint of another algorithm than the
+        configured one is refused.
+
+        Raises:
+            CheckpointError: the file cannot be used, or ``last`` finds none.
+            ValueError: another algorithm wrote the checkpoint.
+        """
+        if ckpt_path == "last":
+            ckpt_path = last_round_checkpoint(self.trainer)
+            if self.trainer.is_global_zero:
+                print(f"--ckpt_path last: {ckpt_path}", flush=True)
+        elif ckpt_path in ("best", "hpc", "registry") or "://" in ckpt_path:
+            return ckpt_path
+        checkpoint = load_checkpoint(ckpt_path, map_location=None)  # as the Trainer reads it
+        saved = checkpoint.get("hyper_parameters", {}).get("_class_path")
         configured = self.config[subcommand]["model"].get("class_path")
         if saved is not None and configured is not None and _class_name(saved) != _class_name(configured):
             raise ValueError(
                 f"--ckpt_path {ckpt_path} was written by {saved}, but the configured model is {configured}; "
                 f"resume with --model.class_path {saved} (and its settings), or start a new run without --ckpt_path"
             )
+        install_safe_io(self.trainer.strategy).hand_over(ckpt_path, checkpoint)
+        return ckpt_path
 
 
 class PeFLLPredictCLI(FederatedCLI):
@@ -199,6 +230,19 @@ def _configured_is(callback: Any, cls: type) -> bool:
     return isinstance(configured, type) and issubclass(configured, cls)
 
 
+def checkpoint_command(args: list[str]) -> None:
+    """``fl-lightning checkpoint --add-checksum PATH [PATH ...]``: :func:`~fl_lightning.checkpoints.add_checksum`
+    on each file, printing what was done."""
+    parser = argparse.ArgumentParser(
+        prog="fl-lightning checkpoint",
+        description="Add its checksum to a checkpoint you trust that has none (written by another program, or by "
+                    "fl_lightning before checkpoints carried one): checkpoints without one are refused, since a "
+                    "change to their contents could not be detected.")
+    parser.add_argument("--add-checksum", nargs="+", required=True, metavar="PATH", help="the checkpoint files")
+    for path in parser.parse_args(args).add_checksum:
+        print(f"{path}: {'checksum added' if add_checksum(path) else 'has a matching checksum already'}")
+
+
 def main(args: Optional[list[str]] = None) -> None:
     """Entry point of the ``fl-lightning`` command."""
     argv = sys.argv[1:] if args is None else args
@@ -207,6 +251,9 @@ def main(args: Optional[list[str]] = None) -> None:
         return
     if argv[:1] == ["plot"]:
         plotting.main(argv[1:])
+        return
+    if argv[:1] == ["checkpoint"]:
+        checkpoint_command(argv[1:])
         return
     FederatedCLI(args=args)
 

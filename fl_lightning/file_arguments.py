@@ -267,7 +267,7 @@ def build_checked(
 
 def load_from_checkpoint(
     cls: type, checkpoint_path: PathLike, map_location: Any = None, hparams_file: Optional[PathLike] = None,
-    strict: Optional[bool] = None, allowed_classes: AllowedClasses = (), **kwargs: Any,
+    strict: Optional[bool] = None, allowed_classes: AllowedClasses = (), allow_unverified: bool = False, **kwargs: Any,
 ) -> Any:
     """Lightning's ``cls.load_from_checkpoint``, safely: the file is read by
     :func:`~fl_lightning.checkpoints.load_checkpoint` (weights only, checksum checked),
@@ -277,7 +277,9 @@ def load_from_checkpoint(
         cls: a ``LightningModule`` or ``LightningDataModule`` class.
         checkpoint_path, map_location, hparams_file, strict, **kwargs: as Lightning's.
         allowed_classes: classes the file may name besides fl_lightning's own (see the module's docstring).
+        allow_unverified: accept a checkpoint without a checksum (one you trust).
     """
-    checkpoint = load_checkpoint(checkpoint_path, default_map_location(map_location), name="checkpoint_path")
+    checkpoint = load_checkpoint(checkpoint_path, default_map_location(map_location), name="checkpoint_path",
+                                 allow_unverified=allow_unverified)
     return build_checked(cls, checkpoint, hparams_file, strict, allowed_classes,
                          where=f"checkpoint_path {str(checkpoint_path)!r}", **kwargs)

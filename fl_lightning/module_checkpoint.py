@@ -175,7 +175,8 @@ class FederatedCheckpointing(pl.LightningModule):
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
         cls: type[ModuleT], checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
-        strict: Optional[bool] = None, allowed_classes: AllowedClasses = (), weights_only: Optional[bool] = None, **kwargs: Any,
+        strict: Optional[bool] = None, allowed_classes: AllowedClasses = (), weights_only: Optional[bool] = None,
+        allow_unverified: bool = False, **kwargs: Any,
     ) -> ModuleT:
         """The module of a checkpoint this algorithm wrote, read with ``weights_only=True``; building
         it runs nothing of the file's choosing.
@@ -195,6 +196,8 @@ class FederatedCheckpointing(pl.LightningModule):
             allowed_classes: further classes the checkpoint may name: class paths
                 (``"my_package.models.Net"``, imported here: you trust them) or the classes.
             weights_only: True or None: checkpoints are always read with ``weights_only=True``.
+            allow_unverified: accept a checkpoint without a checksum (one you trust; see
+                :func:`~fl_lightning.checkpoints.load_checkpoint`).
 
         Raises:
             CheckpointError: the file cannot be used (see :func:`~fl_lightning.checkpoints.load_checkpoint`),
@@ -202,7 +205,8 @@ class FederatedCheckpointing(pl.LightningModule):
         """
         check_weights_only(weights_only)
         allowed_classes = list(allowed_classes)
-        checkpoint = load_checkpoint(checkpoint_path, default_map_location(map_location), name="checkpoint_path")
+        checkpoint = load_checkpoint(checkpoint_path, default_map_location(map_location), name="checkpoint_path",
+                                     allow_unverified=allow_unverified)
         where = f"checkpoint_path {str(checkpoint_path)!r}"
         check_written_by(checkpoint, cls, checkpoint_path)
         if "client" not in kwargs:

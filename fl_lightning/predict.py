@@ -110,7 +110,8 @@ def mask_absent_classes(logits: Tensor, present: Tensor) -> Tensor:
     return logits.masked_fill(~keep, float("-inf"))
 
 
-def load_pefll(checkpoint_path: Union[str, Path], map_location: Any = "cpu", **overrides: Any) -> PeFLL:
+def load_pefll(checkpoint_path: Union[str, Path], map_location: Any = "cpu", allow_unverified: bool = False,
+               **overrides: Any) -> PeFLL:
     """A ``PeFLL`` restored from a Lightning checkpoint (``fl-lightning fit`` or ``Trainer.fit``),
     in eval mode.
 
@@ -125,6 +126,8 @@ def load_pefll(checkpoint_path: Union[str, Path], map_location: Any = "cpu", **o
     Args:
         checkpoint_path: the ``.ckpt`` file.
         map_location: where to load the tensors.
+        allow_unverified: accept a checkpoint without a checksum (one you trust; see
+            :func:`~fl_lightning.checkpoints.load_checkpoint`).
         **overrides: constructor arguments in place of the checkpoint's: ``embedding`` (the
             embedding network, built as for training), ``client`` (the client module, for one that
             cannot be rebuilt from its hyper-parameters), ``allowed_classes``.
@@ -133,13 +136,15 @@ def load_pefll(checkpoint_path: Union[str, Path], map_location: Any = "cpu", **o
         ValueError: the checkpoint holds no embedding network's recipe and ``embedding`` is not given.
     """
     if "embedding" not in overrides:
-        hparams = load_checkpoint(checkpoint_path, map_location, name="checkpoint_path").get("hyper_parameters", {})
+        hparams = load_checkpoint(checkpoint_path, map_location, name="checkpoint_path",
+                                  allow_unverified=allow_unverified).get("hyper_parameters", {})
         if not isinstance(hparams.get("embedding"), dict):
             raise ValueError(
                 f"checkpoint_path {str(checkpoint_path)!r} does not record the embedding network (a checkpoint of "
                 "Trainer.fit in Python): pass embedding=<the embedding network, built as for training>"
             )
-    return PeFLL.load_from_checkpoint(checkpoint_path, map_location=map_location, **overrides).eval()
+    return PeFLL.load_from_checkpoint(checkpoint_path, map_location=map_location, allow_unverified=allow_unverified,
+                                      **overrides).eval()
 
 
 def predict_clients(

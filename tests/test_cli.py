@@ -3,6 +3,7 @@ configs: ``tests/test_configs.py``)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import typing
 import warnings
@@ -10,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
+import torch
 import yaml
 
 from fl_lightning import algorithms
-from fl_lightning.checkpoints import load_checkpoint
+from fl_lightning.checkpoints import CheckpointError, load_checkpoint, with_checksum
 from fl_lightning.cli import _ADVICE_TO_ADD_FIT_CALLBACKS, FederatedCLI, main
+from fl_lightning.module_checkpoint import FederatedCheckpointing
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "configs" / "quickstart.yaml")
@@ -129,8 +132,6 @@ def test_pefll_predict_subcommand(tmp_path, capsys):
     unseen = sorted(int(p.stem.split("_")[1]) for p in out.glob("client_*.pt"))
     assert len(unseen) == 2 and all(f"client {c}: test accuracy" in printed for c in unseen)
     # the Python API on the same checkpoint, called as docs/results/pefll.md writes it (no client=, no embedding=)
-    import torch
-
     from fl_lightning.datamodules import SyntheticFederated
     from fl_lightning.predict import load_pefll, personalize, predict_clients
 
@@ -144,8 +145,6 @@ def test_pefll_predict_subcommand(tmp_path, capsys):
 
 
 def test_predict_writes_the_predictions_into_the_run_folder(tmp_path):
-    import torch
-
     from fl_lightning.callbacks import PredictionWriter
 
     cli = FederatedCLI(args=["predict", "--config", QUICK, *FAST, "--trainer.default_root_dir", str(tmp_path)])
@@ -175,3 +174,89 @@ def test_client_override_after_switching_the_algorithm(capsys):
     assert model["class_path"] == "fl_lightning.algorithms.SCAFFOLD"
     assert model["init_args"]["client"]["init_args"]["lr"] == 0.05
     assert model["init_args"]["client"]["class_path"].endswith("LogisticRegression")
+
+
+# ------------------------------------------------------------------ --ckpt_path
+def quick(tmp_path: Path, *extra: str, subcommand: str = "fit") -> list[str]:
+    """The quickstart, small and quiet, in ``tmp_path`` (with its logger's version folders)."""
+    return [subcommand, "--config", QUICK, "--trainer.enable_progress_bar", "false", "--data.init_args.print_summary",
+            "false", "--model.init_args.local_steps", "2", "--trainer.default_root_dir", str(tmp_path), *extra]
+
+
+def loaded_rounds(monkeypatch) -> list[int]:
+    """The round counter (``global_step``) of every checkpoint the module loads from now on."""
+    loaded: list[int] = []
+    load = FederatedCheckpointing.on_load_checkpoint
+
+    def recording(module, checkpoint):
+        loaded.append(checkpoint["global_step"])
+        load(module, checkpoint)
+
+    monkeypatch.setattr(FederatedCheckpointing, "on_load_checkpoint", recording)
+    return loaded
+
+
+def test_ckpt_path_last_is_the_latest_runs_round_checkpoint(tmp_path, monkeypatch, capsys):
+    """Each run writes into a new version folder; ``last`` resumes the latest run's ``last.ckpt``
+    (printed), in ``fit`` and in ``validate`` (``test`` and ``predict`` take the same way)."""
+    loaded = loaded_rounds(monkeypatch)
+    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "1"))
+    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "2", "--ckpt_path", "last"))
+    FederatedCLI(args=quick(tmp_path, "--ckpt_path", "last", subcommand="validate"))
+    assert loaded == [1, 2]
+    chosen = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--ckpt_path last")]
+    folder = tmp_path / "lightning_logs"
+    assert chosen == [f"--ckpt_path last: {folder}/version_{v}/checkpoints/last.ckpt" for v in (0, 1)]
+
+
+@pytest.mark.parametrize("subcommand, logger, looked", [
+    ("fit", "false", "checkpoints"), ("predict", "true", "lightning_logs/version_*/checkpoints")])
+def test_ckpt_path_last_without_a_checkpoint_is_refused_naming_where_it_looked(tmp_path, subcommand, logger, looked):
+    """Not a run from round 0 with a warning: an error. A killed write's ``last.ckpt.tmp`` is no checkpoint."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt.tmp").write_bytes(b"PK\x03\x04 a checkpoint cut short")
+    refused = f"ckpt_path 'last': no last.ckpt of a run, looked in {tmp_path}/{looked}: train first, or pass the"
+    with pytest.raises(CheckpointError, match=re.escape(refused)):
+        FederatedCLI(args=quick(tmp_path, "--trainer.logger", logger, "--ckpt_path", "last", subcommand=subcommand))
+
+
+def test_the_cli_resumes_the_checkpoint_it_checked(tmp_path, monkeypatch):
+    """The file is replaced (by another valid checkpoint) after ``--ckpt_path`` was checked and
+    before the Trainer loads it: the run resumes the checked contents, not the new file."""
+    quiet = ["--trainer.logger", "false"]
+    FederatedCLI(args=quick(tmp_path, *quiet, "--trainer.max_epochs", "1"))
+    checked = tmp_path / "checkpoints" / "last.ckpt"
+    replacement = load_checkpoint(checked)
+    replacement["global_step"] = 1000
+    fit = pl.Trainer.fit
+
+    @functools.wraps(fit)  # the CLI's arguments are those of Trainer.fit's signature
+    def replace_then_fit(trainer, *args, **kwargs):
+        torch.save(with_checksum(replacement), checked)
+        return fit(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(pl.Trainer, "fit", replace_then_fit)
+    loaded = loaded_rounds(monkeypatch)
+    cli = FederatedCLI(args=quick(tmp_path, *quiet, "--trainer.max_epochs", "2", "--ckpt_path", str(checked)))
+    assert loaded == [1] and cli.trainer.current_epoch == 2
+
+
+def test_a_round_checkpoint_listed_in_yaml_is_the_one_built_in_python(tmp_path, capsys):
+    """jsonargparse fills in no ModelCheckpoint argument (``save_top_k: 1`` wrote ``epoch=*.ckpt``
+    files beside ``last.ckpt``, not atomically): the folder holds ``last.ckpt`` alone (and its
+    owner), and ``--ckpt_path last`` resumes from the configured ``dirpath``."""
+    folder = tmp_path / "rounds"
+    config = tmp_path / "round.yaml"
+    config.write_text(yaml.safe_dump({"trainer": {"callbacks": [
+        {"class_path": "fl_lightning.callbacks.RoundCheckpoint", "init_args": {"dirpath": str(folder)}}]}}))
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", QUICK, "--config", str(config), "--print_config"])
+    callbacks = yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"]
+    assert callbacks == [{"class_path": "fl_lightning.callbacks.RoundCheckpoint",
+                          "init_args": {"dirpath": str(folder), "every_n_rounds": 1, "asynchronous": True}}]
+    every_round = ["--trainer.check_val_every_n_epoch", "1"]  # where ModelCheckpoint(save_top_k=1) would write
+    FederatedCLI(args=quick(tmp_path, "--config", str(config), *every_round, "--trainer.max_epochs", "2"))
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "owner.json"]
+    FederatedCLI(args=quick(tmp_path, "--config", str(config), "--trainer.max_epochs", "3", "--ckpt_path", "last"))
+    assert f"--ckpt_path last: {folder}/last.ckpt" in capsys.readouterr().out
+    assert load_checkpoint(folder / "last.ckpt")["global_step"] == 3

@@ -6,8 +6,8 @@ one temporary working folder per page (holding links to the checkout's ``configs
 run in ``tests/test_docs.py``, which also checks what they do):
 
 * ``fl-lightning`` commands on the quickstart's configuration run for real (it is small and
-  generated); on any other configuration (real datasets, long runs) they are parsed and
-  checked with ``--print_config``;
+  generated), and so do ``plot`` and ``checkpoint`` (on the files earlier commands wrote); on any
+  other configuration (real datasets, long runs) they are parsed and checked with ``--print_config``;
 * ``python benchmarks/...`` scripts and ``python -m experiments...`` modules answer ``--help``
   (an experiment's ``--list``, which only prints its runs, runs as written);
 * a command a page repeats (the README's quickstart, in its set-up and again in its tour) runs
@@ -62,7 +62,7 @@ def commands(code: str) -> list[str]:
 
 def run_fl_lightning(argv: list[str]) -> None:
     real = any(c in argv for c in FAST_CONFIGS) and argv[0] != "pefll-predict"
-    if argv[0] == "plot" or real or "--print_config" in argv:
+    if argv[0] in ("plot", "checkpoint") or real or "--print_config" in argv:
         with pytest.raises(SystemExit) if "--print_config" in argv else contextlib.nullcontext():
             main(argv)
         return

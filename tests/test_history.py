@@ -118,17 +118,18 @@ def test_the_checkpointed_rows_are_one_text_read_back_as_they_were():
 def test_a_run_resumed_from_its_round_checkpoint_has_every_round_once(tmp_path):
     """RoundCheckpoint saves at the round's end: the row of the round it saves (validation metrics
     included) is in it, so 3 rounds resumed to 5 give the rows of an uninterrupted run."""
-    def run(folder, rounds, **fit_kwargs):
+    def run(folder, rounds, checkpoints="ckpt", **fit_kwargs):
         history = RoundHistory(dirpath=str(tmp_path / folder), summary=False)
         module = FedAvg(tiny_client(), clients_per_round=2, local_steps=1, seed=3)
-        t = trainer(rounds, callbacks=[history, ClientMetrics(split="val"), RoundCheckpoint(dirpath=str(tmp_path / "ckpt"))],
+        checkpoint = RoundCheckpoint(dirpath=str(tmp_path / checkpoints))
+        t = trainer(rounds, callbacks=[history, ClientMetrics(split="val"), checkpoint],
                     enable_checkpointing=True, check_val_every_n_epoch=2)
         t.fit(module, synthetic(4), **fit_kwargs)
         return json.loads((tmp_path / folder / "history.json").read_text())
 
     run("first", 3)
     resumed = run("resumed", 5, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
-    straight = run("straight", 5)
+    straight = run("straight", 5, checkpoints="straight-ckpt")  # a folder of its own: another run's
     assert [r["round"] for r in resumed] == [1, 2, 3, 4, 5]
     assert ["val_acc" in r for r in resumed] == [False, True, False, True, False]
     assert resumed == straight

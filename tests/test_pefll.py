@@ -19,6 +19,7 @@ from fl_lightning.algorithms.pfedhn import PFedHN
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.callbacks.client_metrics import ClientMetrics
 from fl_lightning.callbacks.finetune import LocalFinetuning
+from fl_lightning.checkpoints import CheckpointError, load_checkpoint
 from fl_lightning.models import MLP, LeNet
 from fl_lightning.models.hypernetwork import (
     CNNEmbedding,
@@ -289,6 +290,13 @@ def test_checkpoint_round_trip(tmp_path):
         load_pefll(path)  # Trainer.fit in Python: the embedding is an object, not in the hyper-parameters
     rebuilt = load_pefll(path, embedding=MLPEmbedding(20, 10, 4, hidden=(8,)))  # the client from its recipe
     torch.testing.assert_close(ModelVector(personalize(rebuilt, (x, y))).flatten(),
+                               ModelVector(personalize(module, (x, y))).flatten())
+    legacy = tmp_path / "legacy.ckpt"  # without its checksum: refused unless the caller vouches for it
+    torch.save(load_checkpoint(path), legacy)
+    with pytest.raises(CheckpointError, match="has no checksum"):
+        load_pefll(legacy)
+    unverified = load_pefll(legacy, allow_unverified=True, embedding=MLPEmbedding(20, 10, 4, hidden=(8,)))
+    torch.testing.assert_close(ModelVector(personalize(unverified, (x, y))).flatten(),
                                ModelVector(personalize(module, (x, y))).flatten())
     models = predict_clients(path, dm, output_dir=tmp_path / "models", client=tiny_client(hidden=(8,)),
                              embedding=MLPEmbedding(20, 10, 4, hidden=(8,)))

@@ -95,7 +95,7 @@ def test_local_epochs_alone_and_fl_lightning_help_lists_every_subcommand():
     assert module.local_epochs == 1 and module.local_steps is None
     trainer(1).fit(module, synthetic(4))
     out = run_python(["-m", "fl_lightning.cli", "--help"], timeout=120).stdout
-    for subcommand in ("fit", "validate", "test", "predict", "pefll-predict", "plot"):
+    for subcommand in ("fit", "validate", "test", "predict", "pefll-predict", "plot", "checkpoint"):
         assert subcommand in out
 
 

@@ -4,7 +4,9 @@ the user configured; non-finite updates and state never persist; bad input fails
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ from torch.utils.data import TensorDataset
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO
 from fl_lightning.callbacks import FederatedCallback, RoundCheckpoint, SignFlipAttack
-from fl_lightning.checkpoints import CheckpointError, load_checkpoint, with_checksum
+from fl_lightning.checkpoints import CheckpointError, add_checksum, load_checkpoint, with_checksum
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
 from fl_lightning.functional.dro import KLDRO
@@ -96,6 +98,96 @@ def test_round_checkpoint_writes_every_n_rounds_and_the_last(tmp_path, asynchron
     assert not list(tmp_path.glob("*.tmp"))
     with pytest.raises(ValueError, match="every_n_rounds must be >= 1 and an integer, got 0"):
         RoundCheckpoint(every_n_rounds=0)
+
+
+def test_a_temporary_file_left_by_a_killed_write_is_removed_when_the_next_run_starts(tmp_path):
+    """A kill during the write leaves ``last.ckpt.tmp`` (tests/crash_child.py's ``write`` mode); the
+    run that resumes from ``last.ckpt`` removes it before its first round, and ``ckpt_path="last"``
+    never takes it for a checkpoint, however recent."""
+    last, _ = checkpointed(tmp_path, "FedAvg")
+    stale = tmp_path / "last.ckpt.tmp"
+    stale.write_bytes(b"PK\x03\x04 a checkpoint cut short")
+    found = []
+
+    class Spy(pl.Callback):
+        def on_train_epoch_start(self, trainer, module):
+            found.append(stale.exists())
+
+    checkpoint = RoundCheckpoint(dirpath=str(tmp_path), asynchronous=False)
+    trainer(3, callbacks=[checkpoint, Spy()], enable_checkpointing=True).fit(build("FedAvg"), data(), ckpt_path="last")
+    assert found == [False] and load_checkpoint(last)["global_step"] == 3  # resumed after round 2
+
+
+def test_a_folder_holds_the_checkpoint_of_one_run(tmp_path):
+    """A second run with the same dirpath is refused before training, leaving the first run's
+    ``last.ckpt`` as it was; resuming that run from its ``last.ckpt`` makes it the owner."""
+    last, _ = checkpointed(tmp_path, "FedAvg")
+    first = last.read_bytes()
+    owner = json.loads((tmp_path / "owner.json").read_text())
+    refused = (rf"RoundCheckpoint's dirpath '{tmp_path}' belongs to another run \(run {owner['run']}, started .* by "
+               rf"process {os.getpid()}\), and holds its last.ckpt: this run would overwrite it. Pass another dirpath, "
+               rf"or resume that run \(ckpt_path='{last}'\); if its checkpoint may be overwritten, remove "
+               rf"{tmp_path / 'owner.json'}")
+    with pytest.raises(ValueError, match=refused):
+        trainer(2, callbacks=[RoundCheckpoint(dirpath=str(tmp_path))], enable_checkpointing=True).fit(
+            build("FedAvg"), data())
+    assert last.read_bytes() == first
+    with pytest.raises(ValueError, match="belongs to another run .* may be writing its first last.ckpt"):
+        shutil.move(last, tmp_path / "kept.ckpt")  # a run that claimed the folder and has not written yet
+        trainer(2, callbacks=[RoundCheckpoint(dirpath=str(tmp_path))], enable_checkpointing=True).fit(
+            build("FedAvg"), data())
+    shutil.move(tmp_path / "kept.ckpt", last)
+    (tmp_path / "owner.json").unlink()  # a folder of an earlier fl_lightning: last.ckpt without owner.json
+    with pytest.raises(ValueError, match="holds a last.ckpt that this run does not resume"):
+        trainer(2, callbacks=[RoundCheckpoint(dirpath=str(tmp_path))], enable_checkpointing=True).fit(
+            build("FedAvg"), data())
+    resumed = RoundCheckpoint(dirpath=str(tmp_path))
+    trainer(3, callbacks=[resumed], enable_checkpointing=True).fit(build("FedAvg"), data(), ckpt_path=str(last))
+    assert load_checkpoint(last)["global_step"] == 3
+    assert json.loads((tmp_path / "owner.json").read_text())["run"] == resumed.run
+
+
+def test_round_checkpoint_takes_no_argument_that_would_break_its_one_atomic_file():
+    for argument in ("save_top_k", "monitor", "save_last", "filename", "save_weights_only", "every_n_epochs"):
+        with pytest.raises(TypeError, match=argument):
+            RoundCheckpoint(**{argument: 1})
+
+
+# ------------------------------------------------------------------ checkpoints without a checksum
+def test_a_checkpoint_without_a_checksum_is_refused_unless_the_user_vouches_for_it(tmp_path, capsys):
+    """A hand-edited file whose checksum was dropped does not resume silently: it is refused, naming
+    the file and the two ways on (the command that adds its checksum, ``allow_unverified=True``)."""
+    last, _ = checkpointed(tmp_path, "FedAvg")
+    edited = load_checkpoint(last)
+    key = next(iter(edited["state_dict"]))
+    edited["state_dict"][key] = edited["state_dict"][key] + 1.0
+    legacy = tmp_path / "legacy.ckpt"
+    torch.save(edited, legacy)
+    refused = (rf"'{legacy}' has no checksum .* it is refused. If you trust the file, add its checksum with "
+               rf"`fl-lightning checkpoint --add-checksum {legacy}` and use it as before, or pass "
+               r"allow_unverified=True")
+    loads = [
+        lambda: load_checkpoint(legacy),
+        lambda: resume(legacy, "FedAvg"),
+        lambda: trainer(1).validate(build("FedAvg"), data(), ckpt_path=str(legacy)),
+        lambda: FedAvg.load_from_checkpoint(legacy),
+        lambda: SyntheticFederated.load_from_checkpoint(legacy),
+    ]
+    for load in loads:
+        with pytest.raises(CheckpointError, match=refused):
+            load()
+    loaded = FedAvg.load_from_checkpoint(legacy, allow_unverified=True)
+    assert torch.equal(loaded.state_dict()[key], edited["state_dict"][key])
+    assert SyntheticFederated.load_from_checkpoint(legacy, allow_unverified=True).num_clients == 6
+    main(["checkpoint", "--add-checksum", str(legacy)])
+    main(["checkpoint", "--add-checksum", str(legacy)])
+    assert capsys.readouterr().out.splitlines() == [f"{legacy}: checksum added",
+                                                    f"{legacy}: has a matching checksum already"]
+    assert torch.equal(load_checkpoint(legacy)["state_dict"][key], edited["state_dict"][key])
+    resume(legacy, "FedAvg")
+    flip_a_bit_of(last, next(iter(load_checkpoint(last)["state_dict"].values())))
+    with pytest.raises(CheckpointError, match="is damaged"):  # a damaged file is not given a new checksum
+        add_checksum(last)
 
 
 # ------------------------------------------------------------------ no code runs from a file

@@ -271,13 +271,16 @@ class FederatedDataModule(pl.LightningDataModule):
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
         cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
-        allowed_classes: AllowedClasses = (), weights_only: Optional[bool] = None, **kwargs: Any,
+        allowed_classes: AllowedClasses = (), weights_only: Optional[bool] = None, allow_unverified: bool = False,
+        **kwargs: Any,
     ) -> "FederatedDataModule":
         """The datamodule of a checkpoint, as Lightning's but safe: read with ``weights_only=True``,
-        building only fl_lightning's own partitioners and subsamples (as a CLI run records them) and
-        the classes in ``allowed_classes`` (:func:`fl_lightning.file_arguments.load_from_checkpoint`)."""
+        its checksum checked (``allow_unverified=True`` accepts a trusted file without one), building
+        only fl_lightning's own partitioners and subsamples (as a CLI run records them) and the
+        classes in ``allowed_classes`` (:func:`fl_lightning.file_arguments.load_from_checkpoint`)."""
         check_weights_only(weights_only)
-        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, None, allowed_classes, **kwargs)
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, None, allowed_classes,
+                                    allow_unverified, **kwargs)
 
     # -------------------------------------------------------- subclass hooks
     def build_datasets(self) -> tuple[Dataset, Optional[Dataset]]:
