@@ -19,13 +19,14 @@ def check_int(name: str, value: Any, minimum: int, maximum: Optional[int] = None
 
 def check_number(name: str, value: Any, low: float, high: float = math.inf, low_open: bool = False,
                  high_open: bool = True) -> float:
-    """``value`` as a float; a ValueError unless it is a finite number in the interval given."""
+    """``value`` as a float; a ValueError unless it is a finite number in the interval given
+    (``low=-math.inf`` and the default ``high``: any finite number)."""
     inside = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and (
         (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
     )
     if not inside:
         if math.isinf(high):
-            allowed = f"{'>' if low_open else '>='} {low:g} and finite"
+            allowed = "finite" if math.isinf(low) else f"{'>' if low_open else '>='} {low:g} and finite"
         else:
             allowed = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
         raise ValueError(f"{name} must be {allowed}, got {value!r}")

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.callbacks import FederatedCallback
@@ -19,6 +20,7 @@ from fl_lightning.callbacks.attacks import (
     ScalingAttack,
     SignFlipAttack,
 )
+from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.functional.attacks import alie_z, gaussian_attack
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
@@ -128,3 +130,48 @@ def test_gaussian_attack_breaks_fedavg_in_a_run():
 def test_the_byzantine_count_must_be_a_whole_number(count, shown):
     with pytest.raises(ValueError, match=f"count must be >= 0 and an integer, got {shown}"):
         GaussianAttack(count=count)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: ScalingAttack(factor=NAN, count=1), "factor must be finite, got nan"),
+    (lambda: ScalingAttack(factor=-INF, count=1), "factor must be finite, got -inf"),
+    (lambda: SignFlipAttack(scale=NAN, count=1), "scale must be finite, got nan"),
+    (lambda: GaussianAttack(std=INF, count=1), "std must be > 0 and finite, got inf"),
+    (lambda: IPMAttack(epsilon=INF, count=1), "epsilon must be > 0 and finite, got inf"),
+    (lambda: ALIEAttack(z=NAN, count=1), "z must be finite, got nan"),
+    (lambda: GaussianAttack(count=1, seed=1.5), "seed must be >= 0 and an integer, got 1.5"),
+    (lambda: LabelFlipAttack(num_classes=2.5, count=1), "num_classes must be >= 2 and an integer, got 2.5"),
+])
+def test_an_attack_refuses_a_non_finite_or_misplaced_number_at_construction(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+class UnknownClasses(FederatedDataModule):
+    """Labels 0..9, and no ``num_classes``: the datamodule does not know its classes."""
+
+    def build_datasets(self):
+        x = torch.randn(200, 20, generator=torch.Generator().manual_seed(0))
+        return TensorDataset(x, torch.arange(200) % 10), None
+
+
+@pytest.mark.parametrize("data, num_classes, message", [
+    (lambda: synthetic(4), 5, r"LabelFlipAttack\(num_classes=5\) flips a label y to 4 - y, but SyntheticFederated "
+                              "has num_classes=10: the flipped labels would not be its classes; give num_classes=10"),
+    (lambda: synthetic(4), 12, "but SyntheticFederated has num_classes=10"),
+    (lambda: UnknownClasses(num_clients=4), 5, "but UnknownClasses's labels reach 9: .* give num_classes=10"),
+])
+def test_label_flip_with_other_classes_than_the_data_is_refused_at_setup(data, num_classes, message):
+    """At setup, not once a Byzantine client is first sampled: max_epochs=0 runs no round."""
+    module = FedAvg(tiny_client(), clients_per_round=2, local_steps=1)
+    with pytest.raises(ValueError, match=message):
+        trainer(0, callbacks=[LabelFlipAttack(num_classes=num_classes, count=1)]).fit(module, data())
+
+
+def test_label_flip_with_the_data_classes_runs_also_where_the_datamodule_does_not_know_them():
+    for data in (synthetic(4), UnknownClasses(num_clients=4)):
+        trainer(1, callbacks=[LabelFlipAttack(num_classes=10, count=1)]).fit(
+            FedAvg(tiny_client(), clients_per_round=2, local_steps=1), data)

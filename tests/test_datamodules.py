@@ -307,3 +307,57 @@ def test_train_loader_yields_the_work_items_the_engine_sets():
     dm.work_items_per_round = 0
     with pytest.raises(ValueError, match=r"work_items_per_round must be >= 1 and an integer, got 0"):
         dm.train_dataloader()
+
+
+class Given(FederatedDataModule):
+    """A pool (and test set) of given tensors; ``num_classes`` as given (None: the classes are unknown)."""
+
+    def __init__(self, x, y, test=None, num_classes=None, **kwargs):
+        super().__init__(num_clients=4, **kwargs)
+        self.x, self.y, self.test, self.num_classes = x, y, test, num_classes
+
+    def build_datasets(self):
+        return TensorDataset(self.x, self.y), self.test
+
+
+X, Y = torch.randn(100, 3, generator=torch.Generator().manual_seed(0)), torch.arange(100) % 10
+
+
+def with_value(t: torch.Tensor, index: tuple, value: float) -> torch.Tensor:
+    t = t.clone()
+    t[index] = value
+    return t
+
+
+@pytest.mark.parametrize("data, message", [
+    (lambda: Given(X, Y + 1, num_classes=10),
+     r"the labels of Given's pool must be class indices in \[0, num_classes=10\), got 10 at sample 9 "
+     r"\(10 sample\(s\) outside\)"),
+    (lambda: Given(X, Y - 1, num_classes=10), r"must be class indices in \[0, num_classes=10\), got -1 at sample 0"),
+    (lambda: Given(X, Y.float(), num_classes=10),
+     r"the labels of Given's pool must be class indices .* got float32 labels"),
+    (lambda: Given(X, Y, TensorDataset(X, Y * 2), num_classes=10),
+     "the labels of Given's test set .* got 10 at sample 5"),
+    (lambda: Given(with_value(X, (7, 1), float("nan")), Y),
+     r"Given's pool holds nan in the inputs \(its tensor 0 of 2\) at sample 7: drop or fill non-finite samples"),
+    (lambda: Given(X, with_value(Y.float(), (3,), float("-inf"))),
+     r"Given's pool holds -inf in the labels or targets \(its tensor 1 of 2\) at sample 3"),
+    (lambda: Given(X, Y, TensorDataset(with_value(X, (2, 0), float("inf")), Y)),
+     "Given's test set holds inf in the inputs"),
+])
+def test_labels_outside_the_classes_and_non_finite_data_are_refused_at_setup(data, message):
+    with pytest.raises(ValueError, match=message):
+        data().setup()
+
+
+def test_float_and_negative_targets_pass_where_the_datamodule_does_not_know_classes():
+    """A datamodule without ``num_classes`` may hold regression targets: the client's loss decides
+    (the engine tries it on a batch at setup, tests/test_reliability.py)."""
+    dm = Given(X, torch.randn(100, generator=torch.Generator().manual_seed(1)))
+    dm.setup()
+    assert dm.num_classes is None and len(dm.train_clients) == 4
+
+
+def test_the_bundled_datamodules_know_their_classes():
+    known = synthetic(4, num_classes=3).num_classes, MNISTFederated.num_classes, CIFAR10Federated.num_classes
+    assert known == (3, 10, 10)

@@ -19,11 +19,13 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO
-from fl_lightning.callbacks import FederatedCallback, RoundCheckpoint, SignFlipAttack
+from fl_lightning.callbacks import (ClassAccuracy, DifferentialPrivacy, FederatedCallback, LocalFinetuning,
+                                    PersonalizedAccuracy, RoundCheckpoint, SignFlipAttack)
 from fl_lightning.checkpoints import CheckpointError, add_checksum, load_checkpoint, with_checksum
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
 from fl_lightning.functional.dro import KLDRO
+from fl_lightning.models import CNN, MLP, LeNet, LogisticRegression, ResNet20
 from fl_lightning.client_store import read_manifest, read_state_file, state_file
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
 from tests.fresh_python import FreshPython
@@ -431,8 +433,8 @@ class DictWithoutLoss(pl.LightningModule):
          r"unseen_fraction=0.99 holds out 10 of 10 clients, leaving none to train"),
         (lambda: SyntheticFederated(dim=0), ValueError, "dim must be >= 1 and an integer, got 0"),
         (lambda: SyntheticFederated(num_classes=0), ValueError, "num_classes must be >= 2 and an integer, got 0"),
-        (lambda: SyntheticFederated(min_samples=50, max_samples=10), ValueError,
-         "max_samples must be >= 50 and an integer, got 10"),
+        (lambda: SyntheticFederated(min_samples=100, max_samples=60), ValueError,
+         "max_samples must be >= min_samples, got min_samples=100, max_samples=60"),
         (lambda: SyntheticFederated(min_samples=-5), ValueError, "min_samples must be >= 1 and an integer, got -5"),
         (lambda: synthetic(10 ** 9), ValueError, r"num_clients=1000000000 needs at least 1639\.1 GiB of data"),
         (lambda: HundredSamples(num_clients=10 ** 9).setup(), ValueError,
@@ -441,4 +443,24 @@ class DictWithoutLoss(pl.LightningModule):
 )
 def test_bad_input_fails_naming_the_parameter(make, error, match):
     with pytest.raises(error, match=match):
+        make()
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: MLP(lr=NAN), "lr must be > 0 and finite, got nan"),
+    (lambda: LogisticRegression(lr=INF), "lr must be > 0 and finite, got inf"),
+    (lambda: CNN(lr=0.0), "lr must be > 0 and finite, got 0.0"),
+    (lambda: LeNet(momentum=NAN), "momentum must be >= 0 and finite, got nan"),
+    (lambda: ResNet20(weight_decay=-INF), "weight_decay must be >= 0 and finite, got -inf"),
+    (lambda: DifferentialPrivacy(1.0, 1.0, seed=0.5), "seed must be >= 0 and an integer, got 0.5"),
+    (lambda: PersonalizedAccuracy(extra_classes=NAN), "extra_classes must be >= 0 and an integer, got nan"),
+    (lambda: LocalFinetuning(steps=INF), "steps must be >= 1 and an integer, got inf"),
+    (lambda: ClassAccuracy(num_classes=NAN), "num_classes must be >= 2 and an integer, got nan"),
+])
+def test_a_non_finite_number_is_refused_at_construction(make, message):
+    """``lr=nan`` would make every client's update NaN, excluded from its round: the model would never move."""
+    with pytest.raises(ValueError, match=message):
         make()

@@ -19,6 +19,7 @@ forged without being read (``forges_upload``; the result is the same, only faste
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
@@ -26,6 +27,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from fl_lightning.datamodules.base import labels_of
 from fl_lightning.distributed import all_reduce_sum
 from fl_lightning.functional.attacks import (
     alie_attack,
@@ -41,7 +43,7 @@ from fl_lightning.functional.attacks import (
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.seeding import generator
-from fl_lightning.validation import check_int
+from fl_lightning.validation import check_int, check_number
 from fl_lightning.update import ClientUpdate
 
 
@@ -74,10 +76,12 @@ class ByzantineAttack(FederatedCallback):
     ) -> None:
         if (fraction is None) == (count is None):
             raise ValueError(f"give exactly one of fraction and count, got fraction={fraction}, count={count}")
-        if fraction is not None and not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        if fraction is not None:
+            check_number("fraction", fraction, 0.0, 1.0, high_open=False)
         if count is not None:
             check_int("count", count, 0)
+        if seed is not None:
+            check_int("seed", seed, 0)
         if fraction is not None and fraction >= 0.5 and not allow_majority:
             raise ValueError(
                 f"fraction={fraction}: Byzantine clients would hold half the data or more, where the geometric "
@@ -199,13 +203,12 @@ class GaussianAttack(ByzantineAttack):
     The noise comes from ``generator(seed, "attack", round, client)``.
 
     Args:
-        std: standard deviation of the noise.
+        std: standard deviation of the noise (> 0, finite).
         **kwargs: the ``ByzantineAttack`` arguments.
     """
 
     def __init__(self, std: float = 1.0, **kwargs: Any) -> None:
-        if not std > 0:
-            raise ValueError(f"std must be > 0, got {std}")
+        check_number("std", std, 0.0, low_open=True)
         super().__init__(**kwargs)
         self.std = std
 
@@ -218,7 +221,7 @@ class SignFlipAttack(ByzantineAttack):
     """Byzantine clients upload ``-scale`` times a reference.
 
     Args:
-        scale: the factor ``c`` (Byrd-SAGA's code: 3).
+        scale: the factor ``c``, finite (Byrd-SAGA's code: 3).
         reference: ``"honest_mean"`` (all Byzantine clients send the same ``-c * mean``: colluding,
             omniscient) or ``"own"`` (each sends ``-c`` times its own honest upload).
         **kwargs: the ``ByzantineAttack`` arguments.
@@ -227,6 +230,7 @@ class SignFlipAttack(ByzantineAttack):
     def __init__(self, scale: float = 3.0, reference: Literal["honest_mean", "own"] = "honest_mean", **kwargs: Any) -> None:
         if reference not in ("honest_mean", "own"):
             raise ValueError(f"reference must be 'honest_mean' or 'own', got {reference!r}")
+        check_number("scale", scale, -math.inf)
         super().__init__(**kwargs)
         self.scale = scale
         self.reference = reference
@@ -248,11 +252,12 @@ class ScalingAttack(ByzantineAttack):
     """Byzantine clients upload ``factor`` times their honest upload.
 
     Args:
-        factor: the scale (e.g. 10 to boost, -1 to reverse).
+        factor: the scale, finite (e.g. 10 to boost, -1 to reverse).
         **kwargs: the ``ByzantineAttack`` arguments.
     """
 
     def __init__(self, factor: float = 10.0, **kwargs: Any) -> None:
+        check_number("factor", factor, -math.inf)
         super().__init__(**kwargs)
         self.factor = factor
 
@@ -268,12 +273,14 @@ class ALIEAttack(ByzantineAttack):
     """A Little Is Enough (Baruch et al., 2019): ``mean - z * std`` of the honest uploads.
 
     Args:
-        z: the shift in standard deviations; None: ``alie_z(n, f)`` of the round's n clients
+        z: the shift in standard deviations (finite); None: ``alie_z(n, f)`` of the round's n clients
             and f Byzantine among them.
         **kwargs: the ``ByzantineAttack`` arguments.
     """
 
     def __init__(self, z: Optional[float] = None, **kwargs: Any) -> None:
+        if z is not None:
+            check_number("z", z, -math.inf)
         super().__init__(**kwargs)
         self.z = z
 
@@ -292,13 +299,12 @@ class IPMAttack(ByzantineAttack):
     """Inner-product manipulation (Xie et al., 2020): ``-epsilon * mean`` of the honest uploads.
 
     Args:
-        epsilon: the factor (small: 0.1; large: 100).
+        epsilon: the factor, > 0 and finite (small: 0.1; large: 100).
         **kwargs: the ``ByzantineAttack`` arguments.
     """
 
     def __init__(self, epsilon: float = 0.1, **kwargs: Any) -> None:
-        if not epsilon > 0:
-            raise ValueError(f"epsilon must be > 0, got {epsilon}")
+        check_number("epsilon", epsilon, 0.0, low_open=True)
         super().__init__(**kwargs)
         self.epsilon = epsilon
 
@@ -315,21 +321,40 @@ class LabelFlipAttack(ByzantineAttack):
     """Byzantine clients train honestly on flipped labels ``y -> C - 1 - y``; uploads pass unchanged.
 
     Args:
-        num_classes: number of classes ``C``.
+        num_classes: number of classes ``C``: the datamodule's (checked at setup).
         **kwargs: the ``ByzantineAttack`` arguments.
     """
 
     forges_uploads = False
 
     def __init__(self, num_classes: int = 10, **kwargs: Any) -> None:
-        if num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        check_int("num_classes", num_classes, 2)
         super().__init__(**kwargs)
         self.num_classes = num_classes
 
     @property
     def reads_own_upload(self) -> bool:
         return True
+
+    def setup(self, trainer: pl.Trainer, pl_module: Federation, stage: str) -> None:
+        """Refuse a ``num_classes`` other than the datamodule's, or, where it does not know its
+        classes, not above its largest label: the flipped labels would not be the data's classes,
+        and the run would fail only once a Byzantine client is sampled."""
+        if stage != "fit":
+            return
+        dm = pl_module.datamodule
+        if dm.num_classes is not None:
+            if dm.num_classes == self.num_classes:
+                return
+            found, wanted = f"{type(dm).__name__} has num_classes={dm.num_classes}", dm.num_classes
+        else:
+            largest = int(labels_of(dm.pool).max())
+            if self.num_classes > largest:
+                return
+            found, wanted = f"{type(dm).__name__}'s labels reach {largest}", largest + 1
+        raise ValueError(f"LabelFlipAttack(num_classes={self.num_classes}) flips a label y to "
+                         f"{self.num_classes - 1} - y, but {found}: the flipped labels would not be its classes; "
+                         f"give num_classes={wanted}")
 
     def on_client_update(self, trainer: pl.Trainer, module: Federation, update: ClientUpdate) -> ClientUpdate:
         return update

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Subset
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.validation import check_int
 
 
 def class_accuracy_summary(correct: Tensor, total: Tensor, minority: Sequence[int]) -> dict[str, float]:
@@ -60,8 +61,7 @@ class ClassAccuracy(FederatedCallback):
     def __init__(
         self, num_classes: int, minority: Optional[Sequence[int]] = None, per_class: bool = False, prefix: str = "class"
     ) -> None:
-        if num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        check_int("num_classes", num_classes, 2)
         minority = list(range(num_classes // 2)) if minority is None else [int(c) for c in minority]
         bad = [c for c in minority if not 0 <= c < num_classes]
         if bad or not minority:

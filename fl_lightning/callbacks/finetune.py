@@ -19,6 +19,7 @@ from torch import Tensor
 from fl_lightning.callbacks.client_metrics import ClientMetrics, Population
 from fl_lightning.datamodules.client_data import Split
 from fl_lightning.hooks import Federation
+from fl_lightning.validation import check_int
 
 
 class LocalFinetuning(ClientMetrics):
@@ -44,8 +45,7 @@ class LocalFinetuning(ClientMetrics):
         clients: Population = "train",
         prefix: Optional[str] = None,
     ) -> None:
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
+        check_int("steps", steps, 1)
         super().__init__(split, clients, prefix)
         self.steps = steps
 

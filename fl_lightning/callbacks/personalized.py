@@ -27,6 +27,7 @@ from fl_lightning.distributed import map_clients
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.seeding import derive_seed
+from fl_lightning.validation import check_int
 
 
 def local_test_indices(train_labels: list[np.ndarray], test_labels: np.ndarray) -> list[np.ndarray]:
@@ -88,10 +89,8 @@ class PersonalizedAccuracy(FederatedCallback):
     """
 
     def __init__(self, extra_classes: int = 0, seed: int = 0, prefix: Optional[str] = None) -> None:
-        if extra_classes < 0:
-            raise ValueError(f"extra_classes must be >= 0, got {extra_classes}")
-        self.extra_classes = extra_classes
-        self.seed = seed
+        self.extra_classes = check_int("extra_classes", extra_classes, 0)
+        self.seed = check_int("seed", seed, 0)
         self.prefix = prefix or ("local" if extra_classes == 0 else f"local+{extra_classes}")
         self._local: Optional[list[np.ndarray]] = None
 

@@ -35,7 +35,7 @@ from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
-from fl_lightning.validation import check_number
+from fl_lightning.validation import check_int, check_number
 
 Mode = Literal["central", "local"]
 
@@ -90,7 +90,7 @@ class DifferentialPrivacy(FederatedCallback):
             raise ValueError(f"mode must be 'central' or 'local', got {mode!r}")
         self.mode = mode
         self.delta = check_number("delta", delta, 0.0, 1.0, low_open=True)
-        self.seed = seed
+        self.seed = seed if seed is None else check_int("seed", seed, 0)
         #: the accountant's history: ``[noise_multiplier, sample_rate, rounds]`` per segment of equal settings
         self.history: list[list] = []
         self._warned = False

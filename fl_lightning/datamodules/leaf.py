@@ -47,6 +47,8 @@ class FEMNISTFederated(FederatedDataModule):
         **kwargs: the other ``FederatedDataModule`` arguments.
     """
 
+    num_classes = 62
+
     def __init__(
         self,
         root: str = "data/femnist",

@@ -33,7 +33,10 @@ def check_synthetic(alpha: float, beta: float, dim: int, num_classes: int, min_s
     check_int("dim", dim, 1)
     check_int("num_classes", num_classes, 2)
     check_int("min_samples", min_samples, 1)
-    check_int("max_samples", max_samples, min_samples)
+    check_int("max_samples", max_samples, 1)
+    if max_samples < min_samples:
+        raise ValueError(f"max_samples must be >= min_samples, got min_samples={min_samples}, "
+                         f"max_samples={max_samples}")
 
 
 def synthetic_clients(
@@ -79,7 +82,7 @@ class SyntheticFederated(FederatedDataModule):
         dim: input dimension (60 in FedProx).
         num_classes: number of classes (10 in FedProx).
         min_samples: smallest client size before the power law adds to it.
-        max_samples: cap on a client's size.
+        max_samples: cap on a client's size (>= ``min_samples``).
         test_fraction: each client's held-out test share (FedProx uses 0.2).
         **kwargs: the ``FederatedDataModule`` arguments (``num_clients``, ``batch_size``, ``seed``...).
     """
@@ -108,6 +111,7 @@ class SyntheticFederated(FederatedDataModule):
                              f"{memory / 2**30:.1f} GiB")
         self.synthetic = dict(alpha=alpha, beta=beta, iid=iid, dim=dim, num_classes=num_classes,
                               min_samples=min_samples, max_samples=max_samples)
+        self.num_classes = num_classes
         self._owner: Optional[np.ndarray] = None
 
     def build_datasets(self) -> tuple[Dataset, Optional[Dataset]]:

@@ -68,6 +68,7 @@ class MNISTFederated(TorchvisionFederated):
 
     dataset_cls = datasets.MNIST
     mean, std = (0.1307,), (0.3081,)
+    num_classes = 10
 
 
 class FashionMNISTFederated(TorchvisionFederated):
@@ -75,6 +76,7 @@ class FashionMNISTFederated(TorchvisionFederated):
 
     dataset_cls = datasets.FashionMNIST
     mean, std = (0.2860,), (0.3530,)
+    num_classes = 10
 
 
 class CIFAR10Federated(TorchvisionFederated):
@@ -82,6 +84,7 @@ class CIFAR10Federated(TorchvisionFederated):
 
     dataset_cls = datasets.CIFAR10
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+    num_classes = 10
 
 
 class CIFAR100Federated(TorchvisionFederated):
@@ -89,3 +92,4 @@ class CIFAR100Federated(TorchvisionFederated):
 
     dataset_cls = datasets.CIFAR100
     mean, std = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+    num_classes = 100

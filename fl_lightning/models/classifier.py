@@ -13,17 +13,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fl_lightning.validation import check_number
+
 
 class Classifier(pl.LightningModule):
     """Cross-entropy classifier over ``self.net``, with SGD and accuracy logging.
 
     Args:
-        lr: SGD learning rate.
-        momentum: SGD momentum.
-        weight_decay: SGD weight decay.
+        lr: SGD learning rate, > 0.
+        momentum: SGD momentum, >= 0.
+        weight_decay: SGD weight decay, >= 0.
         lr_milestones: epochs (in a federation: rounds) after which the learning rate is
             multiplied by ``lr_gamma`` (``MultiStepLR``); empty: a constant rate.
-        lr_gamma: the factor of each milestone.
+        lr_gamma: the factor of each milestone, in (0, 1].
+
+    Raises:
+        ValueError: a number above that is out of its range, NaN or infinite (with ``lr=nan`` every
+            client's update would be NaN and excluded: the model would never move).
     """
 
     net: nn.Module
@@ -37,12 +43,12 @@ class Classifier(pl.LightningModule):
         lr_gamma: float = 0.1,
     ) -> None:
         super().__init__()
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
+        check_number("lr", lr, 0.0, low_open=True)
+        check_number("momentum", momentum, 0.0)
+        check_number("weight_decay", weight_decay, 0.0)
         if list(lr_milestones) != sorted(set(lr_milestones)) or any(m < 1 for m in lr_milestones):
             raise ValueError(f"lr_milestones must be increasing integers >= 1, got {list(lr_milestones)}")
-        if not 0 < lr_gamma <= 1:
-            raise ValueError(f"lr_gamma must be in (0, 1], got {lr_gamma}")
+        check_number("lr_gamma", lr_gamma, 0.0, 1.0, low_open=True, high_open=False)
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
