@@ -37,6 +37,7 @@ from fl_lightning.backends import BACKENDS, BatchedBackend, ClientBackend, Clien
 from fl_lightning.backends.context import overrides_default
 from fl_lightning.checkpoints import is_plain
 from fl_lightning.client_store import ClientStateStore, StateDefault, StateSpec, check_folder, run_folder
+from fl_lightning.data_check import check_classes, check_client_takes_data
 from fl_lightning.distributed import all_gather_object, rank_and_world
 from fl_lightning.hooks import Aggregator, FederatedCallback
 from fl_lightning.lightning_compat import (attached_trainer, count_optimizer_step, light_result_moves, log_agreed,
@@ -317,6 +318,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         if refusals:
             raise ValueError(f"client_backend={self.client_backend!r} cannot run {type(self).__name__}: "
                              + "; ".join(refusals))
+        check_classes(self.client, dm)
+        if stage == "fit":
+            check_client_takes_data(self.context)  # the client's step on one batch: an error that names both
         self.backend.configure(self.context, self.clients_per_round)
         dm.work_items_per_round = self.num_work_items()
 

@@ -21,14 +21,15 @@ from tests.test_pool_on_device import MapStyleSynthetic
 
 
 class GatherCount:
-    """Counts the engine's gathers from the pool (``ClientContext.gather``) during training."""
+    """Counts the engine's gathers from the pool (``ClientContext.gather``) during rounds (not the
+    one batch of setup's trial of the client's step)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
         original = ClientContext.gather
 
         def gather(context: ClientContext, indices: torch.Tensor):
-            if context.trainer.training:
+            if context.trainer.training and context.algorithm.round_start is not None:
                 self.calls += 1
             return original(context, indices)
 

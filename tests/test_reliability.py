@@ -16,6 +16,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
 from torch.utils.data import TensorDataset
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO
@@ -464,3 +465,122 @@ def test_a_non_finite_number_is_refused_at_construction(make, message):
     """``lr=nan`` would make every client's update NaN, excluded from its round: the model would never move."""
     with pytest.raises(ValueError, match=message):
         make()
+
+
+class Tensors(FederatedDataModule):
+    """Four clients over given inputs and labels; the number of classes unknown unless given."""
+
+    def __init__(self, x, y, num_classes=None):
+        super().__init__(num_clients=4)
+        self.x, self.y, self.num_classes = x, y, num_classes
+
+    def build_datasets(self):
+        return TensorDataset(self.x, self.y), None
+
+
+INPUTS, LABELS = torch.randn(200, 20, generator=torch.Generator().manual_seed(0)), torch.arange(200) % 10
+#: what the check names: the batch, the model's layers and the way out
+TAKES = (r"the client module LogisticRegression cannot take the data of Tensors: its training_step fails on a batch of "
+         r"client \d's first samples and the samples of the smallest and largest label, holding inputs of shape "
+         r"\[16, 20\] \(float32\), targets of shape \[16\] \({labels}\); its one layer \(net.1\) is "
+         r"Linear\(in_features={inputs}, out_features={outputs}, bias=True\)\. Make the model's input size fit the "
+         r"inputs and its outputs the targets \(a classifier's labels are integer class indices in \[0, number of "
+         r"outputs\)\), or fix the data\. The step raised {raised}")
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+@pytest.mark.parametrize("client, data, message", [
+    (lambda: LogisticRegression(20, 10), lambda: Tensors(INPUTS, LABELS + 3),
+     TAKES.format(labels=r"int64, values in \[3, 12\]", inputs=20, outputs=10,
+                  raised="IndexError: Target 1[0-2] is out")),
+    (lambda: LogisticRegression(20, 10), lambda: Tensors(INPUTS, LABELS - 1),
+     TAKES.format(labels=r"int64, values in \[-1, 8\]", inputs=20, outputs=10, raised="IndexError: Target -1 is out")),
+    (lambda: LogisticRegression(20, 10), lambda: Tensors(INPUTS, LABELS.float()),
+     TAKES.format(labels=r"float32, values in \[0, 9\]", inputs=20, outputs=10,
+                  raised="RuntimeError: expected target")),
+    (lambda: LogisticRegression(20, 5), lambda: Tensors(INPUTS, LABELS),
+     TAKES.format(labels=r"int64, values in \[0, 9\]", inputs=20, outputs=5, raised="IndexError: Target [5-9] is out")),
+    (lambda: LogisticRegression(30, 10), lambda: Tensors(INPUTS, LABELS),
+     TAKES.format(labels=r"int64, values in \[0, 9\]", inputs=30, outputs=10, raised="RuntimeError: mat1 and mat2")),
+    (lambda: LogisticRegression(20, 12), lambda: Tensors(INPUTS, LABELS, num_classes=10),
+     "the client LogisticRegression scores num_classes=12 classes, but Tensors has num_classes=10: give the model "
+     "num_classes=10"),
+])
+def test_data_the_client_cannot_take_is_refused_at_setup_naming_both(client, data, message, backend):
+    """Before any round (max_epochs=0 runs none), on one batch: the largest client's first samples
+    with the pool's smallest and largest label, wherever they are (one sample of label 12 is enough)."""
+    module = FedAvg(client(), clients_per_round=2, local_steps=1, client_backend=backend)
+    dm = data()
+    dm.batch_size = 16
+    with pytest.raises(ValueError, match=message):
+        trainer(0).fit(module, dm)
+
+
+def test_one_bad_label_anywhere_in_the_pool_is_met_by_the_check():
+    labels = LABELS.clone()
+    labels[137] = 10  # a sample of a client other than the largest, past any first batch
+    with pytest.raises(ValueError, match=r"values in \[0, 10\]\).* IndexError: Target 10 is out of bounds"):
+        trainer(0).fit(FedAvg(LogisticRegression(20, 10), clients_per_round=2), Tensors(INPUTS, labels))
+
+
+class Regression(pl.LightningModule):
+    """A linear regression on float targets: setup's check must take its data as its loss does."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(20, 1)
+
+    def training_step(self, batch, batch_idx):
+        return F.mse_loss(self.layer(batch[0]).squeeze(-1), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_regression_client_with_float_targets_passes_the_check():
+    targets = INPUTS.sum(dim=1) - 3.0  # negative and positive floats
+    module = FedAvg(Regression(), clients_per_round=2, local_steps=2)
+    trainer(1).fit(module, Tensors(INPUTS, targets))
+    assert module.current_epoch == 1
+
+
+class Stateful(pl.LightningModule):
+    """Dropout, BatchNorm statistics, a torchmetrics Metric and Python state, all touched by its training_step."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(20, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 10))
+        self.accuracy = MulticlassAccuracy(num_classes=10)
+        self.steps, self.sizes = 0, []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.net(x)
+        self.accuracy.update(logits, y)
+        self.steps += 1
+        self.sizes.append(len(y))
+        return F.cross_entropy(logits, y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_the_setup_check_leaves_no_trace(monkeypatch):
+    """The run is bitwise the one without the check: the model (BatchNorm statistics included), the
+    Metric's state, the module's Python state and the global RNG after the run."""
+
+    def run():
+        module = FedAvg(Stateful(), clients_per_round=3, local_steps=2)
+        torch.manual_seed(1)
+        trainer(2).fit(module, synthetic(4))
+        client = module.client
+        return global_vector(module), client.accuracy.metric_state, (client.steps, client.sizes), torch.get_rng_state()
+
+    checked = run()
+    monkeypatch.setattr("fl_lightning.module.check_client_takes_data", lambda context: None)
+    unchecked = run()
+    assert torch.equal(checked[0], unchecked[0])
+    assert all(torch.equal(checked[1][k], unchecked[1][k]) for k in unchecked[1])
+    assert checked[2] == unchecked[2] and checked[2][0] == 2 * 3 * 2
+    assert torch.equal(checked[3], unchecked[3])

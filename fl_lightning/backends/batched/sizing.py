@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_leaves
 
 from fl_lightning.backends.evaluate import evaluation_setting
 from fl_lightning.backends.stateless import training_loss
-from fl_lightning.lightning_compat import routed_log
+from fl_lightning.backends.trial import largest_client, trial_setting
 
 if TYPE_CHECKING:
     from fl_lightning.backends.context import ClientContext
@@ -167,23 +167,18 @@ def activation_bytes(context: "ClientContext") -> Activations:
       itself included, in eval mode without gradients (:func:`peak_live_bytes`; scaled up where the
       client has fewer samples).
 
-    Random draws are taken from a forked RNG, and the steps' ``self.log`` calls are dropped, so
-    that the run is what it would be without them. ``benchmarks/block_memory.py`` measures both
+    Both run in the setup's trial of the client's steps (:func:`~fl_lightning.backends.trial.trial_setting`),
+    so that the run is what it would be without them. ``benchmarks/block_memory.py`` measures both
     against a block's peak memory."""
     data = context.algorithm.datamodule
-    if not data.train_clients:
+    client_id = largest_client(data)
+    if client_id is None:
         return Activations(0, 0)
-    split = data.client_data(max(data.train_clients, key=data.num_samples), "train")
+    split = data.client_data(client_id, "train")
     batch_size, eval_size = split.step_batch_size, min(data.eval_batch_size, len(split.indices))
-    model = context.global_model
-    # at setup the module's tensors are still on the host while its device (and the batch) is the accelerator
-    tensors = [t.detach().to(context.device, copy=True).requires_grad_(i < model.layout.num_param_tensors)
-               for i, t in enumerate(model.tensors)]
     overridden = type(context.client).validation_step is not pl.LightningModule.validation_step
     hook = "validation_step" if overridden else "training_step"
-    devices = [context.device] if context.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), routed_log(context.client, lambda *args, **kwargs: None), \
-            context.forward_context():
+    with trial_setting(context) as tensors:
         batch = context.gather(split.indices[:batch_size])
         saved = saved_tensor_bytes(lambda: training_loss(context.stateless.training_step(tensors, batch, 0)),
                                    exclude=tensors)
