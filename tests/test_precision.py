@@ -96,3 +96,21 @@ def test_fp16_mixed_on_cuda_scales_local_losses():
     before the algorithm's gradient hook: FedProx's proximal term must see true gradients."""
     fp32 = fedprox_probe(precision="32-true", accelerator="gpu")
     assert_scaled_like_fp32(fedprox_probe(precision="16-mixed", accelerator="gpu"), fp32)
+
+
+def test_on_a_cpu_lightning_runs_16_mixed_as_bf16_mixed_so_the_batched_backend_gets_no_16_mixed_run():
+    """``Trainer(precision="16-mixed")`` on a CPU is Lightning's ``bf16-mixed`` (it says so in a
+    warning) before the engine sees it, on either backend: the batched backend's run is the
+    bf16-mixed one, bit for bit, which it supports (the README says so). A 16-mixed plugin with its
+    GradScaler on a CPU is refused (above)."""
+
+    def run(precision: str) -> tuple[str, torch.Tensor]:
+        module = FedAvg(tiny_client(hidden=(16,)), clients_per_round=4, local_steps=2, client_backend="batched")
+        t = trainer(1, precision=precision)
+        t.fit(module, synthetic(4))
+        return t.precision, global_vector(module)
+
+    with pytest.warns(UserWarning, match=r"precision='16-mixed'\)` but AMP with fp16 is not supported on CPU\. "
+                                         r"Using `precision='bf16-mixed'` instead"):
+        asked = run("16-mixed")
+    assert asked[0] == "bf16-mixed" and torch.equal(asked[1], run("bf16-mixed")[1])
