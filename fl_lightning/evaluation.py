@@ -2,7 +2,8 @@
 
 Between rounds the client module holds the global model, so the federated module's
 ``validation_step``/``test_step``/``predict_step`` are the client's, and the metrics it logs are
-the global model's. Federated evaluation of each client's own model is done by callbacks
+the global model's; on several processes, the whole set's (:mod:`fl_lightning.evaluation_logging`).
+Federated evaluation of each client's own model is done by callbacks
 (:mod:`fl_lightning.callbacks`), through :meth:`ClientEvaluation.evaluate_clients`: the client
 module's own hook on each client's split, by the run's client backend.
 """
@@ -18,7 +19,9 @@ from fl_lightning.backends import ClientBackend, ClientContext
 from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.backends.evaluate import check_evaluation
 from fl_lightning.datamodules.client_data import Split
-from fl_lightning.lightning_compat import log_agreed, set_current_hook
+from fl_lightning.distributed import is_distributed
+from fl_lightning.evaluation_logging import EvaluationLogs, check_no_step_syncs
+from fl_lightning.lightning_compat import log_agreed, routed_log, set_current_hook
 from fl_lightning.update import ClientResult
 from fl_lightning.vectors import ModelVector
 
@@ -34,6 +37,8 @@ class ClientEvaluation(pl.LightningModule):
     client_eval_state: Callable[[int], Optional[Tensor]]
     global_model: ModelVector
     local_steps: Optional[int]
+    #: the client's ``self.log`` calls of the current validation or test epoch on several processes
+    _evaluation_logs: Optional[EvaluationLogs] = None
 
     def train_locally(
         self,
@@ -113,10 +118,12 @@ class ClientEvaluation(pl.LightningModule):
         return self.client(batch[0] if isinstance(batch, (list, tuple)) else batch)
 
     def on_validation_epoch_start(self) -> None:
+        self._start_evaluation_logs("on_validation_epoch_end")
         self._client_hook("on_validation_epoch_start")
 
     def on_validation_epoch_end(self) -> None:
         self._client_hook("on_validation_epoch_end")
+        self._flush_evaluation_logs()
         if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
             self.log_round_step()
 
@@ -131,14 +138,36 @@ class ClientEvaluation(pl.LightningModule):
         log_agreed(self, "epoch", float(self.current_epoch), on_step=False, on_epoch=True, batch_size=1)
 
     def on_test_epoch_start(self) -> None:
+        self._start_evaluation_logs("on_test_epoch_end")
         self._client_hook("on_test_epoch_start")
 
     def on_test_epoch_end(self) -> None:
         self._client_hook("on_test_epoch_end")
+        self._flush_evaluation_logs()
+
+    def _start_evaluation_logs(self, epoch_end: str) -> None:
+        """On several processes, route the client's ``self.log`` in the epoch's hooks to an
+        :class:`~fl_lightning.evaluation_logging.EvaluationLogs`, which logs the whole set's values at
+        the epoch's end (``epoch_end``); in one process the client logs through Lightning as it would alone."""
+        self._evaluation_logs = None
+        if is_distributed():
+            check_no_step_syncs(self.client)
+            self._evaluation_logs = EvaluationLogs(self.client, epoch_end)
+
+    def _flush_evaluation_logs(self) -> None:
+        """Log the epoch's routed values (on every process: a collective) and end the routing."""
+        logs, self._evaluation_logs = self._evaluation_logs, None
+        if logs is not None:
+            logs.flush()
 
     def _client_hook(self, name: str, *args: Any) -> Any:
         set_current_hook(self.client, name)
-        return getattr(self.client, name)(*args)
+        logs = self._evaluation_logs
+        if logs is None:
+            return getattr(self.client, name)(*args)
+        logs.start(args[0] if name.endswith("_step") else None)
+        with routed_log(self.client, logs.log):
+            return getattr(self.client, name)(*args)
 
 
 

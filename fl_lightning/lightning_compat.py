@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
@@ -24,10 +25,13 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.core.optimizer import LightningOptimizer
 from pytorch_lightning.core.saving import _default_map_location, _load_state
-from pytorch_lightning.overrides.distributed import _sync_module_states
+from pytorch_lightning.overrides.distributed import UnrepeatedDistributedSampler, _sync_module_states
 from pytorch_lightning.trainer.connectors.logger_connector import result as lightning_results
-from pytorch_lightning.trainer.connectors.logger_connector.result import _ResultMetric
+from pytorch_lightning.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
+from pytorch_lightning.utilities.data import _update_dataloader
+from pytorch_lightning.utilities.warnings import PossibleUserWarning
 from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: F401  (no public pytree module yet)
 from torchmetrics import Metric
 
@@ -64,6 +68,16 @@ def quiet_progress_bar_notice() -> None:
     logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
     if not any(getattr(f, "__name__", "") == "keep" and f.__module__ == __name__ for f in logger.filters):
         logger.addFilter(keep)
+
+
+#: the start of Lightning's notice that ``trainer.validate``/``trainer.test`` on several processes repeat samples
+PADDING_NOTICE = "Using `DistributedSampler` with the dataloaders."
+
+
+def quiet_padding_notice() -> None:
+    """Drop Lightning's notice that an evaluation on several processes repeats samples to give them
+    equal shards: ``fl_ddp``'s evaluation loaders repeat none (:func:`unpadded_shards`)."""
+    warnings.filterwarnings("ignore", message=PADDING_NOTICE, category=PossibleUserWarning)
 
 
 def attached_trainer(module: pl.LightningModule) -> Optional[pl.Trainer]:
@@ -185,6 +199,29 @@ def results_batch(trainer: pl.Trainer, batch: Optional[Any]) -> Iterator[None]:
         yield
     finally:
         results.batch = saved
+
+
+def dataloader_suffix(trainer: pl.Trainer) -> str:
+    """What Lightning appends now to a name logged with ``add_dataloader_idx=True``: ``/dataloader_idx_N`` in a
+    batch of the evaluation loader ``N`` of several, else nothing."""
+    results = trainer._results
+    index = None if results is None else results.dataloader_idx
+    return "" if index is None else _ResultCollection.DATALOADER_SUFFIX.format(index)
+
+
+def unpadded_shards(dataloader: DataLoader, sampler: DistributedSampler) -> DataLoader:
+    """``dataloader`` rebuilt (its other arguments kept, as Lightning rebuilds a loader to give it a
+    sampler) with the shards of ``sampler`` without padding: process ``r`` of ``N`` gets the samples ``r,
+    r + N, ...`` of the set, each sample once (Lightning's sampler of ``trainer.predict``), where a
+    ``DistributedSampler`` repeats samples to give every process as many."""
+    return _update_dataloader(dataloader, UnrepeatedDistributedSampler(
+        sampler.dataset, num_replicas=sampler.num_replicas, rank=sampler.rank, shuffle=sampler.shuffle,
+        seed=sampler.seed))
+
+
+def is_unpadded(sampler: Sampler) -> bool:
+    """Whether ``sampler`` is the sampler of :func:`unpadded_shards` (or of Lightning's ``trainer.predict``)."""
+    return isinstance(sampler, UnrepeatedDistributedSampler)
 
 
 @contextmanager

@@ -4,6 +4,7 @@ exercised against the installed Lightning: an upgrade that changes one fails her
 from __future__ import annotations
 
 import importlib
+import warnings
 
 import pytorch_lightning as pl
 import pytest
@@ -11,8 +12,10 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from pytorch_lightning.trainer.connectors.logger_connector import result as lightning_results
+from pytorch_lightning.utilities import rank_zero_warn
 from pytorch_lightning.utilities.warnings import PossibleUserWarning
 from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.checkpoints import load_checkpoint
@@ -24,12 +27,15 @@ from fl_lightning.lightning_compat import (
     batch_norm_layers,
     build_from_checkpoint,
     current_hook,
+    dataloader_suffix,
     default_map_location,
     dump_checkpoint,
+    is_unpadded,
     light_result_moves,
     lightning_log,
     log_agreed,
     lightning_module_attributes,
+    quiet_padding_notice,
     raw_optimizer,
     results_batch,
     routed_log,
@@ -37,7 +43,9 @@ from fl_lightning.lightning_compat import (
     sync_module_states,
     tree_flatten,
     tree_unflatten,
+    unpadded_shards,
 )
+from fl_lightning.models import LogisticRegression
 from tests import two_processes
 from tests.helpers import synthetic, tiny_client, trainer
 
@@ -171,6 +179,44 @@ def test_set_current_hook_and_attached_trainer():
     module = FedAvg(client, clients_per_round=2, local_steps=1)
     t.fit(module, synthetic(4))
     assert attached_trainer(module) is t
+
+
+def test_dataloader_suffix_names_the_evaluation_loader_of_several():
+    """What Lightning appends to a logged name: ``/dataloader_idx_N`` with several evaluation loaders only."""
+    seen: dict[int, set[str]] = {}
+
+    class Probe(pl.Callback):
+        def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+            seen.setdefault(len(trainer.num_val_batches), set()).add(dataloader_suffix(trainer))
+
+    class Evaluated(LogisticRegression):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            return super().validation_step(batch, batch_idx)
+
+    data = DataLoader(TensorDataset(torch.randn(4, 20), torch.randint(0, 10, (4,))), batch_size=2)
+    for loaders in ([data], [data, data]):
+        trainer(1, callbacks=[Probe()]).validate(Evaluated(in_features=20, num_classes=10), dataloaders=loaders,
+                                                 verbose=False)
+    assert seen == {1: {""}, 2: {"/dataloader_idx_0", "/dataloader_idx_1"}}
+
+
+def test_unpadded_shards_hold_each_sample_once_and_the_padding_notice_is_dropped():
+    dataset = TensorDataset(torch.arange(5))
+    shards = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=False)
+        assert len(sampler) == 3 and not is_unpadded(sampler)  # Lightning's: 3 + 3 samples, one of them twice
+        loader = unpadded_shards(DataLoader(dataset, batch_size=2, sampler=sampler), sampler)
+        assert is_unpadded(loader.sampler) and loader.batch_size == 2
+        shards.append([int(i) for (batch,) in loader for i in batch])
+    assert shards == [[0, 2, 4], [1, 3]]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_padding_notice()
+        rank_zero_warn("Using `DistributedSampler` with the dataloaders. During `trainer.validate()`, ...",
+                       category=PossibleUserWarning)
+        rank_zero_warn("another notice", category=PossibleUserWarning)
+    assert [str(w.message) for w in caught] == ["another notice"]
 
 
 def test_the_overridden_private_methods_exist():
