@@ -8,9 +8,10 @@ the engine routes the client's calls here instead: each name's values are accumu
 by batch size, and logged once per round, through Lightning's own ``self.log`` with the options
 of the client's call (``on_step``, ``on_epoch``, ``prog_bar``, ``sync_dist``...). The logged
 value is the batch-size-weighted mean over this process's local steps of the round, which is
-what Lightning's ``on_epoch`` mean would have given; with ``sync_dist=True``, over every process's
-local steps (:meth:`LocalLogBuffer.flush`). Calls that are not a mean of scalars (a
-torchmetrics ``Metric``, another ``reduce_fx``, a non-scalar value) go to Lightning unbuffered.
+what Lightning's ``on_epoch`` mean would have given; on several processes, over every process's
+local steps, what one process logs, with ``sync_dist=True`` or without (:meth:`LocalLogBuffer.flush`).
+Calls that are not a mean of scalars (a torchmetrics ``Metric``, another ``reduce_fx``, a non-scalar
+value) go to Lightning unbuffered.
 """
 
 from __future__ import annotations
@@ -81,12 +82,11 @@ class LocalLogBuffer:
             entry.weight += weight
 
     def synced(self) -> dict[str, tuple[float, int, dict[str, Any]]]:
-        """The names logged with ``sync_dist=True``: ``{name: (weighted sum, weight, options)}``, for
-        the caller to gather across processes and hand to :meth:`flush` (reads each sum once)."""
+        """The buffered names: ``{name: (weighted sum, weight, options)}``, for the caller to gather
+        across processes and hand to :meth:`flush` (reads each sum once)."""
         return {
             name: (float(entry.total), entry.weight, {k: v for k, v in entry.options.items() if k != "sync_dist_group"})
             for name, entry in self._entries.items()
-            if entry.options.get("sync_dist")
         }
 
     def flush(self, synced: Optional[Sequence[dict[str, tuple[float, int, dict[str, Any]]]]] = None) -> None:
@@ -96,12 +96,12 @@ class LocalLogBuffer:
         reaches the loggers every round, whatever ``log_every_n_steps`` is, under the name the
         client gave it), with the call's other options.
 
-        ``synced``: every process's :meth:`synced`, gathered. The names logged with ``sync_dist=True``
-        are then logged on every process (also one whose clients logged none this round) as the mean
-        over all processes' values, weighted by their sample counts, instead of through Lightning's
-        own sync, whose mean floors the processes' mean sample count where they differ, as the
-        clients' sizes do (Lightning-AI/pytorch-lightning#21859: two processes of 3 and 2 clients
-        logged 0.80 for 0.64).
+        ``synced``: every process's :meth:`synced`, gathered. Each name is then logged on every process
+        (also one whose clients logged none this round) as the mean over all processes' values, weighted
+        by their sample counts: the value of one process running all the round's clients, whether the
+        call asked for ``sync_dist`` or not. Lightning's own sync would floor the processes' mean sample
+        count where they differ, as the clients' sizes do (Lightning-AI/pytorch-lightning#21859: two
+        processes of 3 and 2 clients logged 0.80 for 0.64).
         """
         entries, self._entries = self._entries, {}
         merged: dict[str, tuple[float, int, dict[str, Any]]] = {}
