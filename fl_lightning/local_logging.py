@@ -10,15 +10,17 @@ of the client's call (``on_step``, ``on_epoch``, ``prog_bar``, ``sync_dist``...)
 value is the batch-size-weighted mean over this process's local steps of the round, which is
 what Lightning's ``on_epoch`` mean would have given; on several processes, over every process's
 local steps, what one process logs, with ``sync_dist=True`` or without (:meth:`LocalLogBuffer.flush`).
-Calls that are not a mean of scalars (a torchmetrics ``Metric``, another ``reduce_fx``, a non-scalar
-value) go to Lightning unbuffered.
+The steps of a client whose update the round excludes (NaN or Inf) are left out
+(:meth:`LocalLogBuffer.drop`), as they are of ``round/client_loss``. Calls that are not a mean of
+scalars (a torchmetrics ``Metric``, another ``reduce_fx``, a non-scalar value) go to Lightning
+unbuffered, as they are made: those of an excluded client stay in.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Collection, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -31,26 +33,36 @@ from fl_lightning.lightning_compat import current_hook, lightning_log, log_agree
 _LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
 
 
+#: one add of values to a name: one client's sum of values times their batch sizes (0-dim) or one such sum
+#: per client of a block (1-dim), the samples behind each client's sum, and the clients
+_Part = tuple[Tensor, int, Sequence[Optional[int]]]
+
+
 @dataclass
 class _Entry:
-    """One logged name: the weighted sum of its values, their total weight, the call's options."""
+    """One logged name: the weighted sum of its values, their total weight, the call's options, and
+    each add of values (:data:`_Part`), to take a client's values out again (:meth:`LocalLogBuffer.drop`)."""
 
     total: Tensor
     weight: int
     options: dict[str, Any] = field(default_factory=dict)
+    parts: list[_Part] = field(default_factory=list)
 
 
 class LocalLogBuffer:
     """Collects a client module's ``self.log`` calls of one round and logs each name once.
 
     Install :meth:`log` as the client's ``log`` for its local training, set :attr:`batch` to
-    the batch of each local step (to infer batch sizes as Lightning does), and call
-    :meth:`flush` once per round, inside the federated module's ``training_step``.
+    the batch of each local step (to infer batch sizes as Lightning does) and :attr:`client_id` to
+    the client whose local work is in progress, and call :meth:`flush` once per round, inside the
+    federated module's ``training_step`` (after :meth:`drop` of the clients the round excluded).
     """
 
     def __init__(self) -> None:
         #: the batch of the current local step, for the batch size of calls that give none
         self.batch: Optional[Any] = None
+        #: the client whose local work logs now (its values leave with it, :meth:`drop`)
+        self.client_id: Optional[int] = None
         self._entries: dict[str, _Entry] = {}
         self._client: Optional[pl.LightningModule] = None
 
@@ -68,18 +80,48 @@ class LocalLogBuffer:
         batch_size = options.pop("batch_size", None)
         if batch_size is None:
             batch_size = extract_batch_size(self.batch) if self.batch is not None else 1
-        value = torch.as_tensor(value).detach().float().reshape(())
-        self.add(name, value * batch_size, int(batch_size), options)
+        value = torch.as_tensor(value).detach().float().reshape(()) * batch_size
+        self._add(name, value, int(batch_size), options, (value, int(batch_size), (self.client_id,)))
 
-    def add(self, name: str, total: Tensor, weight: int, options: dict[str, Any]) -> None:
-        """Add ``total`` (a sum of values times their batch sizes) over ``weight`` samples to
-        ``name``'s mean (the batched backend adds a whole block's values at once)."""
+    def add(self, name: str, total: Tensor, weight: int, options: dict[str, Any],
+            clients: Sequence[Optional[int]]) -> None:
+        """Add ``total`` to ``name``'s mean: the sum of a client's values times their batch sizes, over
+        ``weight`` samples (0-dim; ``clients`` names the client), or one such sum per client of a block,
+        each over ``weight`` samples (1-dim, a row per client of ``clients``: the batched backend adds a
+        whole block's values at once)."""
+        part = (total, weight, clients)
+        if total.dim():
+            self._add(name, total.sum(), weight * len(clients), options, part)
+        else:
+            self._add(name, total, weight, options, part)
+
+    def _add(self, name: str, total: Tensor, weight: int, options: dict[str, Any], part: _Part) -> None:
+        """Add ``total`` over ``weight`` samples to ``name``'s weighted sum, and ``part`` to its adds."""
         entry = self._entries.get(name)
         if entry is None:
-            self._entries[name] = _Entry(total, weight, dict(options))
+            self._entries[name] = _Entry(total, weight, dict(options), [part])
         else:
             entry.total = entry.total + total
             entry.weight += weight
+            entry.parts.append(part)
+
+    def drop(self, clients: Collection[int]) -> None:
+        """Leave out every value ``clients`` logged this round (the round excluded their updates): each
+        name's sum is added up again from the other clients' values, in the order they were logged."""
+        if not clients:
+            return
+        excluded: set[Optional[int]] = set(clients)
+        for name, entry in list(self._entries.items()):
+            if not any(c in excluded for _, _, owners in entry.parts for c in owners):
+                continue
+            del self._entries[name]
+            for total, weight, owners in entry.parts:
+                keep = [i for i, c in enumerate(owners) if c not in excluded]
+                if len(keep) == len(owners):
+                    self.add(name, total, weight, entry.options, owners)
+                elif keep:  # some rows of a block's values
+                    rows = total.index_select(0, torch.tensor(keep, device=total.device))
+                    self.add(name, rows, weight, entry.options, [owners[i] for i in keep])
 
     def synced(self) -> dict[str, tuple[float, int, dict[str, Any]]]:
         """The buffered names: ``{name: (weighted sum, weight, options)}``, for the caller to gather

@@ -446,7 +446,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         """Drop non-finite updates, store the kept clients' state, aggregate, update the server,
         step the local LR schedule, log ``round/excluded`` (updates left out for NaN/Inf),
         ``round/client_loss`` (mean local loss) and the algorithm's other :attr:`round_metrics`, the
-        clients' own buffered logs, call
+        clients' own buffered logs (those of the kept clients), call
         ``on_round_end``."""
         updates = sorted(self._updates, key=lambda u: u.client_id)
         read_metrics(updates)
@@ -455,6 +455,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         finite = finite_flags([[*u.tensors.values(), *(self._pending_state.get(u.client_id) or {}).values()]
                                for u in updates])  # one device sync for the round's updates
         kept = [u for u, ok in zip(updates, finite) if ok or self._exclude(u)]
+        self.context.logs.drop(self._excluded)
         for u in kept:
             for name, value in (self._pending_state.get(u.client_id) or {}).items():
                 self.store.set(u.client_id, name, value, version=self.current_epoch)

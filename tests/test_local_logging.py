@@ -3,6 +3,8 @@ batch-size-weighted mean, with the options of the client's call."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -10,8 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fl_lightning.algorithms import FedAvg
+from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.local_logging import LocalLogBuffer
-from tests.helpers import synthetic, trainer
+from tests.helpers import synthetic, tiny_client, trainer
 
 
 class LoggingClient(pl.LightningModule):
@@ -70,6 +73,55 @@ def test_other_reductions_pass_through_unbuffered(fitted):
     steps = len(client.history)
     assert calls.count("user_max") == steps  # one Lightning call per local step
     assert calls.count("user_loss") == 2 and calls.count("user_step_value") == 2  # one per round
+
+
+class NaNBatches(FederatedCallback):
+    """The local batches of each round's first client hold NaN features: its losses and its update
+    are NaN, and the round excludes it."""
+
+    def on_local_batch(self, trainer, module, client_id, batch):
+        return (batch[0] * float("nan"), batch[1]) if client_id == module.round_clients[0] else batch
+
+
+def test_the_steps_of_an_excluded_client_are_left_out_of_the_client_logs():
+    client = LoggingClient()
+    t = trainer(2, callbacks=[NaNBatches()])
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        t.fit(FedAvg(client, clients_per_round=3, local_steps=4), synthetic(6, batch_size=7))
+    last = [(loss, n) for epoch, loss, n in client.history if epoch == 1]
+    kept = [(loss, n) for loss, n in last if not math.isnan(loss)]
+    assert len(last) == 3 * 4 and len(kept) == 2 * 4  # the excluded client's 4 steps are NaN
+    expected = sum(x * n for x, n in kept) / sum(n for _, n in kept)
+    assert float(t.callback_metrics["user_loss"]) == pytest.approx(expected, rel=1e-6)
+    assert float(t.callback_metrics["round/excluded"]) == 1.0
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+def test_the_logged_loss_of_the_kept_clients_is_their_mean_loss(backend):
+    """Every batch of 4 samples: the clients' logged ``train_loss`` (the mean over their steps) is the
+    engine's ``round/client_loss`` (the mean over the kept clients of their mean step loss)."""
+    t = trainer(2, callbacks=[NaNBatches()])
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        t.fit(FedAvg(tiny_client(), clients_per_round=3, local_steps=3, client_backend=backend, clients_per_block=2),
+              synthetic(6, batch_size=4))
+    assert float(t.callback_metrics["round/excluded"]) == 1.0
+    assert float(t.callback_metrics["train_loss"]) == pytest.approx(float(t.callback_metrics["round/client_loss"]),
+                                                                    rel=1e-5)
+
+
+def test_drop_leaves_out_every_value_of_the_given_clients():
+    buffer = LocalLogBuffer()
+    buffer.client_id = 3
+    buffer.log("x", 1.0, batch_size=2)  # client 3's step
+    buffer.add("x", torch.tensor([4.0, 10.0, 30.0]), 2, {}, (5, 3, 7))  # a block's step: clients 5, 3 and 7
+    buffer.client_id = 7
+    buffer.log("y", 8.0, batch_size=1)
+    buffer.client_id = 5
+    buffer.log("x", 0.5, batch_size=4)
+    buffer.drop([3, 7])
+    assert set(buffer._entries) == {"x"}
+    entry = buffer._entries["x"]
+    assert float(entry.total) == 4.0 + 0.5 * 4 and entry.weight == 2 + 4
 
 
 def test_buffer_requires_a_client():

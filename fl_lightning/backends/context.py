@@ -329,6 +329,7 @@ class ClientContext:
         if self._integer_buffers is None or not training:
             self._integer_buffers = [b for b in client.buffers() if not b.is_floating_point()]
         counters = [(b, b.clone()) for b in self._integer_buffers]
+        logging_client, self.logs.client_id = self.logs.client_id, client_id
         with ExitStack() as stack:
             reseed = stack.enter_context(keyed_rngs(self.algorithm.seed, "client", client_id, *keys,
                                                     device=self.device))
@@ -345,7 +346,7 @@ class ClientContext:
             finally:
                 if not was_training:
                     client.eval()
-                self.logs.batch = None
+                self.logs.batch, self.logs.client_id = None, logging_client
                 with torch.no_grad():
                     for buffer, value in counters:
                         buffer.copy_(value)

@@ -49,8 +49,11 @@ class Block:
         self.outputs: list[tuple[Optional[list[int]], dict[str, Tensor]]] = []
         #: whether the client module's Python state was checked in this block (at its first step)
         self.checked = False
-        #: the steps' ``self.log`` values (name, total, samples, options), handed to the round once the block is done
-        self.logs: list[tuple[str, Tensor, int, dict[str, Any]]] = []
+        #: the runs' clients, in block order (whose values a step's ``self.log`` gives, row by row)
+        self.client_ids = tuple(run.client_id for run in runs)
+        #: the steps' ``self.log`` values (name, each client's total, samples per client, options, the clients),
+        #: handed to the round once the block is done
+        self.logs: list[tuple[str, Tensor, int, dict[str, Any], tuple[int, ...]]] = []
         #: steps every client of the block took that the runs' ``steps_taken`` do not count yet
         self._steps_of_all = 0
 
@@ -89,8 +92,8 @@ class Block:
 
     def flush_logs(self, context: ClientContext) -> None:
         """Hand the round the steps' ``self.log`` values, in the order the steps logged them."""
-        for name, total, samples, options in self.logs:
-            context.logs.add(name, total, samples, options)
+        for name, totals, samples, options, clients in self.logs:
+            context.logs.add(name, totals, samples, options, clients)
         self.logs = []
 
     def default_uploads(self) -> Optional[dict[int, dict[str, Tensor]]]:
@@ -605,10 +608,11 @@ class BatchedBackend(ClientBackend[Block]):
             ) from error
         if guard is not None:
             guard.check()
-        clients = len(group.members)
-        for name, total in logs.items():
-            size = side["sizes"][name]
-            block.logs.append((name, total.sum(), size * clients, side["options"].get(name, {})))
+        if logs:  # a total per client of the group (its members in block order: all of them at most steps)
+            ids = block.client_ids
+            clients = ids if len(group.members) == len(ids) else tuple(ids[i] for i in group.members)
+            for name, totals in logs.items():
+                block.logs.append((name, totals, side["sizes"][name], side["options"].get(name, {}), clients))
         return new_tensors, side["spec"], side["static"], outputs
 
     def _vectorize(self, *args: Any) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor]]:

@@ -139,7 +139,7 @@ class FunctionalRun(ClientRun):
         """Hand the round the client's ``self.log`` values of this run's eager work (``client_init``,
         ``client_final``: a full-gradient pass, say), as the sequential backend counts them."""
         for name, total in self.logs.items():
-            self.context.logs.add(name, total, self.log_sizes[name], self.log_options.get(name, {}))
+            self.context.logs.add(name, total, self.log_sizes[name], self.log_options.get(name, {}), (self.client_id,))
         self.logs, self.log_sizes = {}, {}
 
     def _collector(self, logs: dict[str, Tensor], sizes: dict[str, int], batch: Any) -> Callable[..., None]:
