@@ -186,6 +186,19 @@ def log_agreed(module: pl.LightningModule, name: str, value: Any, *args: Any, **
     lightning_log(module, name, value, *args, **kwargs)
 
 
+def unlogged_training_metrics(trainer: pl.Trainer) -> set[str]:
+    """The names of training metrics logged in an earlier epoch but not in the current one, whose
+    earlier values ``trainer.callback_metrics`` still holds (Lightning keeps a metric's last value
+    until it is logged again). Meant for ``on_train_epoch_end``: the training loop's results are reset
+    after it, and a result not logged since the last reset is marked so (``has_reset``)."""
+    stale: set[str] = set()
+    fresh: set[str] = set()
+    for result in trainer.fit_loop.epoch_loop._results.values():
+        meta = result.meta
+        (stale if result.has_reset else fresh).update({meta.name, meta.forked_name(True), meta.forked_name(False)})
+    return stale - fresh
+
+
 @contextmanager
 def results_batch(trainer: pl.Trainer, batch: Optional[Any]) -> Iterator[None]:
     """Make ``batch`` the batch Lightning infers logged batch sizes from, for the block."""

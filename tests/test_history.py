@@ -70,6 +70,28 @@ def test_history_has_a_row_per_round_with_fresh_metrics_only(tmp_path, capsys):
                                f"{record.validated[best]:.4g}", str(best)]
 
 
+class PoisonEveryUpdateOfRound2(FederatedCallback):
+    """Turns every update of round 2 into NaN: the round keeps none."""
+
+    def on_client_update(self, trainer, module, update):
+        if module.current_epoch == 1:
+            update.tensors = {name: t * float("nan") for name, t in update.tensors.items()}
+        return update
+
+
+def test_a_round_that_keeps_no_update_repeats_no_client_figure(tmp_path):
+    history = RoundHistory(dirpath=str(tmp_path), summary=False, json_every_s=0)
+    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+        trainer(3, callbacks=[PoisonEveryUpdateOfRound2(), history]).fit(
+            FedAvg(tiny_client(), clients_per_round=3, local_steps=2, seed=1), synthetic(6))
+    rows = read_history(tmp_path)
+    assert [(r["updates"], r["round/excluded"]) for r in rows] == [(3, 0.0), (0, 3.0), (3, 0.0)]
+    figures = ("round/client_loss", "train_loss")  # the engine's mean local loss, the client module's own
+    assert [[name in r for name in figures] for r in rows] == [[True, True], [False, False], [True, True]]
+    with open(tmp_path / "history.csv", newline="") as f:
+        assert [line[name] for line in csv.DictReader(f) for name in figures][2:4] == ["", ""]
+
+
 def test_partition_file_holds_every_clients_label_counts(tmp_path):
     dm = synthetic(6)
     history = RoundHistory(dirpath=str(tmp_path), summary=False)

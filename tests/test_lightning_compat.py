@@ -43,6 +43,7 @@ from fl_lightning.lightning_compat import (
     sync_module_states,
     tree_flatten,
     tree_unflatten,
+    unlogged_training_metrics,
     unpadded_shards,
 )
 from fl_lightning.models import LogisticRegression
@@ -96,6 +97,30 @@ def test_results_batch_and_lightning_log_inside_a_training_step():
     t = trainer(1, callbacks=[probe])
     t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
     assert probe.ran and float(t.callback_metrics["probe"]) == 3.0
+
+
+class _LogsInTheFirstRoundOnly(pl.Callback):
+    """Logs one name every round and one (on step and epoch) in the first round only; notes, as each
+    round ends, which training metrics were not logged in it."""
+
+    def __init__(self) -> None:
+        self.unlogged: list[set[str]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        pl_module.log("every_round", 1.0, on_step=False, on_epoch=True, batch_size=1)
+        if trainer.current_epoch == 0:
+            pl_module.log("first_round", 2.0, on_step=True, on_epoch=True, batch_size=1)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.unlogged.append(unlogged_training_metrics(trainer))
+
+
+def test_unlogged_training_metrics_are_those_logged_in_an_earlier_round_only():
+    probe = _LogsInTheFirstRoundOnly()
+    t = trainer(2, callbacks=[probe])
+    t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    assert probe.unlogged == [set(), {"first_round", "first_round_step", "first_round_epoch"}]
+    assert "first_round" in t.callback_metrics  # the value Lightning keeps from the first round
 
 
 class _LogsTwo(pl.Callback):

@@ -1,12 +1,13 @@
 """``RoundHistory``: the run's per-round history on disk, and a summary at the end.
 
 After every round the callback adds one row to ``history.csv`` and ``history.json`` in the
-run's log folder: the round (1-based: the loggers' step), the sampled clients, the updates left out for NaN/Inf, the mean
-client loss, and every scalar metric logged for that round (training, validation, client
-metrics). A round costs the same whatever the run's length: its row is appended to
-``history.csv`` (the file is rewritten only when a metric appears for the first time, since the
-header names every column), so a crash keeps the rounds done; ``history.json`` is rewritten at
-most every ``json_every_s`` seconds, and when the fit ends or fails. At the start it writes
+run's log folder: the round (1-based: the loggers' step), the sampled clients, the updates left out
+for NaN/Inf, the mean client loss, and every scalar metric logged for that round (training,
+validation, client metrics); a metric not logged in the round (the client losses of a round that
+kept no update) has no value in its row, not an earlier round's. A round costs the same whatever the run's length: its row is appended to ``history.csv``
+(the file is rewritten only when a metric appears for the first time, since the header names every
+column), so a crash keeps the rounds done; ``history.json`` is rewritten at most every
+``json_every_s`` seconds, and when the fit ends or fails. At the start it writes
 ``partition.json``: every client's label counts (train split) and which clients are held out.
 When the run ends it prints a table of each metric's first, last and best value.
 :func:`read_history` reads the rows back; ``fl-lightning plot RUN_DIR``
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from fl_lightning.callbacks.metric_direction import direction_from_name
 from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.lightning_compat import unlogged_training_metrics
 
 #: metrics that are accounting, not quality: the summary gives no best value for them
 NO_BEST = ("excluded", "epsilon", "noise_multiplier", "byzantine_fraction", "weiszfeld", "num_clients")
@@ -125,8 +127,13 @@ class RoundHistory(FederatedCallback):
         if self._open is None:
             return
         row, self._open = self._open, None
+        # a metric keeps its last value in callback_metrics until it is logged again: a row takes the
+        # validation metrics in the rounds that validated, the training metrics in the rounds that logged them
+        unlogged = unlogged_training_metrics(trainer)
         for name, value in sorted(_scalars(trainer.callback_metrics).items()):
-            if name not in ("step", "epoch") and (self._validated or name not in self._validation_names):
+            if name in ("step", "epoch"):
+                continue
+            if self._validated if name in self._validation_names else name not in unlogged:
                 row[name] = value
         self._validated = False
         row.setdefault("round/excluded", 0.0)
