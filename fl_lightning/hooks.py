@@ -189,7 +189,8 @@ class FederatedCallback(pl.Callback):
     def on_round_end(
         self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Optional[dict[str, Tensor]]
     ) -> None:
-        """Called after the server update; ``aggregate`` is None when the round had no valid update."""
+        """Called after the server update; ``aggregate`` is None when the round had no valid update, or
+        when its result was not finite and the round was refused (the server left as before it)."""
 
 
 class Aggregator(FederatedCallback):

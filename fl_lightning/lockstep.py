@@ -29,6 +29,8 @@ class LockstepModule(FederatedModule):
     lockstep: ClassVar[bool] = True
     #: the server's latest ``server_share`` reply (kept across rounds, checkpointed); None before the first
     shared: Optional[Tensor] = None
+    #: ``shared`` as the round started (put back when the round is refused)
+    _shared_at_start: Optional[Tensor] = None
 
     def client_share(self, run: ClientRun, batch: Any) -> Optional[Tensor]:
         """The value client ``run.client_id`` shares before local step ``run.step_index`` on
@@ -40,6 +42,19 @@ class LockstepModule(FederatedModule):
         """The server's reply to the mean of the shared values; every client reads it as
         ``run.shared`` in its step. Default: the mean."""
         return mean
+
+    def on_train_epoch_start(self) -> None:
+        self._shared_at_start = self.shared  # replaced at each step, never changed in place
+        super().on_train_epoch_start()
+
+    def server_state(self) -> dict[str, Any]:
+        """The server's state (:meth:`FederatedModule.server_state`) and the ``shared`` value the round
+        started from: a refused round's estimate, made of its clients' refused trajectories, is not kept."""
+        return {**super().server_state(), "shared": self._shared_at_start}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        super().load_server_state(state)
+        self.shared = state["shared"]
 
     def setup(self, stage: str) -> None:
         super().setup(stage)

@@ -10,9 +10,11 @@ item (by default one client's whole local update; see :mod:`fl_lightning.backend
     training_step(item)    the backend runs the client protocol for the item's client(s):
                            client_init(run) -> client_step(run, batch) x K -> client_final(run)
                            -> a ClientUpdate, passed through the callbacks and kept
-    last item of a round   drop non-finite updates -> store the kept clients' state -> aggregate
-                           (declared reductions; an Aggregator callback for "aggregator") ->
-                           server_update -> LR schedule step -> callbacks.on_round_end
+    last item of a round   drop non-finite updates -> aggregate (declared reductions; an Aggregator
+                           callback for "aggregator") -> server_update -> check the result: a
+                           non-finite one is refused (the server's state put back), a finite one
+                           taken (the kept clients' state stored) -> LR schedule step ->
+                           callbacks.on_round_end
 
 Between rounds the wrapped client module holds the global model, so validation and test run
 the client's own ``validation_step``/``test_step`` on the global model.
@@ -23,6 +25,7 @@ client (:meth:`add_client_state`) and overrides the hooks: ``docs/engine.md`` ha
 
 from __future__ import annotations
 
+import copy
 import functools
 import warnings
 from typing import Any, Literal, Optional, Sequence
@@ -52,6 +55,8 @@ from fl_lightning.schedules import (
     LocalSchedule, check_lr_drops, epochs_per_round, lr_drop_scheduler, split_optimizer_config,
 )
 from fl_lightning.seeding import sample_clients
+from fl_lightning.server_state import (copy_optimizer_state, copy_tensors, load_optimizer_state, load_tensors,
+                                       own_tensors)
 from fl_lightning.trainer_setup import prepare_trainer
 from fl_lightning.update import (
     ClientUpdate, LinearReduction, Reduction, UpdateSpec, Weighting, finite_flags, read_metrics,
@@ -65,7 +70,8 @@ BackendName = Literal["sequential", "batched"]
 
 
 class NonFiniteUpdateError(RuntimeError):
-    """A client update contained NaN or Inf and the module was configured to stop."""
+    """A client update, or a round's result (its aggregate, the new global model or server state),
+    contained NaN or Inf and the module was configured to stop (``nonfinite_updates="raise"``)."""
 
 
 class FederatedModule(ClientEvaluation, FederatedCheckpointing):
@@ -95,7 +101,10 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             :class:`~fl_lightning.optim.FedAdam`, ``FedYogi``, ``FedAdagrad`` (Reddi et al., 2021).
         nonfinite_updates: what to do with an update holding NaN/Inf: ``"skip"`` excludes it
             from the round and reports it (warning + ``round/excluded`` metric), ``"raise"``
-            stops the run. It is never averaged in.
+            stops the run. It is never averaged in. Finite updates can still combine into a
+            result that is not (a sum that overflows): such a round is refused as a whole, the
+            server left as it was before it (warning + ``round/refused`` metric; see
+            :meth:`finish_round`), or, with ``"raise"``, the run stops in that round.
         seed: the seed of client sampling, of every client's batch order and of the client
             module's own random draws during local work.
         client_backend: who runs the clients' local work: ``"sequential"`` (one client after
@@ -443,11 +452,28 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         self._pending_state[update.client_id] = state
 
     def finish_round(self) -> None:
-        """Drop non-finite updates, store the kept clients' state, aggregate, update the server,
-        step the local LR schedule, log ``round/excluded`` (updates left out for NaN/Inf),
-        ``round/client_loss`` (mean local loss) and the algorithm's other :attr:`round_metrics`, the
-        clients' own buffered logs (those of the kept clients), call
-        ``on_round_end``."""
+        """Drop non-finite updates, aggregate, update the server and check the round's result; take
+        it (store the kept clients' state) or refuse it; step the local LR schedule; log
+        ``round/excluded`` (updates left out for NaN/Inf), ``round/refused`` (1 when the round was
+        refused), ``round/client_loss`` (mean local loss) and the algorithm's other
+        :attr:`round_metrics`, the clients' own buffered logs (those of the kept clients); call
+        ``on_round_end``.
+
+        The result is checked before it is taken: the aggregate, the new global model, the module's
+        other tensors and the server optimizer's state, in one device sync. Finite updates can combine
+        into a result that is not (a sample-weighted sum that overflows fp32, a server step or a second
+        moment out of range): then the round is refused as a whole. The global model and the server's
+        state (:meth:`server_state`: the server optimizer's state, the module's own tensors, an
+        aggregator's state) are put back as they were before the round, the kept clients' new state is
+        not stored, and the round is reported (a warning naming what was not finite, ``round/refused``)
+        or, with ``nonfinite_updates="raise"``, :class:`NonFiniteUpdateError` is raised in that round.
+        Under several processes the processes decide together (one refuses, all do). The round is
+        still a round of the Trainer: the local learning-rate schedule steps, as it does in a round
+        that keeps no update, since it counts rounds (the rate of round ``r`` is the schedule's at
+        ``r``, whatever happened to earlier rounds' results, as a resumed run computes it), and
+        ``on_round_end`` is called with no aggregate; no server step is counted (``trainer.global_step``
+        counts the server updates taken).
+        """
         updates = sorted(self._updates, key=lambda u: u.client_id)
         read_metrics(updates)
         for cb in self._callbacks:
@@ -456,10 +482,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
                                for u in updates])  # one device sync for the round's updates
         kept = [u for u, ok in zip(updates, finite) if ok or self._exclude(u)]
         self.context.logs.drop(self._excluded)
-        for u in kept:
-            for name, value in (self._pending_state.get(u.client_id) or {}).items():
-                self.store.set(u.client_id, name, value, version=self.current_epoch)
-        self.store.sync()
+        saved = self.server_state()
         aggregator = self.aggregator
         combine = None if aggregator is None else functools.partial(aggregator.aggregate, self.trainer, self)
         result, self.round_num_updates = aggregate(kept, self.update_specs, self.aggregator_reduction, combine,
@@ -468,27 +491,40 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             for cb in self._callbacks:
                 result = cb.on_aggregate(self.trainer, self, result)
         self.global_model.load(self.round_start)
+        problems: list[str] = []
         if result is not None:
             self.server_update(result)
-            count_optimizer_step(self.optimizers()[0])
-        else:
-            warnings.warn(f"round {self.current_epoch}: no valid client update; the global model is unchanged")
-        self.local_schedule.step()
-        set_logger_step(self.trainer, self.current_epoch)  # + this last work item = the rounds done
+            problems = self._not_finite(result)
         names = ("loss", *self.round_metrics)
         values = {name: [u.metrics[name] for u in kept if name in u.metrics] for name in names}
         distributed = rank_and_world()[1] > 1
         synced_logs = self.context.logs.synced() if distributed else {}
-        parts = all_gather_object((len(self._excluded), values, synced_logs))
+        parts = all_gather_object((len(self._excluded), values, synced_logs, problems))
+        problems = list(dict.fromkeys(what for *_, part in parts for what in part))  # every process's: one decision
+        if problems:
+            self._refuse(saved, problems)
+            result = None
+        else:
+            for u in kept:
+                for name, value in (self._pending_state.get(u.client_id) or {}).items():
+                    self.store.set(u.client_id, name, value, version=self.current_epoch)
+            if result is not None:
+                count_optimizer_step(self.optimizers()[0])
+            else:
+                warnings.warn(f"round {self.current_epoch}: no valid client update; the global model is unchanged")
+        self.store.sync()
+        self.local_schedule.step()
+        set_logger_step(self.trainer, self.current_epoch)  # + this last work item = the rounds done
         with light_result_moves():  # a self.log call costs a fraction of a fast round otherwise
-            log_agreed(self, "round/excluded", float(sum(n for n, _, _ in parts)), on_step=False, on_epoch=True,
+            log_agreed(self, "round/excluded", float(sum(n for n, _, _, _ in parts)), on_step=False, on_epoch=True,
                        batch_size=1)
+            log_agreed(self, "round/refused", float(bool(problems)), on_step=False, on_epoch=True, batch_size=1)
             for name in names:
-                gathered = [value for _, part, _ in parts for value in part[name]]
+                gathered = [value for _, part, _, _ in parts for value in part[name]]
                 if gathered:
                     log_agreed(self, f"round/client_{name}", sum(gathered) / len(gathered), on_step=False,
                                on_epoch=True, batch_size=1)
-            self.context.logs.flush([logs for _, _, logs in parts] if distributed else None)
+            self.context.logs.flush([logs for _, _, logs, _ in parts] if distributed else None)
             self.log_round_step()
         for cb in self._callbacks:
             cb.on_round_end(self.trainer, self, self.current_epoch, result)
@@ -503,6 +539,53 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         warnings.warn(message + "; it is excluded from the round", RuntimeWarning, stacklevel=3)
         self._excluded.append(update.client_id)
         return False
+
+    def _not_finite(self, aggregate: dict[str, Tensor]) -> list[str]:
+        """What of the round's result holds NaN or Inf, in words: the ``aggregate``'s uploads, the new
+        global model, the module's other floating tensors, the server optimizer's state (one device
+        sync for all of them)."""
+        named = [(f"the aggregate's {name!r}", t) for name, t in aggregate.items()]
+        named += [("the new global model", t) for t in self.global_model.tensors]
+        named += [(f"the server's {name!r}", t) for name, t in own_tensors(self, self.client) if t.is_floating_point()]
+        named += [("the server optimizer's state", t) for entries in self.server_optimizer.state.values()
+                  for t in entries.values() if isinstance(t, Tensor) and t.is_floating_point()]
+        finite = finite_flags([[t] for _, t in named])
+        return list(dict.fromkeys(what for (what, _), ok in zip(named, finite) if not ok))
+
+    def _refuse(self, saved: dict[str, Any], problems: list[str]) -> None:
+        """Put the server back as ``saved`` before the round (and the global model as it started),
+        then raise (``nonfinite_updates="raise"``) or warn that the round is refused for ``problems``."""
+        self.load_server_state(saved)
+        self.global_model.load(self.round_start)
+        listed = problems[0] if len(problems) == 1 else ", ".join(problems[:-1]) + " and " + problems[-1]
+        message = (f"round {self.current_epoch}: {listed} {'is' if len(problems) == 1 else 'are'} not finite; the "
+                   "round is refused: the global model, the server's state and the clients' stored state stay as "
+                   "they were before it")
+        if self.nonfinite_updates == "raise":
+            raise NonFiniteUpdateError(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def server_state(self) -> dict[str, Any]:
+        """A copy of the server's state besides the global model (which :attr:`round_start` holds):
+        the module's own parameters and buffers (not the client module's: server networks, buffers such
+        as SCAFFOLD's control variate), the server optimizer's state and the aggregator callback's
+        ``state_dict``. The round's end takes it before aggregating and gives it back to
+        :meth:`load_server_state` when it refuses the round. An algorithm whose server keeps state of
+        another kind (a Python value, a tensor that is not a buffer) adds it in both methods
+        (:class:`~fl_lightning.lockstep.LockstepModule` adds its ``shared`` value)."""
+        aggregator = self.aggregator
+        return {"tensors": copy_tensors(own_tensors(self, self.client)),
+                "optimizer": copy_optimizer_state(self.server_optimizer),
+                "aggregator": None if aggregator is None else copy.deepcopy(aggregator.state_dict())}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        """Make ``state``, a copy of :meth:`server_state`, the server's state again (it is taken over)."""
+        load_tensors(own_tensors(self, self.client), state["tensors"])
+        load_optimizer_state(self.server_optimizer, state["optimizer"])
+        if state["aggregator"] is not None:
+            aggregator = self.aggregator
+            assert aggregator is not None, "the aggregator of the saved state is gone"
+            aggregator.load_state_dict(state["aggregator"])
 
     @property
     def aggregator(self) -> Optional[Aggregator]:

@@ -306,3 +306,13 @@ def test_the_summary_counts_in_words_one_round_one_client_one_update():
     assert summary_table(one).splitlines()[0] == first_line
     two = [dict(one[0], clients=[4, 7], **{"round/excluded": 0.0}), dict(one[0], round=2, clients=[1, 2])]
     assert summary_table(two).splitlines()[0].startswith("fl_lightning: 2 rounds, 2 clients in the last, 1 update left")
+
+
+def test_the_summary_counts_the_refused_rounds_and_gives_them_no_best():
+    rows = [{"round": r, "clients": [4], "round/client_loss": 0.5, "round/excluded": 0.0, "round/refused": refused}
+            for r, refused in ((1, 0.0), (2, 1.0), (3, 1.0))]
+    lines = summary_table(rows).splitlines()
+    assert lines[0] == ("fl_lightning: 3 rounds, 1 client in the last, 0 updates left out for NaN/Inf, 2 rounds "
+                        "refused (a result not finite)")
+    assert next(line for line in lines if line.startswith("round/refused")).split()[1:] == ["0", "1", "-"]
+    assert "refused" not in summary_table(rows[:1]).splitlines()[0]

@@ -9,7 +9,9 @@ import os
 import shutil
 import signal
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytorch_lightning as pl
@@ -19,16 +21,21 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 from torch.utils.data import TensorDataset
 
-from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO
-from fl_lightning.callbacks import (ClassAccuracy, DifferentialPrivacy, FederatedCallback, LocalFinetuning,
-                                    PersonalizedAccuracy, RoundCheckpoint, SignFlipAttack)
+from fl_lightning import NonFiniteUpdateError
+from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO, PeFLL
+from fl_lightning.callbacks import (CenteredClipping, ClassAccuracy, DifferentialPrivacy, FederatedCallback,
+                                    LocalFinetuning, PersonalizedAccuracy, RoundCheckpoint, RoundHistory, SignFlipAttack)
 from fl_lightning.checkpoints import CheckpointError, add_checksum, load_checkpoint, with_checksum
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import CNN, MLP, LeNet, LogisticRegression, ResNet20
 from fl_lightning.client_store import read_manifest, read_state_file, state_file
-from tests.helpers import global_vector, synthetic, tiny_client, trainer
+from fl_lightning.distributed import rank_and_world
+from fl_lightning.models import LogisticRegression
+from fl_lightning.models.hypernetwork import MLPEmbedding
+from fl_lightning.optim import FedAdam
+from tests.helpers import TWO_PROCESSES, global_vector, synthetic, tiny_client, trainer
 from tests.fresh_python import FreshPython
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -308,6 +315,138 @@ def test_a_checkpoint_with_non_finite_client_state_is_refused(tmp_path):
     torch.save(with_checksum(old_format), tmp_path / "inline.ckpt")
     with pytest.raises(CheckpointError, match=f"the stored entry 'control' of client {cid} holds NaN or Inf"):
         trainer(2).fit(build("SCAFFOLD"), data(), ckpt_path=str(tmp_path / "inline.ckpt"))
+
+
+# ------------------------------------------------------------------ a round whose result is not finite
+#: finite in fp32; the sum of two, or one weighted by a sample count above 1, overflows
+HUGE = 3e38
+
+
+class Overflow(FederatedCallback):
+    """In round ``round_idx``, every entry of the uploads of the round's first ``count`` clients is
+    ``HUGE``: finite, so each update passes the per-update check."""
+
+    def __init__(self, round_idx: int = 1, count: int = 1) -> None:
+        self.round_idx, self.count = round_idx, count
+
+    def on_client_update(self, trainer, module, update):
+        if module.current_epoch == self.round_idx and update.client_id in module.round_clients[: self.count]:
+            update.tensors = {name: torch.full_like(t, HUGE) for name, t in update.tensors.items()}
+        return update
+
+
+class ServerStates(FederatedCallback):
+    """The server's whole state after each round: the module's tensors (the global model, server
+    networks and buffers), the lock-step shared value, the server optimizer's state, the aggregator
+    callback's state and every stored client entry."""
+
+    def __init__(self) -> None:
+        self.after: list[dict[str, Any]] = []
+
+    def on_round_end(self, trainer, module, round_idx, aggregate):
+        state: dict[str, Any] = {f"module/{k}": v.detach().clone() for k, v in module.state_dict().items()}
+        state["shared"] = getattr(module, "shared", None)
+        for i, entries in module.server_optimizer.state_dict()["state"].items():
+            state.update({f"optimizer/{i}/{k}": v.clone() if isinstance(v, torch.Tensor) else v
+                          for k, v in entries.items()})
+        state.update({f"aggregator/{k}": v for k, v in getattr(module.aggregator, "state_dict", dict)().items()})
+        state.update({f"store/{c}/{n}": module.store.get(c, n) for c, n in module.store.entries()})
+        self.after.append(state)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` hold the same values (tensors: dtype, shape and every value)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and torch.equal(a, b))
+    return a == b
+
+
+def tiny_pefll() -> PeFLL:
+    torch.manual_seed(0)
+    embedding = MLPEmbedding(20, 10, 4, hidden=(8,))
+    client = LogisticRegression(in_features=20, num_classes=10, lr=0.1)
+    return PeFLL(client, embedding, hypernetwork_width=8, clients_per_round=3, local_steps=2, descriptor_batch_size=8,
+                 seed=1)
+
+
+#: name -> (the federation, how many huge uploads in round 1, what is not finite): every kind of server state
+REFUSED = {
+    # the sample-weighted sum overflows: the aggregate is Inf
+    "FedAvg": (lambda: FedAvg(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=2, seed=1), 1,
+               "the aggregate's 'delta'"),
+    "FedAvgM": (lambda: FedAvg(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=2, seed=1,
+                               server_momentum=0.9), 1, "the aggregate's 'delta'"),
+    # the uniform means of two huge uploads overflow: the server control variate and the clients' are not advanced
+    "SCAFFOLD": (lambda: SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=2, seed=1), 2,
+                 "the aggregate's 'delta'"),
+    # a finite aggregate (the uniform mean) whose square overflows FedAdam's second moment
+    "FedAdam": (lambda: FedAvg(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=2, seed=1,
+                               server_optimizer=partial(FedAdam, lr=0.01)), 1, "the server optimizer's state"),
+    # a finite aggregate that the server's step takes out of range: the new global model is Inf
+    "FedAvg-server_lr": (lambda: FedAvg(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=2, seed=1,
+                                        weighting="uniform", server_lr=4.0), 1, "the new global model"),
+    # the lock-step shared estimate of the round is not kept
+    "FedDRO": (lambda: FedDRO(tiny_client(hidden=(8,)), KLDRO(lam=2.0), beta=0.5, local_steps=2, clients_per_round=6,
+                              seed=1), 1, "the aggregate's 'delta'"),
+    # server networks and Adam's moments
+    "PeFLL": (tiny_pefll, 2, "the aggregate.s"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_round_whose_result_is_not_finite_is_refused_as_a_whole(name, tmp_path):
+    build, count, what = REFUSED[name]
+    module, states = build(), ServerStates()
+    history = RoundHistory(dirpath=str(tmp_path), summary=False)
+    with pytest.warns(RuntimeWarning, match=rf"round 1: {what}.* not finite; the round is refused"):
+        trainer(3, callbacks=[Overflow(1, count), states, history]).fit(module, synthetic(6))
+    before, refused, after = states.after
+    assert before.keys() == refused.keys()
+    assert [key for key in before if not same(before[key], refused[key])] == []  # the server state of round 0, bitwise
+    assert [row["round/refused"] for row in history.rows] == [0.0, 1.0, 0.0]
+    # the run goes on: round 2 is taken, and moves the server's state
+    assert [key for key in before if key.startswith("module/") and not same(refused[key], after[key])]
+    assert all(torch.isfinite(v).all() for v in after.values() if isinstance(v, torch.Tensor) and v.is_floating_point())
+
+
+def test_a_round_refused_by_a_stateful_aggregator_keeps_its_state(tmp_path):
+    """CenteredClipping's center (the last aggregate) is server state: a refused round leaves it."""
+    module, states = FedAvg(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=2, seed=1, server_lr=4.0), \
+        ServerStates()
+    with pytest.warns(RuntimeWarning, match="round 1: the new global model.* not finite; the round is refused"):
+        trainer(3, callbacks=[Overflow(1, 1), states, CenteredClipping(tau=1e42)]).fit(module, synthetic(6))
+    before, refused, _ = states.after
+    assert "aggregator/center" in before
+    assert [key for key in before if not same(before[key], refused[key])] == []
+
+
+def test_raise_stops_the_run_in_the_round_whose_result_is_not_finite():
+    module, states = FedAvg(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=2, seed=1,
+                            server_momentum=0.9, nonfinite_updates="raise"), ServerStates()
+    t = trainer(3, callbacks=[Overflow(1, 1), states])
+    with pytest.raises(NonFiniteUpdateError, match="round 1: the aggregate's 'delta'.* not finite; the round is"):
+        t.fit(module, synthetic(6))
+    assert t.current_epoch == 1 and len(states.after) == 1
+    assert torch.equal(global_vector(module), torch.cat([states.after[0][f"module/client.{k}"].reshape(-1)
+                                                         for k, _ in module.client.named_parameters()]))
+
+
+class OverflowOnRank1(FederatedCallback):
+    """Makes the aggregate Inf on rank 1 only (an ``on_aggregate`` that breaks its contract, as a
+    reduction that differs between processes would): the ranks must still decide alike."""
+
+    def on_aggregate(self, trainer, module, aggregate):
+        if module.current_epoch == 1 and rank_and_world()[0] == 1:
+            return {name: t * float("inf") for name, t in aggregate.items()}
+        return aggregate
+
+
+def test_every_process_refuses_a_round_that_one_process_finds_not_finite():
+    module = FedAvg(tiny_client(), clients_per_round=4, local_steps=2, seed=1)
+    t = trainer(2, callbacks=[OverflowOnRank1()], devices=2, strategy=TWO_PROCESSES)
+    t.fit(module, synthetic(8))
+    assert float(t.callback_metrics["round/refused"]) == 1.0  # rank 0's, whose own aggregate was finite
 
 
 # ------------------------------------------------------------------ damaged files

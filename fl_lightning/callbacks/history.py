@@ -2,9 +2,10 @@
 
 After every round the callback adds one row to ``history.csv`` and ``history.json`` in the
 run's log folder: the round (1-based: the loggers' step), the sampled clients, the updates left out
-for NaN/Inf, the mean client loss, and every scalar metric logged for that round (training,
-validation, client metrics); a metric not logged in the round (the client losses of a round that
-kept no update) has no value in its row, not an earlier round's. A round costs the same whatever the run's length: its row is appended to ``history.csv``
+for NaN/Inf, whether the round was refused (its result not finite), the mean client loss, and every
+scalar metric logged for that round (training, validation, client metrics); a metric not logged in
+the round (the client losses of a round that kept no update) has no value in its row, not an earlier
+round's. A round costs the same whatever the run's length: its row is appended to ``history.csv``
 (the file is rewritten only when a metric appears for the first time, since the header names every
 column), so a crash keeps the rounds done; ``history.json`` is rewritten at most every
 ``json_every_s`` seconds, and when the fit ends or fails. At the start it writes
@@ -32,7 +33,7 @@ from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import unlogged_training_metrics
 
 #: metrics that are accounting, not quality: the summary gives no best value for them
-NO_BEST = ("excluded", "epsilon", "noise_multiplier", "byzantine_fraction", "weiszfeld", "num_clients")
+NO_BEST = ("excluded", "refused", "epsilon", "noise_multiplier", "byzantine_fraction", "weiszfeld", "num_clients")
 
 
 class RoundHistory(FederatedCallback):
@@ -256,9 +257,11 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     """A table of every metric's first, last and best value over ``rows``, and the best's round."""
     names = sorted({k for row in rows for k, v in row.items() if isinstance(v, float)} - {"updates"})
     excluded = int(sum(row.get("round/excluded", 0.0) for row in rows))
+    refused = int(sum(row.get("round/refused", 0.0) for row in rows))
     width = max([28, *(len(name) for name in names)])
     lines = [f"fl_lightning: {_counted(len(rows), 'round')}, {_counted(len(rows[-1]['clients']), 'client')} in the "
-             f"last, {_counted(excluded, 'update')} left out for NaN/Inf",
+             f"last, {_counted(excluded, 'update')} left out for NaN/Inf"
+             + (f", {_counted(refused, 'round')} refused (a result not finite)" if refused else ""),
              f"{'metric':<{width}} {'first':>10} {'last':>10} {'best':>10}  round"]
     for name in names:
         series = [(row["round"], row[name]) for row in rows if name in row and not math.isnan(row[name])]
