@@ -256,6 +256,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         self._updates: list[ClientUpdate] = []
         self._pending_state: dict[int, Optional[dict[str, Tensor]]] = {}
         self._excluded: list[int] = []
+        #: whether a round was refused: ``round/refused`` is logged in every round from the first refused one on
+        self._refused_a_round = False
         self._callbacks: list[FederatedCallback] = []
         #: the engine's services for the clients' local work, which backends use
         self.context = ClientContext(self)
@@ -454,10 +456,12 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     def finish_round(self) -> None:
         """Drop non-finite updates, aggregate, update the server and check the round's result; take
         it (store the kept clients' state) or refuse it; step the local LR schedule; log
-        ``round/excluded`` (updates left out for NaN/Inf), ``round/refused`` (1 when the round was
-        refused), ``round/client_loss`` (mean local loss) and the algorithm's other
-        :attr:`round_metrics`, the clients' own buffered logs (those of the kept clients); call
-        ``on_round_end``.
+        ``round/excluded`` (updates left out for NaN/Inf), ``round/refused`` (1 in a refused round, 0 in
+        every later one; not logged before the first, since a metric logged every round costs about a
+        thousand Python calls a round in Lightning, for a value that is 0 in all but broken runs;
+        ``RoundHistory`` writes 0 in the rounds without it), ``round/client_loss`` (mean local loss)
+        and the algorithm's other :attr:`round_metrics`, the clients' own buffered logs (those of the
+        kept clients); call ``on_round_end``.
 
         The result is checked before it is taken: the aggregate, the new global model, the module's
         other tensors and the server optimizer's state, in one device sync. Finite updates can combine
@@ -502,6 +506,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         parts = all_gather_object((len(self._excluded), values, synced_logs, problems))
         problems = list(dict.fromkeys(what for *_, part in parts for what in part))  # every process's: one decision
         if problems:
+            self._refused_a_round = True
             self._refuse(saved, problems)
             result = None
         else:
@@ -518,7 +523,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         with light_result_moves():  # a self.log call costs a fraction of a fast round otherwise
             log_agreed(self, "round/excluded", float(sum(n for n, _, _, _ in parts)), on_step=False, on_epoch=True,
                        batch_size=1)
-            log_agreed(self, "round/refused", float(bool(problems)), on_step=False, on_epoch=True, batch_size=1)
+            if self._refused_a_round:  # decided alike on every process
+                log_agreed(self, "round/refused", float(bool(problems)), on_step=False, on_epoch=True, batch_size=1)
             for name in names:
                 gathered = [value for _, part, _, _ in parts for value in part[name]]
                 if gathered:

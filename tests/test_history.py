@@ -81,11 +81,13 @@ class PoisonEveryUpdateOfRound2(FederatedCallback):
 
 def test_a_round_that_keeps_no_update_repeats_no_client_figure(tmp_path):
     history = RoundHistory(dirpath=str(tmp_path), summary=False, json_every_s=0)
+    t = trainer(3, callbacks=[PoisonEveryUpdateOfRound2(), history])
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        trainer(3, callbacks=[PoisonEveryUpdateOfRound2(), history]).fit(
-            FedAvg(tiny_client(), clients_per_round=3, local_steps=2, seed=1), synthetic(6))
+        t.fit(FedAvg(tiny_client(), clients_per_round=3, local_steps=2, seed=1), synthetic(6))
     rows = read_history(tmp_path)
-    assert [(r["updates"], r["round/excluded"]) for r in rows] == [(3, 0.0), (0, 3.0), (3, 0.0)]
+    assert [(r["updates"], r["round/excluded"], r["round/refused"]) for r in rows] == [
+        (3, 0.0, 0.0), (0, 3.0, 0.0), (3, 0.0, 0.0)]
+    assert "round/refused" not in t.callback_metrics  # logged from a fit's first refused round on only
     figures = ("round/client_loss", "train_loss")  # the engine's mean local loss, the client module's own
     assert [[name in r for name in figures] for r in rows] == [[True, True], [False, False], [True, True]]
     with open(tmp_path / "history.csv", newline="") as f:

@@ -399,12 +399,14 @@ def test_a_round_whose_result_is_not_finite_is_refused_as_a_whole(name, tmp_path
     build, count, what = REFUSED[name]
     module, states = build(), ServerStates()
     history = RoundHistory(dirpath=str(tmp_path), summary=False)
+    t = trainer(3, callbacks=[Overflow(1, count), states, history])
     with pytest.warns(RuntimeWarning, match=rf"round 1: {what}.* not finite; the round is refused"):
-        trainer(3, callbacks=[Overflow(1, count), states, history]).fit(module, synthetic(6))
+        t.fit(module, synthetic(6))
     before, refused, after = states.after
     assert before.keys() == refused.keys()
     assert [key for key in before if not same(before[key], refused[key])] == []  # the server state of round 0, bitwise
     assert [row["round/refused"] for row in history.rows] == [0.0, 1.0, 0.0]
+    assert float(t.callback_metrics["round/refused"]) == 0.0  # logged in the rounds after a refused one
     # the run goes on: round 2 is taken, and moves the server's state
     assert [key for key in before if key.startswith("module/") and not same(refused[key], after[key])]
     assert all(torch.isfinite(v).all() for v in after.values() if isinstance(v, torch.Tensor) and v.is_floating_point())

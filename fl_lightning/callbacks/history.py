@@ -32,6 +32,9 @@ from fl_lightning.callbacks.metric_direction import direction_from_name
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import unlogged_training_metrics
 
+#: the accounting metrics every row holds, with their values in a round that did not log them
+#: (``round/refused`` is logged from a fit's first refused round on)
+ROW_DEFAULTS = {"round/excluded": 0.0, "round/refused": 0.0}
 #: metrics that are accounting, not quality: the summary gives no best value for them
 NO_BEST = ("excluded", "refused", "epsilon", "noise_multiplier", "byzantine_fraction", "weiszfeld", "num_clients")
 
@@ -131,13 +134,11 @@ class RoundHistory(FederatedCallback):
         # a metric keeps its last value in callback_metrics until it is logged again: a row takes the
         # validation metrics in the rounds that validated, the training metrics in the rounds that logged them
         unlogged = unlogged_training_metrics(trainer)
-        for name, value in sorted(_scalars(trainer.callback_metrics).items()):
-            if name in ("step", "epoch"):
-                continue
-            if self._validated if name in self._validation_names else name not in unlogged:
-                row[name] = value
+        logged = {name: value for name, value in _scalars(trainer.callback_metrics).items()
+                  if name not in ("step", "epoch")
+                  and (self._validated if name in self._validation_names else name not in unlogged)}
+        row.update(sorted({**ROW_DEFAULTS, **logged}.items()))
         self._validated = False
-        row.setdefault("round/excluded", 0.0)
         self.rows.append(row)
         self._row_texts.append(json.dumps(row))
         if trainer.is_global_zero:
