@@ -99,3 +99,25 @@ def test_the_experiments_extra_installs_what_the_reports_import_and_the_test_ext
     extras = tomllib.loads((DOCS.parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {re.split("[<>=]", r)[0] for r in extras["experiments"]} == {"scipy", "matplotlib"}
     assert set(extras["experiments"]) <= set(extras["test"])
+
+
+def test_compare_records_names_what_moved_and_replaces_the_records(tmp_path, capsys):
+    """experiments.compare_records: a re-run's figures against the record's (NaN equal to NaN, a point
+    missing on one side a difference), and ``--replace`` writing the new records in the old places."""
+    from experiments import results
+    from experiments.compare_records import differences, main
+
+    old = [{"name": "a", "history": [{"round": 1, "acc": 0.5, "loss": float("nan")}, {"round": 2, "acc": 0.6}]},
+           {"name": "b", "history": [{"round": 1, "acc": 0.1}]}, {"name": "c", "history": []}]
+    new = [{"name": "b", "history": [{"round": 1, "acc": 0.1}]},
+           {"name": "a", "history": [{"round": 1, "acc": 0.5, "loss": float("nan")}, {"round": 2, "acc": 0.65}]}]
+    assert differences(old[0], new[1]) == {"acc": (pytest.approx(0.05), [2])}
+    assert differences(old[1], {"name": "b", "history": []}) == {"acc": (float("inf"), [1])}
+    results.save(tmp_path / "old.json", old)
+    results.save(tmp_path / "new.json", new)
+    main([str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--replace"])
+    out = capsys.readouterr().out
+    assert "a: acc by up to 0.05 at 1 evaluation(s) (first round 2)" in out
+    assert "2 runs compared: 1 identical, 1 moved" in out and "2 records replaced" in out
+    assert [r["name"] for r in results.load(tmp_path / "old.json")] == ["a", "b", "c"]
+    assert results.load(tmp_path / "old.json")[0]["history"][1]["acc"] == 0.65
