@@ -23,7 +23,6 @@ from torch import Tensor, nn
 
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.trial import largest_client, trial_setting
-from fl_lightning.datamodules.base import labels_of
 from fl_lightning.models.classifier import Classifier
 
 #: the errors of a step whose inputs do not fit the model (shapes, dtypes, indices), which the check explains
@@ -50,7 +49,7 @@ def describe_tensor(tensor: Tensor, with_values: bool) -> str:
 
 def describe_batch(batch: Any) -> str:
     """What a batch holds, in words: each tensor's shape and dtype, and the values of the targets
-    (the last tensor of a tuple or list, a ``"target"``/``"label"``/``"y"`` entry of a dict)."""
+    (the second tensor of a tuple or list, a ``"target"``/``"label"``/``"y"`` entry of a dict)."""
     if isinstance(batch, Tensor):
         return f"a tensor of {describe_tensor(batch, False)}"
     if isinstance(batch, Mapping):
@@ -58,9 +57,8 @@ def describe_batch(batch: Any) -> str:
         return ", ".join(f"{key!r}: {describe_tensor(value, key in targets)}" for key, value in batch.items()
                          if isinstance(value, Tensor))
     if isinstance(batch, (tuple, list)) and all(isinstance(t, Tensor) for t in batch):
-        names = ["inputs", "targets"] if len(batch) == 2 else [f"tensor {i}" for i in range(len(batch))]
-        return ", ".join(f"{name} of {describe_tensor(t, i == len(batch) - 1)}"
-                         for i, (name, t) in enumerate(zip(names, batch)))
+        names = ["inputs", "targets", *(f"tensor {i}" for i in range(2, len(batch)))]
+        return ", ".join(f"{name} of {describe_tensor(t, i == 1)}" for i, (name, t) in enumerate(zip(names, batch)))
     return f"a {type(batch).__name__}"
 
 
@@ -81,10 +79,9 @@ def first_line(error: BaseException) -> str:
     return next(iter(str(error).splitlines()), "")
 
 
-def extreme_samples(pool: Any) -> list[int]:
-    """The samples of ``pool`` that hold its smallest and its largest label (where the labels are
-    numbers, one per sample; none otherwise): a trial that takes them meets the whole range of labels."""
-    labels = labels_of(pool)
+def extreme_samples(labels: np.ndarray) -> list[int]:
+    """The samples that hold the smallest and the largest of the pool's ``labels`` (where the labels
+    are numbers, one per sample; none otherwise): a trial that takes them meets the whole range of labels."""
     if labels.ndim != 1 or not len(labels) or not np.issubdtype(labels.dtype, np.number):
         return []
     return list(dict.fromkeys([int(labels.argmin()), int(labels.argmax())]))
@@ -106,7 +103,7 @@ def check_client_takes_data(context: ClientContext) -> None:
         return
     split = data.client_data(client_id, "train")
     indices = split.indices[:split.step_batch_size].clone()
-    extremes = extreme_samples(data.pool)[:len(indices)]
+    extremes = extreme_samples(data.pool_targets)[:len(indices)]
     if extremes:
         indices[len(indices) - len(extremes):] = torch.tensor(extremes, dtype=indices.dtype)
     with trial_setting(context) as tensors:

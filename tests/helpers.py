@@ -10,8 +10,10 @@ from typing import Any, Callable, Optional
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
+from torch import nn
+from torch.utils.data import TensorDataset
 
-from fl_lightning.datamodules import SyntheticFederated
+from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
 from fl_lightning.models import LogisticRegression, MLP
 from tests import two_processes
 
@@ -55,6 +57,51 @@ def tiny_client(seed: int = 0, hidden: tuple[int, ...] = (), lr: float = 0.1) ->
     if hidden:
         return MLP(in_features=20, hidden=hidden, num_classes=10, lr=lr)
     return LogisticRegression(in_features=20, num_classes=10, lr=lr)
+
+
+class RegressionData(FederatedDataModule):
+    """``n`` generated samples of 5 features and a float target ``x @ w + noise``: one number per
+    sample, or a vector of ``outputs`` numbers; 4 clients unless told."""
+
+    def __init__(self, n: int = 120, outputs: Optional[int] = None, **kwargs: Any) -> None:
+        kwargs.setdefault("num_clients", 4)
+        super().__init__(**kwargs)
+        self.n, self.outputs = n, outputs
+
+    def build_datasets(self) -> tuple[TensorDataset, None]:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(self.n, 5, generator=g)
+        k = self.outputs or 1
+        y = x @ torch.randn(5, k, generator=g) + 0.1 * torch.randn(self.n, k, generator=g)
+        return TensorDataset(x, y if self.outputs else y.squeeze(-1)), None
+
+
+class Regressor(pl.LightningModule):
+    """A linear regression of ``RegressionData``'s targets: MSE loss, ``val/mse`` and ``val/mae`` logged."""
+
+    def __init__(self, outputs: Optional[int] = None, lr: float = 0.05) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(5, outputs or 1)
+        self.outputs, self.lr = outputs, lr
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.net(x)
+        return y if self.outputs else y.squeeze(-1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train/mse", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val/mse", nn.functional.mse_loss(self(x), y))
+        self.log("val/mae", (self(x) - y).abs().mean())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
 def trainer(max_epochs: int = 3, callbacks: Optional[list] = None, **kwargs: Any) -> pl.Trainer:

@@ -226,3 +226,25 @@ def test_an_empty_dataset_is_refused_as_empty():
                                  "test": table(x=[1.0], label=[0]).select([])})
     with pytest.raises(ValueError, match=r"the dataset \(test_split='test'\) is empty: it has no rows"):
         HuggingFaceFederated(both, features="x", test_split="test", num_clients=2)
+
+
+def test_a_float_label_column_is_a_regression_target():
+    """Float labels (scalars or fixed-length lists) are regression targets: float32, split at random,
+    refused by the partitioners that read classes; a num_classes is refused them."""
+    rng = np.random.default_rng(0)
+    x, users = rng.normal(size=40).tolist(), [f"u{i % 4}" for i in range(40)]
+    dm = HuggingFaceFederated(table(x=x, price=(rng.normal(size=40) * 10).tolist(), user=users), features="x",
+                              label="price", partitioner=NaturalIdPartitioner(partition_by="user"), val_fraction=0.2)
+    dm.setup()
+    y = dm.pool.tensors[1]
+    assert y.dtype == torch.float32 and not dm.has_class_labels and [len(v) for v in dm.splits["val"]] == [2] * 4
+    vectors = HuggingFaceFederated(table(x=x, target=rng.normal(size=(40, 3)).tolist()), features="x", label="target",
+                                   num_clients=4)
+    vectors.setup()
+    assert vectors.pool.tensors[1].shape == (40, 3) and vectors.describe_targets()["shape"] == [3]
+    with pytest.raises(ValueError, match=r"partitioner=DirichletPartitioner\(alpha=0.5\) splits the pool by class, "
+                                         r"but HuggingFaceFederated's targets are float32 numbers"):
+        HuggingFaceFederated(table(x=x, price=x), features="x", label="price", num_clients=2,
+                             partitioner=DirichletPartitioner(alpha=0.5)).setup()
+    with pytest.raises(ValueError, match=r"must be class indices in \[0, num_classes=3\), got float32 labels"):
+        HuggingFaceFederated(table(x=x, price=x), features="x", label="price", num_clients=2, num_classes=3).setup()

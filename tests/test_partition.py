@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -74,6 +76,27 @@ def test_stratified_split_follows_the_client_distribution():
     assert_exact_cover([train, val, test], 200)
     assert np.bincount(labels[test]).tolist() == [25, 25]
     assert np.bincount(labels[val]).tolist() == [10, 10]
+
+
+def test_stratified_split_draws_as_before():
+    """The splits of class labels are those of every run before random splits were added."""
+    rng = np.random.default_rng(5)
+    labels, idx = rng.integers(0, 7, 300), np.sort(rng.choice(300, 200, replace=False))
+    parts = P.stratified_split(idx, labels, [0.15, 0.2], seed=11)
+    digests = [hashlib.sha256(p.tobytes()).hexdigest()[:12] for p in parts]
+    assert digests == ["7997571061bd", "4186cc3d1378", "a80455af68bd"] and [len(p) for p in parts] == [130, 29, 41]
+
+
+def test_random_split_cuts_round_fraction_of_the_samples_keyed_by_the_seed():
+    idx = np.arange(100, 150)
+    train, val, test = P.random_split(idx, [0.1, 0.25], seed=0)
+    assert_exact_cover([train - 100, val - 100, test - 100], 50)
+    assert [len(train), len(val), len(test)] == [50 - 5 - 12, 5, 12]  # round(12.5) = 12
+    assert all(p.dtype == np.int64 and np.array_equal(p, np.sort(p)) for p in (train, val, test))
+    again, other = P.random_split(idx, [0.1, 0.25], seed=0), P.random_split(idx, [0.1, 0.25], seed=1)
+    assert all(np.array_equal(a, b) for a, b in zip(again, (train, val, test)))
+    assert not np.array_equal(other[1], val)
+    assert [len(p) for p in P.random_split(idx[:4], [0.1], seed=0)] == [4, 0]  # round(0.4) = 0
 
 
 @pytest.mark.parametrize(

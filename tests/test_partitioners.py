@@ -355,6 +355,59 @@ def test_subsample_and_pool_test_set_transform_the_pool():
         Pinned(pool_test_set=True).setup()
 
 
+class Measured(Pinned):
+    """Pinned's samples with a float target each (a regression), and a column ``site`` of 6 values."""
+
+    def build_datasets(self):
+        x, _ = super().build_datasets()[0].tensors
+        return TensorDataset(x, x.sum(dim=1)), None
+
+    def partition_column(self, name):
+        if name != "site":
+            return super().partition_column(name)
+        return LABELS % 6
+
+
+@pytest.mark.parametrize("partitioner, shown", [
+    (DirichletPartitioner(alpha=0.5), r"DirichletPartitioner\(alpha=0.5\)"),
+    (PathologicalPartitioner(num_classes_per_partition=2), "PathologicalPartitioner"),
+    (ShardPartitioner(num_shards_per_partition=2), "ShardPartitioner"),
+    (SortedPartitioner(), "SortedPartitioner"),
+    (PowerLawPartitioner(min_per_class=1), "PowerLawPartitioner"),
+    (DirichletPartitioner(partition_by="label", alpha=0.5), "DirichletPartitioner"),
+    (from_shortcut("dirichlet"), "DirichletPartitioner"),
+])
+def test_class_partitioners_refuse_targets_that_are_not_class_labels(partitioner, shown):
+    """Each float would be a class of its own: refused at setup, naming the partitioner and the ways out."""
+    with pytest.raises(ValueError, match=rf"partitioner={shown}.* splits the pool by class, but Measured's targets are "
+                                         r"float32 numbers of shape \[\] \(mean .*\), not class labels .*: use "
+                                         r"IidPartitioner\(\), NaturalIdPartitioner\(\) .*partition_by=<a column>"):
+        Measured(num_clients=4, partitioner=partitioner).setup()
+    with pytest.raises(ValueError, match=r"subsample=ImbalancedSubsample\(keep=3, minority_half='first'\) keeps "
+                                         r"samples by class, but Measured's targets are float32 numbers"):
+        Measured(num_clients=4, subsample=ImbalancedSubsample(keep=3)).setup()
+
+
+def test_iid_natural_and_column_partitioners_take_any_targets():
+    iid = Measured(num_clients=4, partitioner=IidPartitioner(), val_fraction=0.2)
+    natural = Measured(partitioner=NaturalIdPartitioner(), val_fraction=0.2)
+    by_site = Measured(num_clients=4, partitioner=DirichletPartitioner(partition_by="site", alpha=0.5),
+                       val_fraction=0.2)
+    for dm in (iid, natural, by_site):
+        dm.setup()
+        assert not dm.has_class_labels and all(len(v) > 0 for v in dm.splits["val"])
+    assert natural.num_clients == 13 and by_site.num_clients == 4
+    flwr = pytest.importorskip("flwr_datasets.partitioner")
+    from fl_lightning.datamodules import FlowerPartitioner
+
+    flower = Measured(partitioner=FlowerPartitioner(flwr.IidPartitioner(num_partitions=3)))
+    flower.setup()
+    assert flower.num_clients == 3
+    with pytest.raises(ValueError, match=r"partitioner=FlowerPartitioner\(.*\) splits the pool by class"):
+        Measured(partitioner=FlowerPartitioner(flwr.DirichletPartitioner(num_partitions=3, partition_by="label",
+                                                                        alpha=1.0))).setup()
+
+
 def test_checkpointed_hyperparameters_are_plain():
     from fl_lightning.checkpoints import is_plain
 

@@ -8,8 +8,9 @@ the round (the client losses of a round that kept no update) has no value in its
 round's. A round costs the same whatever the run's length: its row is appended to ``history.csv``
 (the file is rewritten only when a metric appears for the first time, since the header names every
 column), so a crash keeps the rounds done; ``history.json`` is rewritten at most every
-``json_every_s`` seconds, and when the fit ends or fails. At the start it writes
-``partition.json``: every client's label counts (train split) and which clients are held out.
+``json_every_s`` seconds, and when the fit ends or fails. At the start it writes ``partition.json``
+(``FederatedDataModule.partition_record``): every client's label counts (train split; class labels
+only), which clients are held out, and what the targets are.
 When the run ends it prints a table of each metric's first, last and best value.
 :func:`read_history` reads the rows back; ``fl-lightning plot RUN_DIR``
 (:mod:`fl_lightning.plotting`) draws them.
@@ -84,12 +85,7 @@ class RoundHistory(FederatedCallback):
         # the fit's first row rewrites both files (the folder may be new, or hold a crashed run's)
         self._csv_columns, self._json_written_at, self._json_behind = None, None, False
         if trainer.is_global_zero:
-            partition = {
-                "datamodule": type(dm).__name__,
-                "clients": [dm.label_histogram(c).tolist() for c in range(dm.num_clients)],
-                "train_sizes": [dm.num_samples(c) for c in range(dm.num_clients)],
-                "unseen_clients": list(dm.unseen_clients),
-            }
+            partition = dm.partition_record()
             os.makedirs(self._folder, exist_ok=True)
             with open(os.path.join(self._folder, "partition.json"), "w") as f:
                 json.dump(partition, f)

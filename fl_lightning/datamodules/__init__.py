@@ -1,6 +1,6 @@
 """Federated datamodules, partitioners and pool subsamples."""
 
-from fl_lightning.datamodules.base import FederatedDataModule, labels_of
+from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.datamodules.client_data import ClientData
 from fl_lightning.datamodules.huggingface import HuggingFaceFederated
 from fl_lightning.datamodules.leaf import FEMNISTFederated
@@ -17,6 +17,7 @@ from fl_lightning.datamodules.partitioners import (
 )
 from fl_lightning.datamodules.subsample import ImbalancedSubsample, Subsample, st_indices
 from fl_lightning.datamodules.synthetic import SyntheticFederated, synthetic_clients
+from fl_lightning.datamodules.targets import are_class_labels, describe_targets, labels_of
 from fl_lightning.datamodules.vision import (
     CIFAR10Federated,
     CIFAR100Federated,
@@ -47,6 +48,8 @@ __all__ = [
     "Subsample",
     "SyntheticFederated",
     "TorchvisionFederated",
+    "are_class_labels",
+    "describe_targets",
     "labels_of",
     "st_indices",
     "synthetic_clients",

@@ -4,8 +4,14 @@ A subclass says where the data comes from (:meth:`build_datasets`); the base cla
 adds the test set to the pool (``pool_test_set``) and subsamples it (``subsample``), splits it
 into clients with a ``partitioner`` (:mod:`fl_lightning.datamodules.partitioners`; the old
 ``partition="iid"|"dirichlet"|"shards"|"classes"|"natural"`` strings are shortcuts), gives
-each client its own train/val/test split following its label distribution, holds out a
-fraction of clients as unseen, and prints a summary. Everything is deterministic from ``seed``.
+each client its own train/val/test split, holds out a fraction of clients as unseen, and prints a
+summary. Everything is deterministic from ``seed``.
+
+The samples' targets may be of any kind (:mod:`fl_lightning.datamodules.targets`): class labels
+(one integer per sample, none negative) give splits that follow each client's label distribution
+(stratified by class) and label counts per client; other targets (regression values, vectors,
+dicts) give splits drawn at random and a description (type, shape, statistics) in their place, and
+the partitioners and subsamples that read classes refuse them.
 
 Loaders:
 
@@ -36,24 +42,11 @@ from fl_lightning.file_arguments import AllowedClasses, load_from_checkpoint
 from fl_lightning.datamodules.client_data import SPLITS, ClientData, Split
 from fl_lightning.datamodules.partitioners import SHORTCUTS, IidPartitioner, Partitioner, from_shortcut
 from fl_lightning.datamodules.subsample import Subsample
-from fl_lightning.functional.partition import stratified_split
+from fl_lightning.datamodules.targets import are_class_labels, describe_targets, labels_of, targets_in_words
+from fl_lightning.functional.partition import random_split, stratified_split
 from fl_lightning.seeding import keyed_rng
 from fl_lightning.validation import check_int, check_number
 
-
-
-def labels_of(dataset: Dataset) -> np.ndarray:
-    """The integer labels of a classification dataset (``targets``, a TensorDataset's last tensor, or by iteration)."""
-    if isinstance(dataset, TensorDataset):
-        return dataset.tensors[-1].cpu().numpy()
-    if isinstance(dataset, Subset):
-        return labels_of(dataset.dataset)[np.asarray(dataset.indices)]
-    if isinstance(dataset, ConcatDataset):
-        return np.concatenate([labels_of(d) for d in dataset.datasets])
-    targets = getattr(dataset, "targets", None)
-    if targets is not None:
-        return np.asarray(targets.cpu() if isinstance(targets, torch.Tensor) else targets)
-    return np.asarray([int(dataset[i][1]) for i in range(len(dataset))])
 
 
 def check_class_labels(labels: np.ndarray, num_classes: int, where: str) -> None:
@@ -86,19 +79,18 @@ def check_finite(dataset: Dataset, where: str) -> None:
         bad = ~torch.isfinite(tensor.reshape(len(tensor), -1))
         sample = int(bad.any(dim=1).nonzero()[0])
         value = tensor.reshape(len(tensor), -1)[sample][bad[sample]][0].item()
-        what = ("the labels or targets" if position == len(tensors) - 1 else "the inputs" if position == 0
-                else f"tensor {position}")
+        what = {0: "the inputs", 1: "the labels or targets"}.get(position, f"tensor {position}")
         raise ValueError(f"{where} holds {value} in {what} (its tensor {position} of {len(tensors)}) at sample "
                          f"{sample}: drop or fill non-finite samples before building the datamodule")
 
 
 def feature_checksums(dataset: Dataset, samples: int = 512) -> Iterator[str]:
-    """What the data fingerprint reads of the samples' features: a checksum of every feature tensor
-    of a ``TensorDataset`` (one pass over memory: about 0.15 s for MNIST's 60,000 images, a tenth
-    of its setup), else of ``samples`` samples spread evenly over the dataset, read under a fixed
-    torch RNG (random transforms draw the same each time)."""
+    """What the data fingerprint reads of the samples' features: a checksum of every tensor of a
+    ``TensorDataset`` but its targets (the second; one pass over memory: about 0.15 s for MNIST's
+    60,000 images, a tenth of its setup), else of ``samples`` samples spread evenly over the
+    dataset, read under a fixed torch RNG (random transforms draw the same each time)."""
     if isinstance(dataset, TensorDataset):
-        yield from (checksum(t) for t in dataset.tensors[:-1])
+        yield from (checksum(t) for position, t in enumerate(dataset.tensors) if position != 1)
         return
     picked = np.unique(np.linspace(0, len(dataset) - 1, min(len(dataset), samples)).astype(np.int64))
     with keyed_rng(0, "data fingerprint"):
@@ -107,6 +99,17 @@ def feature_checksums(dataset: Dataset, samples: int = 512) -> Iterator[str]:
             parts = item if isinstance(item, (tuple, list)) else [item]
             # (arrays and images: anything with __array_interface__)
             yield checksum([torch.as_tensor(np.array(p)) if hasattr(p, "__array_interface__") else p for p in parts])
+
+
+def targets_digest(targets: np.ndarray, class_labels: bool) -> bytes:
+    """What the data fingerprint reads of the pool's targets: class labels as int64 (as every
+    fingerprint before other targets were taken), other numbers by their dtype, shape and bytes,
+    objects (dicts...) by their :func:`~fl_lightning.checkpoints.checksum`."""
+    if class_labels:
+        return np.ascontiguousarray(targets, dtype=np.int64).tobytes()
+    if targets.dtype == object:
+        return checksum(targets.tolist()).encode()
+    return f"{targets.dtype}{targets.shape}".encode() + np.ascontiguousarray(targets).tobytes()
 
 
 def concat(first: Dataset, second: Dataset) -> Dataset:
@@ -226,7 +229,8 @@ class FederatedDataModule(pl.LightningDataModule):
             (a ``FederatedModule``, in its setup), so the datamodule knows nothing of the engine.
     """
 
-    #: the ``partition_by`` value that means the labels (a datamodule over a table: its label column)
+    #: the ``partition_by`` value that means the labels (a datamodule over a table: its label column), and
+    #: the key of the target in samples that are dicts (``{"x": ..., "label": ...}``: :meth:`targets_of`)
     label_column: str = "label"
     #: the number of classes, where the datamodule knows it (a classification dataset); None: unknown,
     #: or targets that are not classes. Known, the labels are checked at setup to be class indices in
@@ -298,6 +302,9 @@ class FederatedDataModule(pl.LightningDataModule):
         self.print_summary = print_summary
         self.pool_on_device = check_pool_on_device(pool_on_device)
         self.pool: Optional[Dataset] = None
+        #: the target of every sample of the pool (:meth:`targets_of`), once set up
+        self.pool_targets: Optional[np.ndarray] = None
+        self._class_labels = False  # whether pool_targets are class labels (are_class_labels)
         #: every client's split indices on the accelerator, when the pool is there (:meth:`place_pool`)
         self._device_splits: Optional[dict[str, tuple[Tensor, ...]]] = None
         #: each client split's ClientData by (client, split), with the indices it was made of (:meth:`client_data`)
@@ -336,6 +343,13 @@ class FederatedDataModule(pl.LightningDataModule):
         """Per-sample keys of the natural partition (writer, device...) of the pool :meth:`build_datasets` built."""
         raise ValueError(f"{type(self).__name__} has no natural partition; choose another partition")
 
+    def targets_of(self, dataset: Dataset) -> np.ndarray:
+        """The target of every sample of ``dataset`` (the pool or the test set), samples first: by default
+        :func:`~fl_lightning.datamodules.targets.labels_of` (a ``TensorDataset``'s second tensor, a
+        dataset's ``targets``, or each sample's second element or ``label_column`` entry). Override
+        where the targets are elsewhere or can be read without reading every sample."""
+        return labels_of(dataset, self.label_column)
+
     def partition_column(self, name: str) -> Sequence:
         """The values of column ``name`` for every sample of the pool :meth:`build_datasets` built
         (what a partitioner's ``partition_by`` names)."""
@@ -354,14 +368,20 @@ class FederatedDataModule(pl.LightningDataModule):
             if self.test_set is None:
                 raise ValueError(f"pool_test_set=True but {type(self).__name__} has no test set to add to the pool")
             pool, self.test_set = concat(pool, self.test_set), None
-        labels = labels_of(pool)
+        labels = self._read_targets(pool, "pool")
         if self.num_classes is not None:
             check_class_labels(labels, self.num_classes, f"{type(self).__name__}'s pool")
             if self.test_set is not None:
-                check_class_labels(labels_of(self.test_set), self.num_classes, f"{type(self).__name__}'s test set")
+                check_class_labels(self._read_targets(self.test_set, "test set"), self.num_classes,
+                                   f"{type(self).__name__}'s test set")
+        self._class_labels = are_class_labels(labels)
+        if self.subsample is not None and self.subsample.reads_labels and not self._class_labels:
+            raise ValueError(self._not_classes(f"subsample={self.subsample!r}", "keeps samples by class",
+                                               "subsample the pool in build_datasets instead", labels))
         kept = None if self.subsample is None else np.asarray(self.subsample.indices(labels))
         self.pool = pool if kept is None else take(pool, kept)
         labels = labels if kept is None else labels[kept]
+        self.pool_targets = labels
         if self.num_clients is not None and self.num_clients > len(labels):
             raise ValueError(f"num_clients={self.num_clients} is more than the {len(labels)} samples of the data: every "
                              "client needs at least one")
@@ -369,8 +389,10 @@ class FederatedDataModule(pl.LightningDataModule):
         parts = self.partitioner.split(values, self.num_clients, seed=self.seed)
         self.num_clients = len(parts)
         fractions = [self.val_fraction, self.test_fraction]
-        if any(fractions):
+        if any(fractions) and self._class_labels:
             split = [stratified_split(p, labels, fractions, seed=self.seed + 1 + i) for i, p in enumerate(parts)]
+        elif any(fractions):
+            split = [random_split(p, fractions, seed=self.seed + 1 + i) for i, p in enumerate(parts)]
         else:
             none = np.array([], dtype=np.int64)
             split = [(np.sort(p), none, none) for p in parts]
@@ -389,11 +411,31 @@ class FederatedDataModule(pl.LightningDataModule):
         if self.print_summary:
             print(self.summary())
 
+    def _read_targets(self, dataset: Dataset, name: str) -> np.ndarray:
+        """:meth:`targets_of` ``dataset`` (the datamodule's ``name``), its refusal naming the datamodule."""
+        try:
+            return self.targets_of(dataset)
+        except ValueError as error:
+            raise ValueError(f"{type(self).__name__}'s {name}: {error}") from error
+
+    def _not_classes(self, what: str, does: str, instead: str, targets: np.ndarray) -> str:
+        """The refusal of ``what``, which ``does`` something with classes, on ``targets`` that are not class labels."""
+        return (f"{what} {does}, but {type(self).__name__}'s targets are "
+                f"{targets_in_words(describe_targets(targets))}, not class labels (one integer per sample, none "
+                f"negative): {instead}")
+
     def _partition_values(self, labels: np.ndarray, built: int, kept: Optional[np.ndarray]) -> np.ndarray:
         """What the partitioner reads: the labels of the pool, or its natural keys, or the
-        ``partition_by`` column (both given for the built pool, then subsampled like it)."""
+        ``partition_by`` column (both given for the built pool, then subsampled like it).
+        A partitioner that reads classes is refused targets that are not class labels."""
         by = self.partitioner.partition_by
         if by == self.label_column or (by is None and not self.partitioner.reads_keys):
+            if self.partitioner.reads_labels and not self._class_labels:
+                raise ValueError(self._not_classes(
+                    f"partitioner={self.partitioner!r}", "splits the pool by class",
+                    "use IidPartitioner(), NaturalIdPartitioner() (the datamodule's natural keys, or "
+                    "partition_by=<a column>), or a class partitioner with partition_by=<a column> of the "
+                    "datamodule (partition_column)", labels))
             return labels
         values = np.asarray(self.partition_keys() if by is None else self.partition_column(by))
         what = "natural keys" if by is None else f"values in column {by!r}"
@@ -452,14 +494,14 @@ class FederatedDataModule(pl.LightningDataModule):
         return len(self.splits["train"][client_id])
 
     def partition_hash(self) -> str:
-        """A short digest of the data configuration: the datamodule's class, the labels and the
-        features of the pool (:func:`feature_checksums`) and every client's split indices
-        (computed once per setup: every checkpoint names it)."""
+        """A short digest of the data configuration: the datamodule's class, the targets
+        (:func:`targets_digest`) and the features of the pool (:func:`feature_checksums`) and every
+        client's split indices (computed once per setup: every checkpoint names it)."""
         if self._partition_digest is not None:
             return self._partition_digest
         h = hashlib.sha256(type(self).__qualname__.encode())
         if self.pool is not None:
-            h.update(np.ascontiguousarray(labels_of(self.pool), dtype=np.int64).tobytes())
+            h.update(targets_digest(self.pool_targets, self._class_labels))
             for features in feature_checksums(self.pool):
                 h.update(features.encode())
         for name in SPLITS:
@@ -473,25 +515,85 @@ class FederatedDataModule(pl.LightningDataModule):
         """The partition in words: the shortcut and its partitioner, or the partitioner."""
         return f"{self.partition} ({self.partitioner!r})" if self.partition else repr(self.partitioner)
 
+    @property
+    def has_class_labels(self) -> bool:
+        """Whether the pool's targets are class labels (:func:`~fl_lightning.datamodules.targets.are_class_labels`):
+        the splits are then stratified by class and the clients' labels counted; known once set up."""
+        if self.pool_targets is None:
+            raise RuntimeError(f"{type(self).__name__}.has_class_labels was asked for before setup() read the targets")
+        return self._class_labels
+
+    def describe_targets(self) -> dict[str, Any]:
+        """What the pool's targets are, as plain data (:func:`~fl_lightning.datamodules.targets.describe_targets`)."""
+        if self.pool_targets is None:
+            raise RuntimeError(f"{type(self).__name__}.describe_targets() was called before setup() read the targets")
+        return describe_targets(self.pool_targets)
+
     def label_histogram(self, client_id: int, split: Split = "train") -> np.ndarray:
-        """Counts per class of the client's ``split``."""
-        labels = labels_of(self.pool)
+        """Counts per class of the client's ``split`` (class labels only)."""
+        if not self.has_class_labels:
+            raise ValueError(self._not_classes("label_histogram()", "counts classes",
+                                               "describe_targets() says what they are", self.pool_targets))
+        labels = self.pool_targets
         num_classes = int(labels.max()) + 1
         return np.bincount(labels[self.splits[split][client_id]], minlength=num_classes)
 
+    def partition_record(self) -> dict[str, Any]:
+        """The partition as plain data (``RoundHistory`` writes it to ``partition.json``): the
+        datamodule, every client's label counts (``clients``, train split; class labels only), its
+        training size, the unseen clients, and what the targets are (:meth:`describe_targets`)."""
+        counts = {"clients": [self.label_histogram(c).tolist() for c in range(self.num_clients)]} \
+            if self.has_class_labels else {}
+        return {"datamodule": type(self).__name__, **counts,
+                "train_sizes": [self.num_samples(c) for c in range(self.num_clients)],
+                "unseen_clients": list(self.unseen_clients), "targets": self.describe_targets()}
+
+    def empty_split_reason(self, split: Split, clients: Sequence[int]) -> str:
+        """Why ``clients`` hold no sample in their ``split`` (``val`` or ``test``), in words: the
+        fraction is 0, or each is too small for it (its size, or its largest class's, and the rounding)."""
+        fraction = self.val_fraction if split == "val" else self.test_fraction
+        if fraction == 0:
+            return f"{split}_fraction=0 holds out no {split} data: set {split}_fraction > 0"
+        per_class = self.has_class_labels
+        sizes = []
+        for c in clients[:5]:
+            held = np.concatenate([self.splits[s][c] for s in SPLITS])
+            sizes.append((c, int(np.bincount(self.pool_targets[held]).max()) if per_class else len(held)))
+        examples = ", ".join(f"client {c}: round({fraction} x {n}) = 0" for c, n in sizes)
+        more = f" and {len(clients) - 5} more" if len(clients) > 5 else ""
+        what = "the samples of each class of a client" if per_class else "a client's samples"
+        return (f"{split}_fraction={fraction} holds out round({fraction} x n) of {what}, and {len(clients)} "
+                f"client(s) are too small for any ({examples}{more}): raise {split}_fraction, or make fewer, larger "
+                "clients")
+
     def summary(self, max_clients: int = 20) -> str:
-        """A table: samples per split and the training label histogram of each client."""
+        """A table: samples per split and the training label histogram of each client (for targets
+        that are not class labels: what they are, and each client's mean and standard deviation of
+        its scalar numeric targets)."""
+        classes = self.has_class_labels
+        description = self.describe_targets()
+        scalar = not classes and description["kind"] == "numbers" and not description["shape"]
         lines = [
             f"{type(self).__name__}: {self.num_clients} clients, partition={self.partition_name()}, "
             f"{len(self.train_clients)} training / {len(self.unseen_clients)} unseen",
-            f"{'client':>6} {'train':>6} {'val':>5} {'test':>5}  label histogram (train)",
         ]
+        if not classes:
+            lines.append(f"targets: {targets_in_words(description)}; not class labels: splits drawn at random")
+        column = "label histogram (train)" if classes else f"{'mean':>9} {'std':>9}  of the targets (train)" \
+            if scalar else ""
+        lines.append(f"{'client':>6} {'train':>6} {'val':>5} {'test':>5}  {column}".rstrip())
         for c in range(min(self.num_clients, max_clients)):
-            hist = " ".join(str(int(v)) for v in self.label_histogram(c))
+            if classes:
+                cells = "[" + " ".join(str(int(v)) for v in self.label_histogram(c)) + "]"
+            elif scalar:
+                values = self.pool_targets[self.splits["train"][c]].astype(np.float64)
+                cells = f"{values.mean():>9.4g} {values.std():>9.4g}"
+            else:
+                cells = ""
             mark = "*" if c in self.unseen_clients else " "
             lines.append(
                 f"{c:>5}{mark} {len(self.splits['train'][c]):>6} {len(self.splits['val'][c]):>5} "
-                f"{len(self.splits['test'][c]):>5}  [{hist}]"
+                f"{len(self.splits['test'][c]):>5}  {cells}".rstrip()
             )
         if self.num_clients > max_clients:
             lines.append(f"... {self.num_clients - max_clients} more clients")
@@ -520,11 +622,13 @@ class FederatedDataModule(pl.LightningDataModule):
         return Subset(self.pool, idx.tolist())
 
     def validation_set(self) -> Dataset:
-        """The union of the clients' val splits (empty, with a warning, when ``val_fraction=0``)."""
+        """The union of the clients' val splits (empty, with a warning saying why, when every
+        client's is: ``val_fraction=0``, or clients too small for it)."""
         idx = np.concatenate(self.splits["val"])
         if len(idx) == 0:
-            rank_zero_warn(f"{type(self).__name__}(val_fraction={self.val_fraction}) has no validation data: "
-                           "validation is skipped; set val_fraction > 0 to validate (and select checkpoints)")
+            reason = self.empty_split_reason("val", range(self.num_clients))
+            rank_zero_warn(f"{type(self).__name__}(val_fraction={self.val_fraction}) has no validation data, so "
+                           f"validation (and selecting checkpoints on it) is skipped: {reason}")
         return Subset(self.pool, idx.tolist())
 
     def val_dataloader(self) -> DataLoader:

@@ -47,11 +47,19 @@ def take_rows(source: Tensor, index: Tensor) -> Tensor:
 
 def gather(dataset: Dataset, indices: Tensor) -> Any:
     """The samples of ``dataset`` at ``indices`` (any shape) as one batch whose tensors have
-    ``indices``' shape in front: a ``[clients, batch]`` index gives ``[clients, batch, ...]``."""
+    ``indices``' shape in front: a ``[clients, batch]`` index gives ``[clients, batch, ...]``.
+    Samples other than a ``TensorDataset``'s are collated (``default_collate``: tuples and lists of
+    tensors give a tuple, dicts a dict, nested ones alike)."""
     if isinstance(dataset, TensorDataset):
         return tuple(take_rows(t, indices) for t in dataset.tensors)
     flat = default_collate([dataset[i] for i in indices.reshape(-1).tolist()])
-    return tuple(t.reshape(*indices.shape, *t.shape[1:]) for t in flat) if isinstance(flat, (list, tuple)) else flat
+
+    def shaped(t: Tensor) -> Tensor:
+        return t.reshape(*indices.shape, *t.shape[1:])
+
+    if isinstance(flat, (list, tuple)):
+        return tuple(apply_to_collection(part, Tensor, shaped) for part in flat)
+    return apply_to_collection(flat, Tensor, shaped)
 
 
 def to_device(batch: Any, device: torch.device, pinned: bool = False) -> Any:

@@ -11,7 +11,9 @@ Supported columns (converted through numpy):
 * numeric columns: scalars, or lists / arrays of one shape per column, as float32; one scalar
   column gives ``[N, 1]``; several feature columns are flattened and concatenated into one
   ``[N, F]`` vector;
-* the label column: class indices in ``[0, num_classes)`` (``ClassLabel`` or ``int``), as int64.
+* the label column: class indices in ``[0, num_classes)`` (``ClassLabel`` or ``int``), as int64; or
+  regression targets: floats (scalars, or lists of one shape: ``[N, k]``), as float32 (a column of
+  integers meant as numbers is cast first: ``dataset.cast_column(label, Value("float32"))``).
 
 Missing values (``None``, and NaN in a feature column) are refused, naming the column and the row.
 
@@ -93,7 +95,8 @@ def check_labels(labels: np.ndarray, column: str, num_classes: Optional[int], na
         raise ValueError(f"label column {column!r} holds {labels[row]} (row {row}), which would make "
                          f"{int(labels[row]) + 1} classes for {distinct} distinct labels: re-encode the column "
                          f"(dataset.class_encode_column({column!r})), or give num_classes=<number of classes> if "
-                         "the ids are meant")
+                         f"the ids are meant, or cast it to floats if they are regression targets "
+                         f"(dataset.cast_column({column!r}, datasets.Value('float32')))")
 
 
 def to_tensors(dataset: Any, features: Sequence[str], label: str,
@@ -124,9 +127,11 @@ def to_tensors(dataset: Any, features: Sequence[str], label: str,
             raise ValueError(f"features={list(features)} mixes an image column with others; give one image column")
         x = torch.cat([t.reshape(len(t), -1) for t in inputs], dim=1)
     y = column_array(dataset, label)
+    if np.issubdtype(y.dtype, np.floating):  # regression targets (the datamodule refuses them num_classes)
+        return TensorDataset(x, torch.from_numpy(y.astype(np.float32)))
     if not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"label column {label!r} holds {y.dtype} values, not integers; encode it first "
-                         f"(dataset.class_encode_column({label!r}))")
+        raise ValueError(f"label column {label!r} holds {y.dtype} values, not integers (class indices) nor floats "
+                         f"(regression targets); encode it first (dataset.class_encode_column({label!r}))")
     named = num_classes is None and isinstance(dataset.features[label], datasets.ClassLabel)
     check_labels(y, label, dataset.features[label].num_classes if named else num_classes, named)
     return TensorDataset(x, torch.from_numpy(y.astype(np.int64)))
@@ -139,7 +144,8 @@ class HuggingFaceFederated(FederatedDataModule):
         dataset: a ``datasets.Dataset`` or ``datasets.DatasetDict``; or (e.g. from YAML) a
             string: a folder written by ``save_to_disk`` or a name / path for ``load_dataset``.
         features: the input column, or several numeric columns (concatenated).
-        label: the integer label column, class indices in ``[0, num_classes)``.
+        label: the label column: class indices in ``[0, num_classes)`` (integers), or regression
+            targets (floats: the splits are then drawn at random, and partitioners that read classes refuse them).
         num_classes: the number of classes, bounding the labels; None takes the number of names of a
             ``ClassLabel`` column, and otherwise refuses negative labels and ids more than
             ``MAX_LABEL_SPARSITY`` (100) times the number of distinct labels.

@@ -55,6 +55,13 @@ class Partitioner(ABC):
     #: the number of partitions comes from the data (``num_partitions``, if set, is checked against it)
     counts_partitions: ClassVar[bool] = False
 
+    @property
+    def reads_labels(self) -> bool:
+        """Whether the partitions depend on the values of the labels (read as classes), not only on
+        their number: a datamodule whose targets are not class labels (regression values...) refuses
+        such a partitioner, unless its ``partition_by`` names another column."""
+        return not self.reads_keys
+
     def __init__(self, num_partitions: Optional[int] = None, partition_by: Optional[str] = None,
                  seed: Optional[int] = None) -> None:
         if num_partitions is not None:
@@ -114,6 +121,10 @@ class IidPartitioner(Partitioner):
 
     def __init__(self, num_partitions: Optional[int] = None, seed: Optional[int] = None) -> None:
         super().__init__(num_partitions, None, seed)
+
+    @property
+    def reads_labels(self) -> bool:
+        return False  # their number only: any targets
 
     def _split(self, values: np.ndarray, num_partitions: Optional[int], seed: int) -> list[np.ndarray]:
         assert num_partitions is not None
@@ -332,6 +343,12 @@ class FlowerPartitioner(Partitioner):
                 f"partition_by={reads!r}) to partition by the datamodule's column {reads!r}, or build the Flower "
                 f"partitioner with partition_by={handed!r}")
         self.partitioner = partitioner
+
+    @property
+    def reads_labels(self) -> bool:
+        """Whether Flower's partitioner reads a column (its ``partition_by``; an ``IidPartitioner``
+        reads none)."""
+        return isinstance(getattr(self.partitioner, "_partition_by", None), str)
 
     def _split(self, values: np.ndarray, num_partitions: Optional[int], seed: int) -> list[np.ndarray]:
         datasets = import_datasets()

@@ -10,7 +10,7 @@ imbalanced sets of FedDRO's experiments (MNIST-ST, CIFAR10-ST, CIFAR100-ST)::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -55,9 +55,12 @@ def st_indices(labels: np.ndarray, keep: int = 100, minority_half: MinorityHalf 
 class Subsample(ABC):
     """Which samples of the pool a datamodule keeps (before partitioning)."""
 
+    #: whether it keeps samples by class: a datamodule whose targets are not class labels refuses it
+    reads_labels: ClassVar[bool] = False
+
     @abstractmethod
     def indices(self, labels: np.ndarray) -> np.ndarray:
-        """Sorted indices of the samples kept, given the labels of the pool."""
+        """Sorted indices of the samples kept, given the targets of the pool."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -71,6 +74,8 @@ class ImbalancedSubsample(Subsample):
         keep: samples kept per minority class.
         minority_half: ``"first"`` (the paper) or ``"second"`` half of the classes is the minority.
     """
+
+    reads_labels = True
 
     def __init__(self, keep: int = 100, minority_half: MinorityHalf = "first") -> None:
         check_st(keep, minority_half)

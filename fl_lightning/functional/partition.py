@@ -443,19 +443,35 @@ def power_law(
 
 
 # ------------------------------------------------------------------ within a partition
+def _cut(shuffled: np.ndarray, fractions: Sequence[float]) -> list[np.ndarray]:
+    """``shuffled`` cut into ``round(f * len)`` samples for each of ``fractions`` at its end, the
+    rest first."""
+    counts = [int(round(f * len(shuffled))) for f in fractions]
+    start = len(shuffled) - sum(counts)
+    parts = [shuffled[:start]]
+    for n in counts:
+        parts.append(shuffled[start : start + n])
+        start += n
+    return parts
+
+
 def stratified_split(
     indices: np.ndarray, labels: np.ndarray, fractions: Sequence[float], seed: int
 ) -> list[np.ndarray]:
     """Split ``indices`` into parts of the given ``fractions`` (the rest is the first part),
-    class by class, so every part follows the partition's own label distribution."""
+    class by class, so every part follows the partition's own label distribution: of a class's
+    ``n`` samples, a part of fraction ``f`` takes ``round(f * n)``."""
     rng = np.random.default_rng(seed)
     parts: list[list[np.ndarray]] = [[] for _ in range(len(fractions) + 1)]
     for c in np.unique(labels[indices]):
-        idx = rng.permutation(indices[labels[indices] == c])
-        counts = [int(round(f * len(idx))) for f in fractions]
-        start = len(idx) - sum(counts)
-        parts[0].append(idx[:start])
-        for j, n in enumerate(counts):
-            parts[j + 1].append(idx[start : start + n])
-            start += n
+        for part, cut in zip(parts, _cut(rng.permutation(indices[labels[indices] == c]), fractions)):
+            part.append(cut)
     return [np.sort(np.concatenate(p)) if p else np.array([], dtype=np.int64) for p in parts]
+
+
+def random_split(indices: np.ndarray, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
+    """Split ``indices`` at random into parts of the given ``fractions`` (the rest is the first
+    part): a part of fraction ``f`` takes ``round(f * len(indices))`` samples. The split of targets
+    that are not class labels (regression values, vectors...), which no class stratifies."""
+    shuffled = np.random.default_rng(seed).permutation(indices)
+    return [np.sort(part).astype(np.int64) for part in _cut(shuffled, fractions)]
