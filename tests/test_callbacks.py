@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from fl_lightning.algorithms import FedAvg
-from fl_lightning.callbacks import Aggregator, ClientMetrics, FederatedCallback, WeightedMean
+from fl_lightning.callbacks import (
+    Aggregator,
+    ClassAccuracy,
+    ClientMetrics,
+    FederatedCallback,
+    LabelFlipAttack,
+    LocalFinetuning,
+    PersonalizedAccuracy,
+    WeightedMean,
+)
 from fl_lightning.callbacks.client_metrics import accuracy_summary
+from fl_lightning.datamodules import FederatedDataModule
 from fl_lightning.update import ClientUpdate
-from tests.helpers import global_vector, synthetic, tiny_client, trainer
+from tests.helpers import RegressionData, Regressor, global_vector, synthetic, tiny_client, trainer
 
 
 def updates():
@@ -112,7 +124,8 @@ def test_client_metrics_name_their_split_and_warn_when_it_is_empty():
     assert ClientMetrics(split="train", clients="unseen").prefixes == {"train": "clients_unseen_train"}
     assert ClientMetrics(split=["val", "test"]).prefixes == {"val": "clients_val", "test": "clients_test"}
     t = trainer(1, callbacks=[ClientMetrics(split="test")])
-    with pytest.warns(UserWarning, match=r"split='test'.*splits are empty \(set the datamodule's test_fraction > 0"):
+    with pytest.warns(UserWarning, match=r"split='test'.*splits are empty: test_fraction=0 holds out no test data: "
+                                         r"set test_fraction > 0"):
         t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4, test_fraction=0.0))
     assert not any(name.startswith("clients_test/") for name in t.callback_metrics)
 
@@ -150,3 +163,41 @@ def test_client_metrics_on_several_splits_equal_one_callback_per_split_and_make_
             ClientMetrics(split=bad)
     with pytest.raises(ValueError, match=r"prefix='mine' names one split's metrics and split=\['val', 'test'\] has 2"):
         LocalFinetuning(split=["val", "test"], prefix="mine")
+
+
+@pytest.mark.parametrize("make, does", [
+    (lambda: ClientMetrics(), "measures accuracy"),
+    (lambda: LocalFinetuning(steps=1), "measures accuracy"),
+    (lambda: ClassAccuracy(num_classes=2), "measures accuracy"),
+    (lambda: PersonalizedAccuracy(), "measures accuracy"),
+    (lambda: LabelFlipAttack(num_classes=2, count=1), "flips class labels"),
+])
+def test_accuracy_callbacks_refuse_data_without_class_labels_at_setup(make, does):
+    """A regression's float targets have no accuracy: refused before the first round, naming the
+    targets, where the accuracy would otherwise be computed (as 0) or fail at the first evaluation."""
+    callback = make()
+    with pytest.raises(ValueError, match=rf"{type(callback).__name__} .*{does}.*, but RegressionData's targets are "
+                                         r"float32 numbers of shape \[\] \(mean .*\), not class labels"):
+        trainer(1, callbacks=[callback]).fit(FedAvg(Regressor(), clients_per_round=2, local_steps=1), RegressionData())
+
+
+def test_accuracy_callbacks_refuse_samples_that_are_not_inputs_and_labels():
+    """Dict samples hold class labels, but an accuracy callback cannot tell their inputs."""
+
+    class Dicts(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return {"x": torch.full((20,), float(i)), "label": i % 2}
+
+    class DictData(FederatedDataModule):
+        def build_datasets(self):
+            return Dicts(), None
+
+    dm = DictData(num_clients=2)
+    dm.setup()
+    with pytest.raises(ValueError, match=r"ClientMetrics reads a batch as \(inputs, labels, ...\), but DictData's "
+                                         r"samples are dicts with keys \['x', 'label'\]: evaluate the clients with "
+                                         r"FederatedEvaluation"):
+        ClientMetrics().setup(trainer(1), SimpleNamespace(datamodule=dm), "fit")

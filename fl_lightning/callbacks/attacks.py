@@ -20,6 +20,7 @@ forged without being read (``forges_upload``; the result is the same, only faste
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
@@ -27,7 +28,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from fl_lightning.datamodules.base import labels_of
+from fl_lightning.datamodules.targets import targets_in_words
 from fl_lightning.distributed import all_reduce_sum
 from fl_lightning.functional.attacks import (
     alie_attack,
@@ -343,12 +344,15 @@ class LabelFlipAttack(ByzantineAttack):
         if stage != "fit":
             return
         dm = pl_module.datamodule
+        if not dm.has_class_labels:
+            raise ValueError(f"LabelFlipAttack flips class labels, but {type(dm).__name__}'s targets are "
+                             f"{targets_in_words(dm.describe_targets())}, not class labels: choose another attack")
         if dm.num_classes is not None:
             if dm.num_classes == self.num_classes:
                 return
             found, wanted = f"{type(dm).__name__} has num_classes={dm.num_classes}", dm.num_classes
         else:
-            largest = int(labels_of(dm.pool).max())
+            largest = int(dm.pool_targets.max())
             if self.num_classes > largest:
                 return
             found, wanted = f"{type(dm).__name__}'s labels reach {largest}", largest + 1
@@ -362,6 +366,8 @@ class LabelFlipAttack(ByzantineAttack):
     def on_local_batch(self, trainer: pl.Trainer, module: Federation, client_id: int, batch: Any) -> Any:
         if not self.is_byzantine(client_id):
             return batch
-        x, y = batch
-        return x, flip_labels(y, self.num_classes)
+        if isinstance(batch, Mapping):  # dict samples: the labels under the datamodule's label_column
+            key = module.datamodule.label_column
+            return {**batch, key: flip_labels(batch[key], self.num_classes)}
+        return (batch[0], flip_labels(batch[1], self.num_classes), *batch[2:])
 

@@ -24,6 +24,7 @@ from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
+from fl_lightning.callbacks.accuracy import check_accuracy_data, inputs_and_labels
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
@@ -81,7 +82,8 @@ class ClassAccuracy(FederatedCallback):
         counts = torch.zeros(2, self.num_classes, dtype=torch.float64, device=module.device)
         was_training = module.client.training
         module.client.eval()
-        for x, y in loader:
+        for batch in loader:
+            x, y = inputs_and_labels(batch)
             y = y.to(module.device)
             pred = module.client(move_data_to_device(x, module.device)).argmax(-1)
             counts[0] += torch.bincount(y[pred == y], minlength=self.num_classes).double()
@@ -89,6 +91,9 @@ class ClassAccuracy(FederatedCallback):
         module.client.train(was_training)
         counts = all_reduce_sum(counts)
         return counts[0], counts[1]
+
+    def setup(self, trainer: pl.Trainer, pl_module: Federation, stage: str) -> None:
+        check_accuracy_data(pl_module, type(self).__name__)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         if trainer.sanity_checking:

@@ -6,7 +6,9 @@ on the client's own split; the callback logs the mean, the worst and the 10th pe
 of client accuracy, under names that say the split (``clients_test/acc_mean``,
 ``clients_unseen_val/acc_worst``...). Under DDP the clients are divided over processes and the
 accuracies gathered, so the figures equal the single-process ones. When every selected client's
-split is empty (``test_fraction=0``, say) it warns once instead of logging nothing silently.
+split is empty (``test_fraction=0``, say) it warns once, saying why, instead of logging nothing
+silently. Data without accuracy (targets that are not class labels: a regression's) is refused at
+setup: ``FederatedEvaluation`` evaluates any client module with its own metrics.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
-from fl_lightning.callbacks.accuracy import accuracies_of
+from fl_lightning.callbacks.accuracy import accuracies_of, check_accuracy_data
 from fl_lightning.datamodules.client_data import SPLITS, Split
 from fl_lightning.distributed import gather_clients, my_clients
 from fl_lightning.functional.client_summaries import summarize
@@ -90,6 +92,9 @@ class ClientMetrics(FederatedCallback):
         self.prefixes = {s: prefix or default_prefix(self.name, s, clients) for s in splits}
         self._warned = False
 
+    def setup(self, trainer: pl.Trainer, pl_module: Federation, stage: str) -> None:
+        check_accuracy_data(pl_module, type(self).__name__)
+
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         if trainer.sanity_checking:
             return
@@ -101,10 +106,11 @@ class ClientMetrics(FederatedCallback):
                     log_agreed(pl_module, name, value, batch_size=1)
             elif not self._warned:
                 self._warned = True
+                dm = pl_module.datamodule
                 rank_zero_warn(
                     f"{type(self).__name__}(split={split!r}, clients={self.clients!r}) has nothing to evaluate: "
-                    f"the selected clients' {split!r} splits are empty (set the datamodule's "
-                    f"{split}_fraction > 0, or choose another split)"
+                    f"the selected clients' {split!r} splits are empty: "
+                    f"{dm.empty_split_reason(split, population(dm, self.clients))} (or choose another split)"
                 )
 
     def client_states(self, module: Federation, client_ids: Sequence[int]) -> Iterator[tuple[int, Optional[Tensor]]]:

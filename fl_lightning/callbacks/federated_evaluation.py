@@ -15,7 +15,9 @@ The cohort is every selected client, a ``fraction`` of them (at least ``min_clie
 run's seed and the round (``cohort="sampled"``) or once for the whole run (``cohort="fixed"``,
 curves comparable across rounds). The draw does not depend on the number of processes: under
 DDP the cohort is divided over processes and the results gathered, so every process logs the
-figures of one process.
+figures of one process. Clients of the cohort whose split is empty (too small for the datamodule's
+``val_fraction``, say) are left out of the figures, with a warning (once) saying how many and why;
+``{prefix}/num_clients`` counts the clients evaluated.
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ class FederatedEvaluation(FederatedCallback):
         self.table = table
         self.prefix = prefix or default_prefix("clients", split, clients)
         self._folder: Optional[str] = None
-        self._warned_empty = False
+        self._warned_empty = False  # warned that no client of a cohort has data in the split
+        self._warned_some_empty = False  # warned that some have none
         self._warned: set[str] = set()  # the metrics of unknown direction warned about
 
     # ------------------------------------------------------------ the cohort
@@ -167,25 +170,44 @@ class FederatedEvaluation(FederatedCallback):
             self._folder = trainer.log_dir or trainer.default_root_dir
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Federation) -> None:
-        self.cohort_size(len(self.candidates(pl_module)))  # refuse an impossible cohort before training
+        candidates = self.candidates(pl_module)
+        self.cohort_size(len(candidates))  # refuse an impossible cohort before training
+        dm = pl_module.datamodule
+        if all(len(dm.splits[self.split][c]) == 0 for c in candidates):  # (an empty val set: no validation runs)
+            self.warn_empty(pl_module, candidates, "it draws from")
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         if trainer.sanity_checking:
             return
         round_idx = pl_module.current_epoch
-        results = self.evaluate(pl_module, self.cohort_of(pl_module, round_idx))
+        cohort = self.cohort_of(pl_module, round_idx)
+        self.warn_empty(pl_module, cohort)
+        results = self.evaluate(pl_module, cohort)
         if not results:
-            if not self._warned_empty:
-                self._warned_empty = True
-                rank_zero_warn(
-                    f"{type(self).__name__}(split={self.split!r}, clients={self.clients!r}) has nothing to evaluate: "
-                    f"the selected clients' {self.split!r} splits are empty (set the datamodule's "
-                    f"{self.split}_fraction > 0, or choose another split)")
             return
         for name, value in self.summaries(results).items():
             log_agreed(pl_module, name, value, batch_size=1)
         if self.table and trainer.is_global_zero:
             self.write_table(results, round_idx)
+
+    def warn_empty(self, module: Federation, clients: Sequence[int], which: str = "of the cohort") -> None:
+        """Warn (once) when some of ``clients`` (those ``which``) have no data in the split, which leaves
+        them out of the figures, or when none has any, which leaves nothing to log; the datamodule says why."""
+        dm = module.datamodule
+        empty = [c for c in clients if len(dm.splits[self.split][c]) == 0]
+        if not empty or (self._warned_some_empty if len(empty) < len(clients) else self._warned_empty):
+            return
+        who = f"{type(self).__name__}(split={self.split!r}, clients={self.clients!r})"
+        if len(empty) < len(clients):
+            self._warned_some_empty = True
+            rank_zero_warn(f"{who}: {len(empty)} of the {len(clients)} clients {which} have no {self.split!r} data and "
+                           f"are left out of its figures ({self.prefix}/num_clients counts the clients evaluated): "
+                           f"{dm.empty_split_reason(self.split, empty)}")
+        else:
+            self._warned_empty = True
+            rank_zero_warn(f"{who} has nothing to evaluate and logs nothing: none of the {len(clients)} clients "
+                           f"{which} has {self.split!r} data: {dm.empty_split_reason(self.split, empty)} (or choose "
+                           "another split)")
 
     # ------------------------------------------------------------ evaluation and summaries
     def evaluate(self, module: Federation, cohort: Sequence[int]) -> list[ClientResult]:

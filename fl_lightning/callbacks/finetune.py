@@ -50,6 +50,7 @@ class LocalFinetuning(ClientMetrics):
         self.steps = steps
 
     def setup(self, trainer: pl.Trainer, pl_module: Federation, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         if not pl_module.has_global_model:
             raise ValueError(
                 f"LocalFinetuning finetunes the global model, and {type(pl_module).__name__} trains none (each client's "

@@ -20,8 +20,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from fl_lightning.callbacks.accuracy import client_accuracy
-from fl_lightning.datamodules.base import labels_of
+from fl_lightning.callbacks.accuracy import check_accuracy_data, client_accuracy
 from fl_lightning.datamodules.client_data import ClientData
 from fl_lightning.distributed import map_clients
 from fl_lightning.hooks import FederatedCallback, Federation
@@ -98,14 +97,15 @@ class PersonalizedAccuracy(FederatedCallback):
         """Every client's local test set (indices into the global test set), built once."""
         if self._local is None:
             dm = module.datamodule
-            pool_labels = labels_of(dm.pool)
-            test_labels = labels_of(dm.global_test_set())
+            pool_labels = dm.pool_targets
+            test_labels = dm.targets_of(dm.global_test_set())
             local = local_test_indices([pool_labels[idx] for idx in dm.splits["train"]], test_labels)
             rngs = [np.random.default_rng(derive_seed(self.seed, "extra_classes", c)) for c in range(len(local))]
             self._local = [add_extra_classes(idx, test_labels, self.extra_classes, rng) for idx, rng in zip(local, rngs)]
         return self._local
 
     def setup(self, trainer: pl.Trainer, pl_module: Federation, stage: str) -> None:
+        check_accuracy_data(pl_module, type(self).__name__)
         self._local = None
         self.local_sets(pl_module)  # the datamodule is set up by now; a bad extra_classes fails here
 
