@@ -4,9 +4,11 @@ Reads the files ``RoundHistory`` writes into a run's log folder (``history.json`
 only ``history.csv`` holds yet, ``partition.json``) and draws, with matplotlib (the ``[plot]`` extra):
 
 * ``metrics.png``: one panel per metric, the round on the x-axis, one line per run, so several
-  runs (algorithms, seeds) compare on one figure;
+  runs (algorithms, seeds) compare on one figure: each run has its own colour, dash and markers
+  (placed at other rounds than the other runs'), so runs that logged the same values stay apart;
 * ``partition.png``: a heatmap of every client's label counts (clients x classes, as
-  flwr-datasets' ``plot_label_distributions`` draws), unseen clients marked with ``*``.
+  flwr-datasets' ``plot_label_distributions`` draws), unseen clients marked with ``*``; only for
+  class labels (a regression's ``partition.json`` holds no label counts).
 
 From the shell::
 
@@ -26,11 +28,18 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from fl_lightning.callbacks.history import read_history
+from fl_lightning.datamodules.targets import targets_in_words
 
-#: metrics drawn by default, after the global validation accuracy and loss (:func:`metric_names`)
+#: metrics drawn by default, after the global validation metrics and the client's training ones (:func:`metric_names`)
 DEFAULT_METRICS = ("round/client_loss",)
 #: how the names of global validation metrics start (the client module names them: ``val_acc``, ``val/acc``)
 VALIDATION_PREFIXES = ("val_", "val/", "valid_", "valid/", "validation_", "validation/")
+#: how the names of the client module's own training metrics start (``train_loss``, ``train/mse``)
+TRAINING_PREFIXES = ("train_", "train/")
+#: the markers of the runs' lines, one per run (in turn), drawn hollow
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+#: about how many markers a run's line has (at most one a round)
+MARKS_PER_LINE = 12
 #: annotate the heatmap's cells with counts up to this many cells
 ANNOTATE_CELLS = 400
 
@@ -79,19 +88,38 @@ def load_run(path: str | Path, label: Optional[str] = None) -> Run:
 
 
 def metric_names(runs: Sequence[Run]) -> list[str]:
-    """The metrics drawn by default, from what the runs logged: the global validation accuracies
-    then losses (names starting with one of :data:`VALIDATION_PREFIXES`), the default metrics, then
-    every per-client mean accuracy."""
+    """The metrics drawn by default, from what the runs logged: the global validation metrics (names
+    starting with one of :data:`VALIDATION_PREFIXES`: accuracies, then losses, then the others), the
+    client module's own training metrics (:data:`TRAINING_PREFIXES`), the default metrics, then every
+    mean over clients (``clients_val/acc_mean``, ``clients_val/mse_mean``...)."""
     logged = {name for run in runs for row in run.rows for name, value in row.items() if isinstance(value, float)}
     validation = sorted(name for name in logged if name.startswith(VALIDATION_PREFIXES))
     accuracies = [name for name in validation if "acc" in name.split("/")[-1]]
     losses = [name for name in validation if "loss" in name.split("/")[-1]]
-    client_means = sorted(name for name in logged if name.endswith("/acc_mean"))
-    return accuracies + losses + [name for name in DEFAULT_METRICS if name in logged] + client_means
+    others = [name for name in validation if name not in accuracies and name not in losses]
+    training = sorted(name for name in logged if name.startswith(TRAINING_PREFIXES))
+    client_means = sorted(name for name in logged if "/" in name and name.endswith("_mean"))
+    return (accuracies + losses + others + training + [name for name in DEFAULT_METRICS if name in logged]
+            + client_means)
 
 
 def plot_metrics(runs: Sequence[Run], path: str | Path, metrics: Optional[Sequence[str]] = None) -> Path:
     """One panel per metric, the value per round of each run; written to ``path`` (PNG)."""
+    return _save(metrics_figure(runs, metrics), path)
+
+
+def run_style(i: int, points: int) -> dict[str, Any]:
+    """The line of run ``i`` (of a line of ``points`` points): its colour, dash and hollow marker,
+    each in turn over the runs, the markers every ``points / MARKS_PER_LINE`` rounds from the
+    ``i``-th: runs that logged the same values are drawn on top of each other and stay apart."""
+    colors = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+    every = max(1, math.ceil(points / MARKS_PER_LINE))
+    return {"color": colors[i % len(colors)], "linestyle": ["-", "--", ":", "-."][i % 4],
+            "marker": MARKERS[i % len(MARKERS)], "fillstyle": "none", "markevery": (i % every, every)}
+
+
+def metrics_figure(runs: Sequence[Run], metrics: Optional[Sequence[str]] = None) -> Any:
+    """The figure of :func:`plot_metrics` (matplotlib's), one panel per metric (default :func:`metric_names`)."""
     plt = _pyplot()
     metrics = list(metrics) if metrics else metric_names(runs)
     if not metrics:
@@ -103,16 +131,13 @@ def plot_metrics(runs: Sequence[Run], path: str | Path, metrics: Optional[Sequen
     cols = min(2, len(metrics))
     rows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.6 * rows + 0.4), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = ["-", "--", ":", "-."]
     lines = {}  # a run's colour and style are the same in every panel (also where another run has no points)
     for ax, name in zip(axes.flat, metrics):
         for i, run in enumerate(runs):
             points = [(row["round"], row[name]) for row in run.rows if isinstance(row.get(name), float)]
             if points:
                 x, y = zip(*points)
-                lines[i] = ax.plot(x, y, color=colors[i % len(colors)], linestyle=styles[i // len(colors) % len(styles)],
-                                   marker="." if len(points) < 30 else None, label=run.label)[0]
+                lines[i] = ax.plot(x, y, label=run.label, **run_style(i, len(points)))[0]
         ax.set_title(name)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
@@ -122,11 +147,22 @@ def plot_metrics(runs: Sequence[Run], path: str | Path, metrics: Optional[Sequen
     fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=min(len(handles), 4),
                fontsize="small", frameon=False)
     fig.tight_layout(rect=(0, 0.3 * math.ceil(len(handles) / 4) / (3.6 * rows + 0.4), 1, 1))  # 0.3 in a legend row
-    return _save(fig, path)
+    return fig
 
 
 def plot_label_distribution(partition: dict[str, Any], path: str | Path, title: str = "") -> Path:
     """Heatmap of the label counts of every client's training split (``partition.json``)."""
+    return _save(label_distribution_figure(partition, title), path)
+
+
+def label_distribution_figure(partition: dict[str, Any], title: str = "") -> Any:
+    """The figure of :func:`plot_label_distribution` (matplotlib's).
+
+    Raises:
+        ValueError: the partition holds no label counts (its targets are not class labels).
+    """
+    if "clients" not in partition:
+        raise ValueError(f"the partition holds no label counts to draw: its targets are {targets_of(partition)}")
     plt = _pyplot()
     import numpy as np
 
@@ -137,7 +173,7 @@ def plot_label_distribution(partition: dict[str, Any], path: str | Path, title: 
     image = ax.imshow(counts, aspect="auto", cmap="Greens", interpolation="nearest")
     fig.colorbar(image, ax=ax, label="samples")
     ax.set_xlabel("class")
-    ax.set_ylabel("client (* unseen)")
+    ax.set_ylabel("client (* unseen)" if unseen else "client")
     ax.set_title(title or f"{partition.get('datamodule', '')}: label counts per client")
     if num_clients <= 60:
         ax.set_yticks(range(num_clients), [f"{c}{'*' if c in unseen else ''}" for c in range(num_clients)],
@@ -151,7 +187,12 @@ def plot_label_distribution(partition: dict[str, Any], path: str | Path, title: 
                 ax.text(k, c, int(n), ha="center", va="center", fontsize=6,
                         color="white" if n > 0.6 * top else "black")
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
+
+
+def targets_of(partition: dict[str, Any]) -> str:
+    """What a partition's targets are, in words (``partition.json``'s ``targets``)."""
+    return targets_in_words(partition["targets"]) if "targets" in partition else "not class labels"
 
 
 def _save(fig: Any, path: str | Path) -> Path:
@@ -170,8 +211,10 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     )
     parser.add_argument("runs", nargs="+", help="run folders (a folder holding history.json, or one above it)")
     parser.add_argument("--labels", nargs="+", help="a legend label per run (default: the folders)")
-    parser.add_argument("--metrics", nargs="+", help="metrics to draw (default: the global validation accuracy and loss as "
-                        f"logged (val_acc, val/acc...), {', '.join(DEFAULT_METRICS)} and every */acc_mean)")
+    parser.add_argument("--metrics", nargs="+", help="metrics to draw (default: the global validation metrics as "
+                        "logged (val_acc, val/loss, val/mse...), the client's training metrics (train_loss, "
+                        "train/mse...), "
+                        f"{', '.join(DEFAULT_METRICS)} and every mean over clients (clients_val/acc_mean...))")
     parser.add_argument("--out", help="output folder (default: <first run's folder>/plots)")
     args = parser.parse_args(argv)
     if args.labels and len(args.labels) != len(args.runs):
@@ -180,8 +223,11 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
     runs = [load_run(path, label) for path, label in zip(args.runs, labels)]
     out = Path(args.out) if args.out else runs[0].folder / "plots"
     written = [plot_metrics(runs, out / "metrics.png", args.metrics)]
-    if runs[0].partition is not None:
-        written.append(plot_label_distribution(runs[0].partition, out / "partition.png"))
+    partition = runs[0].partition
+    if partition is not None and "clients" in partition:
+        written.append(plot_label_distribution(partition, out / "partition.png"))
+    elif partition is not None:
+        print(f"no partition.png: the targets are {targets_of(partition)}, without label counts")
     for path in written:
         print(f"wrote {path}")
     return written

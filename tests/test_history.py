@@ -16,7 +16,7 @@ from fl_lightning.callbacks import history as history_module
 from fl_lightning.callbacks.history import read_history, summary_table
 from fl_lightning.cli import FederatedCLI, main
 from fl_lightning.plotting import Run, load_run, metric_names, plot_label_distribution, plot_metrics
-from tests.helpers import synthetic, tiny_client, trainer
+from tests.helpers import RegressionData, Regressor, synthetic, tiny_client, trainer
 
 PNG = b"\x89PNG\r\n\x1a\n"
 QUICKSTART = str(Path(__file__).parents[1] / "configs" / "quickstart.yaml")
@@ -103,6 +103,22 @@ def test_partition_file_holds_every_clients_label_counts(tmp_path):
     assert partition["train_sizes"] == [dm.num_samples(c) for c in range(6)]
     assert [sum(counts) for counts in partition["clients"]] == partition["train_sizes"]
     assert partition["clients"][3] == dm.label_histogram(3).tolist()
+    assert partition["targets"] == {"kind": "class labels", "dtype": "int64", "shape": [], "num_classes": 10}
+
+
+def test_a_regression_runs_partition_file_describes_its_targets_and_the_plot_says_so(tmp_path, capsys):
+    """Float targets have no label counts: partition.json says what they are, ``fl-lightning plot``
+    draws the metrics (the client's own val/mse and train/mse among them) and no heatmap."""
+    dm = RegressionData()
+    history = RoundHistory(dirpath=str(tmp_path), summary=False)
+    trainer(2, callbacks=[history]).fit(FedAvg(Regressor(), clients_per_round=2, local_steps=1), dm)
+    partition = json.loads((tmp_path / "partition.json").read_text())
+    assert "clients" not in partition and partition["train_sizes"] == [27] * 4
+    assert partition["targets"] == dm.describe_targets() and partition["targets"]["kind"] == "numbers"
+    main(["plot", str(tmp_path), "--out", str(tmp_path / "plots")])
+    assert [p.name for p in (tmp_path / "plots").iterdir()] == ["metrics.png"]
+    assert "no partition.png: the targets are float32 numbers of shape [] (mean" in capsys.readouterr().out
+    assert {"val/mse", "val/mae", "train/mse"} <= set(metric_names([load_run(tmp_path)]))
 
 
 def test_history_resumes_with_the_checkpoint(tmp_path):
@@ -176,7 +192,12 @@ def test_the_default_plot_metrics_come_from_what_was_logged():
     logged = {"round": 1, "val/acc": 0.5, "val/loss": 1.0, "round/client_loss": 0.3, "clients_val/acc_mean": 0.4,
               "train_loss": 0.2, "round/excluded": 0.0}
     run = Run("a", Path("."), [logged], None)
-    assert metric_names([run]) == ["val/acc", "val/loss", "round/client_loss", "clients_val/acc_mean"]
+    assert metric_names([run]) == ["val/acc", "val/loss", "train_loss", "round/client_loss", "clients_val/acc_mean"]
+    regression = Run("r", Path("."), [{"round": 1, "val/mse": 2.0, "val/mae": 1.0, "train/mse": 2.5,
+                                       "clients_val/mse_mean": 2.1, "clients_val/mse_worst": 4.0,
+                                       "round/client_loss": 2.5}], None)
+    assert metric_names([regression]) == ["val/mae", "val/mse", "train/mse", "round/client_loss",
+                                          "clients_val/mse_mean"]
     other = Run("b", Path("."), [{"round": 1, "val_loss": 1.0, "val_acc": 0.5, "round/client_loss": 0.3}], None)
     assert metric_names([other]) == ["val_acc", "val_loss", "round/client_loss"]
 
@@ -318,3 +339,25 @@ def test_the_summary_counts_the_refused_rounds_and_gives_them_no_best():
                         "refused (a result not finite)")
     assert next(line for line in lines if line.startswith("round/refused")).split()[1:] == ["0", "1", "-"]
     assert "refused" not in summary_table(rows[:1]).splitlines()[0]
+
+
+def test_the_heatmap_marks_unseen_clients_only_where_there_are_some():
+    from fl_lightning.plotting import label_distribution_figure
+
+    partition = {"datamodule": "D", "clients": [[3, 0], [1, 2], [0, 4]], "unseen_clients": []}
+    assert label_distribution_figure(partition).axes[0].get_ylabel() == "client"
+    held_out = label_distribution_figure({**partition, "unseen_clients": [1]}).axes[0]
+    assert held_out.get_ylabel() == "client (* unseen)"
+    assert [t.get_text() for t in held_out.get_yticklabels()] == ["0", "1*", "2"]
+
+
+def test_runs_that_logged_the_same_values_stay_apart():
+    """Two runs with the same rows: their lines lie on top of each other, in other dashes and markers,
+    the markers at other rounds."""
+    from fl_lightning.plotting import metrics_figure
+
+    rows = [{"round": r, "val_acc": 0.1 * r} for r in range(1, 41)]
+    a, b = metrics_figure([Run("A", Path("."), rows, None), Run("B", Path("."), rows, None)], ["val_acc"]).axes[0].lines
+    assert a.get_linestyle() != b.get_linestyle() and a.get_marker() != b.get_marker()
+    assert a.get_markevery()[0] != b.get_markevery()[0]  # the marks start at other rounds
+    assert a.get_fillstyle() == b.get_fillstyle() == "none"
