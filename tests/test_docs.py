@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -17,7 +18,12 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 def python_blocks(path: Path) -> list[str]:
     """The ```python blocks of a Markdown file, in order."""
-    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+    return python_blocks_of(path.read_text())
+
+
+def python_blocks_of(text: str) -> list[str]:
+    """The ```python blocks of a Markdown text, in order."""
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
 def test_the_engine_guide_algorithm_runs_and_keeps_its_invariant(tmp_path, monkeypatch):
@@ -61,3 +67,33 @@ def test_the_partitioners_guide_configs_parse(tmp_path, monkeypatch):
         path = tmp_path / f"block{i}.yaml"
         path.write_text(yaml.safe_dump(config))
         assert parser.parse_args(["--config", str(path)]).data.init_args
+
+
+def test_the_guides_regression_federates_through_the_cli(tmp_path, monkeypatch, capsys):
+    """The guide's regression.py and regression.yaml, written to a folder, run as the guide says
+    (``PYTHONPATH=. fl-lightning fit --config regression.yaml``, then ``fl-lightning plot``): the
+    client's own validation and training metrics, FederatedEvaluation's per-client figures, and a
+    partition.json that says what the targets are."""
+    from fl_lightning.callbacks.history import read_history
+    from fl_lightning.cli import main
+
+    section = (DOCS / "guide.md").read_text().split("## Regression and other targets", 1)[1].split("\n## ", 1)[0]
+    (tmp_path / "regression.py").write_text(python_blocks_of(section)[0])
+    (tmp_path / "regression.yaml").write_text(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1).splitlines()
+    assert commands == ["PYTHONPATH=. fl-lightning fit --config regression.yaml", "fl-lightning plot runs/regression"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # PYTHONPATH=.
+    monkeypatch.setattr(sys, "argv", ["fl-lightning"])
+    try:
+        main(["fit", "--config", "regression.yaml", "--trainer.enable_progress_bar", "false"])
+        main(["plot", "runs/regression"])
+    finally:
+        sys.modules.pop("regression", None)
+    folder = tmp_path / "runs" / "regression" / "lightning_logs" / "version_0"
+    last = read_history(folder)[-1]
+    assert last["round"] == 3 and last["clients_val/num_clients"] == 10.0
+    assert {"val/mse", "val/mae", "train/mse", "clients_val/mse_mean", "clients_val/mae_worst"} <= set(last)
+    assert json.loads((folder / "partition.json").read_text())["targets"]["kind"] == "numbers"
+    assert [p.name for p in (folder / "plots").iterdir()] == ["metrics.png"]
+    assert "no partition.png: the targets are float32 numbers" in capsys.readouterr().out

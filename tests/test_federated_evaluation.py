@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -23,6 +24,8 @@ from fl_lightning.callbacks import ClientMetrics, FederatedEvaluation, LocalFine
 from fl_lightning.callbacks.federated_evaluation import TABLE_FILE, short_name
 from fl_lightning.callbacks.metric_direction import direction_from_name
 from fl_lightning.functional.client_summaries import summarize
+from fl_lightning.datamodules import NaturalIdPartitioner
+from tests import helpers
 from tests.helpers import TWO_PROCESSES, synthetic, tiny_client, trainer
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
@@ -230,9 +233,44 @@ def test_the_direction_argument_gives_worst_and_best_without_a_warning():
 
 def test_an_empty_split_warns_once_and_logs_nothing():
     t = trainer(2, callbacks=[FederatedEvaluation(split="test")])
-    with pytest.warns(UserWarning, match=r"split='test'.*splits are empty"):
+    with pytest.warns(UserWarning, match=r"FederatedEvaluation\(split='test', clients='train'\) has nothing to "
+                                         r"evaluate and logs nothing: none of the 4 clients it draws from has 'test' "
+                                         r"data: "
+                                         r"test_fraction=0 holds out no test data: set test_fraction > 0"):
         t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4, test_fraction=0.0))
     assert not any(name.startswith("clients_test/") for name in t.callback_metrics)
+
+
+class Uneven(helpers.RegressionData):
+    """120 regression samples in 4 natural clients of 3, 3, 57 and 57 samples."""
+
+    def partition_keys(self):
+        return np.repeat([0, 1, 2, 3], [3, 3, 57, 57])
+
+
+def test_clients_without_data_in_the_split_are_left_out_with_a_warning_saying_why():
+    """Two clients too small for val_fraction=0.1 hold no val sample: the warning (once) names them
+    and why; the figures are the two others'. When none has any, the warning says why too."""
+    evaluation = FederatedEvaluation()
+    t = trainer(2, callbacks=[evaluation])
+    data = Uneven(num_clients=None, partitioner=NaturalIdPartitioner(), val_fraction=0.1)
+    with pytest.warns(UserWarning) as caught:
+        t.fit(FedAvg(helpers.Regressor(), clients_per_round=2, local_steps=2), data)
+    mine = [str(w.message) for w in caught if "FederatedEvaluation" in str(w.message)]
+    assert mine == ["FederatedEvaluation(split='val', clients='train'): 2 of the 4 clients of the cohort have no 'val' "
+                    "data and are left out of its figures (clients_val/num_clients counts the clients evaluated): "
+                    "val_fraction=0.1 holds out round(0.1 x n) of a client's samples, and 2 client(s) are too small "
+                    "for any (client 0: round(0.1 x 3) = 0, client 1: round(0.1 x 3) = 0): raise val_fraction, or "
+                    "make fewer, larger clients"]
+    figures = logged(t)
+    assert figures["clients_val/num_clients"] == 2 and "clients_val/mse_mean" in figures
+    small = trainer(1, callbacks=[FederatedEvaluation(clients="all")])  # no val set: no validation runs
+    with pytest.warns(UserWarning, match=r"FederatedEvaluation\(split='val', clients='all'\) has nothing to evaluate "
+                                         r"and logs nothing: none of the 4 clients it draws from has 'val' data: "
+                                         r"val_fraction=0.1 holds out .* 4 client\(s\) are too small for any "
+                                         r"\(client 0: round\(0.1 x 2\) = 0"):
+        small.fit(FedAvg(helpers.Regressor(), clients_per_round=2, local_steps=1),
+                  helpers.RegressionData(n=8, val_fraction=0.1))
 
 
 def test_client_metrics_figures_are_the_classifiers_own_accuracy_per_client():
@@ -288,10 +326,11 @@ def test_two_processes_log_the_figures_of_one(backend):
 
 # ------------------------------------------------------------------ the guide's example
 def guide_section() -> tuple[str, str]:
-    """The guide's federated evaluation example (its python block) and the output it shows."""
+    """The guide's regression example, whose FederatedEvaluation its federated evaluation section
+    explains (its python blocks: the module and datamodule, then the fit) and the output it shows."""
     text = GUIDE.read_text()
-    section = text.split("## Federated evaluation", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    section = text.split("## Regression and other targets", 1)[1].split("\n## ", 1)[0]
+    code = "\n".join(re.findall(r"```python\n(.*?)```", section, re.S))
     shown = re.search(r"```text\n(.*?)```", section, re.S).group(1)
     return code, shown
 
