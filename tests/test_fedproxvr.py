@@ -67,10 +67,11 @@ class Quadratic(pl.LightningModule):
 
 
 class QuadraticData(FederatedDataModule):
-    """One client holding ``n`` samples (x_i, a_i)."""
+    """One client holding ``n`` samples (x_i, a_i), all of them for training (``a``, float, is a
+    regression's target: its val split would be drawn at random)."""
 
     def __init__(self, n: int = 12, dim: int = 3, **kwargs: Any) -> None:
-        super().__init__(num_clients=1, **kwargs)
+        super().__init__(num_clients=1, val_fraction=0.0, **kwargs)
         g = torch.Generator().manual_seed(1)
         self.data = (torch.randn(n, dim, generator=g), torch.rand(n, generator=g) * 2 + 0.5)
 
