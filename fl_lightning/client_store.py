@@ -9,22 +9,28 @@ device only for the clients in flight, and written only for updates the round ke
 Memory is bounded: the store keeps at most ``memory_budget`` bytes of entries in RAM, the
 clients used most recently; older ones are spilled to files in ``directory`` (one immutable file
 per entry and version, named by the round that wrote it) and read back when their client takes
-part again. Checkpoints are incremental: a checkpoint writes the files of the entries that are
-new since the last one (the round's clients) and holds only the manifest (every entry's
-version and shape), as a few integer columns per entry name (:class:`Manifest`), kept up to date
-as entries change: what a checkpoint costs to gather, copy, checksum and write grows with the
-round's clients, not with all the clients that hold state (only the columns' bytes do: 32 per
-entry). The files a checkpoint names are kept while it is among the ``keep_checkpoints`` latest
-ones, and while the next one is being written (a kill during that write leaves it whole); the
-files an entry's new version supersedes are removed once no kept checkpoint names them, found
-from the entries that changed, not by listing every entry. Loading one warms the RAM part from
-them (checking every value it reads is finite).
+part again. The process's memory follows: at each round's end, once it has grown by more than the
+budget since it last did, the memory it freed is given back to the system
+(:class:`~fl_lightning.freed_memory.FreedMemory`). Checkpoints are incremental: a checkpoint
+writes the files of the entries that are new since the last one (the round's clients) and holds
+only the manifest (every entry's version, shape, and its file's size and checksum), as a few
+integer columns per entry name (:class:`Manifest`), kept up to date as entries change: what a
+checkpoint costs to gather, copy, checksum and write grows with the round's clients, not with all
+the clients that hold state (only the columns' bytes do: 48 per entry). The files a checkpoint
+names are kept while it is among the ``keep_checkpoints`` latest ones, and while the next one is
+being written (a kill during that write leaves it whole); the files an entry's new version
+supersedes are removed once no kept checkpoint names them, found from the entries that changed,
+not by listing every entry (a version that no checkpoint named, at the end of the round that
+superseded it). Loading one warms the RAM part from them (checking every value it reads is finite).
 
 A run owns its folder: the engine gives every run a folder of its own, named by a run id, below
 ``client_state_dir``, and records it in checkpoints as an absolute path. A run that resumes a
 checkpoint (its own run's, or another's, in the same ``client_state_dir`` or not) is a new run:
-it reads the checkpoint's files where they are, never changes or removes them, and writes its own
-into its own folder; so two runs sharing a ``client_state_dir`` never touch each other's files.
+it never changes or removes the checkpoint's files, and first takes its own hard link of each in
+its own folder (a copy across file systems), so the run that wrote them (still running, perhaps)
+can remove them without taking the resumed run's; it then checks every one against the size and
+checksum the checkpoint recorded before training starts, naming the missing and damaged ones.
+So two runs sharing a ``client_state_dir`` never touch each other's files.
 A checkpoint whose folder was moved together with it is found at the same place relative to it.
 Temporary files that a killed write left in the checkpoint's folders are removed on resume when
 their writer (named in the file) is no longer running on this machine. The entries
@@ -34,13 +40,16 @@ processes the directory must be on a file system they share (one node, or a shar
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import shutil
 import socket
 import tempfile
 import time
 import uuid
 import warnings
+import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +61,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fl_lightning.checkpoints import checksum
+from fl_lightning.freed_memory import FreedMemory
 from fl_lightning.validation import check_int
+
+#: the least growth of the process's resident memory after which the store gives freed memory back (its
+#: budget, when larger): see :class:`~fl_lightning.freed_memory.FreedMemory`
+FREED_MEMORY_ALLOWANCE = 32 * 2**20
+
+#: how many of the damaged or missing files a resume names (then how many more)
+NAMED_FILES = 5
 
 #: a state entry's value before the client's first round: a tensor (copied), a function giving
 #: one (read when needed, e.g. the global model of round 0), or None (no value: the algorithm
@@ -77,32 +94,42 @@ class StateSpec:
 Key = tuple[int, str]  # (client, entry name)
 
 
+#: an entry's file as a checkpoint records it: its size in bytes and the CRC-32 of its bytes (:func:`file_sum`)
+FileSum = tuple[int, int]
+
+
 @dataclass
 class Manifest:
     """What a checkpoint's store state names: every entry's version (``client -> name ->
-    version``) and shape, the folder its files were written in (``directory``), and the folder of
-    each entry whose file another run wrote (read where it is)."""
+    version``) and shape, the folder its files were written in (``directory``), the folder of
+    each entry whose file another run wrote (read where it is), and the size and checksum of each
+    entry's file (``files``; not in checkpoints written before they were recorded)."""
 
     directory: Optional[str]
     versions: dict[int, dict[str, int]] = field(default_factory=dict)
     shapes: dict[Key, tuple[int, ...]] = field(default_factory=dict)
     elsewhere: dict[Key, str] = field(default_factory=dict)
+    files: dict[Key, FileSum] = field(default_factory=dict)
 
 
 def read_manifest(state: dict[str, Any]) -> Manifest:
-    """The :class:`Manifest` of a store's checkpoint state: its columns (``"names"``), or the nested
-    dicts of checkpoints written before (``"entries"``: ``client -> name -> version``, with
-    ``"shapes"`` and ``"elsewhere"`` alike)."""
+    """The :class:`Manifest` of a store's checkpoint state: its columns (``"names"``; those written
+    before the files' sizes and checksums were recorded have none), or the nested dicts of
+    checkpoints written before (``"entries"``: ``client -> name -> version``, with ``"shapes"`` and
+    ``"elsewhere"`` alike)."""
     manifest = Manifest(state.get("directory"))
     if "names" in state:
         shapes, folders = [tuple(shape) for shape in state["shapes"]], list(state["folders"])
         for name, columns in state["names"].items():
-            rows = zip(*(columns[c].tolist() for c in _COLUMNS))
-            for client, version, shape, folder in rows:
+            recorded = _COLUMNS if _COLUMNS[-1] in columns else _COLUMNS[:-2]
+            rows = zip(*(columns[c].tolist() for c in recorded))
+            for client, version, shape, folder, *sums in rows:
                 manifest.versions.setdefault(client, {})[name] = version
                 manifest.shapes[(client, name)] = shapes[shape]
                 if folder >= 0:
                     manifest.elsewhere[(client, name)] = folders[folder]
+                if sums and sums[0] >= 0:
+                    manifest.files[(client, name)] = (sums[0], sums[1])
         return manifest
     manifest.versions = {int(cid): dict(v) for cid, v in state["entries"].items()}
     manifest.shapes = {(int(cid), name): tuple(shape) for cid, entry in state.get("shapes", {}).items()
@@ -112,26 +139,27 @@ def read_manifest(state: dict[str, Any]) -> Manifest:
     return manifest
 
 
-#: the columns of one entry name in a checkpoint's manifest
-_COLUMNS = ("clients", "versions", "shapes", "folders")
+#: the columns of one entry name in a checkpoint's manifest (the last two since they were recorded)
+_COLUMNS = ("clients", "versions", "shapes", "folders", "sizes", "checksums")
 
 
 class _Columns:
     """One entry name's part of the manifest as integer columns: each client's version, shape (an
-    index into the store's shapes) and folder (an index into the store's folders of other runs'
-    files; -1: this store's own), a row per client, updated in place as entries change."""
+    index into the store's shapes), folder (an index into the store's folders of other runs'
+    files; -1: this store's own) and its file's size and CRC-32 (-1: not known), a row per
+    client, updated in place as entries change."""
 
     def __init__(self) -> None:
         self._rows: dict[int, int] = {}
         self._table = np.zeros((len(_COLUMNS), 64), dtype=np.int64)
 
-    def put(self, client: int, version: int, shape: int, folder: int) -> None:
+    def put(self, client: int, version: int, shape: int, folder: int, size: int, crc: int) -> None:
         row = self._rows.get(client)
         if row is None:
             row = self._rows[client] = len(self._rows)
             if row == self._table.shape[1]:
                 self._table = np.concatenate([self._table, np.zeros_like(self._table)], axis=1)
-        self._table[:, row] = (client, version, shape, folder)
+        self._table[:, row] = (client, version, shape, folder, size, crc)
 
     def tensors(self) -> dict[str, Tensor]:
         """The columns as tensors of their own (the checkpoint's copy)."""
@@ -149,8 +177,13 @@ class ClientStateStore:
             needed only once the budget is exceeded).
         keep_checkpoints: how many of the latest checkpoints keep the files they name (None: every
             checkpoint, no file is ever removed); the files of the one being written are kept too.
-            An older checkpoint still loads (what it names and is gone fails only when read: a
-            personalized evaluation, a resume).
+            The file of a version that no checkpoint named is removed at the round's end that
+            supersedes it. An older checkpoint still loads (a resume refuses it, naming the files
+            that are gone; a personalized evaluation fails when it reads one).
+
+    At each round's end (:meth:`sync`), the process gives the memory it freed back to the system
+    once its resident memory has grown by more than ``memory_budget`` (at least
+    :data:`FREED_MEMORY_ALLOWANCE`) since it last did (:class:`~fl_lightning.freed_memory.FreedMemory`).
     """
 
     def __init__(
@@ -168,7 +201,7 @@ class ClientStateStore:
         #: the entries changed since the last checkpoint, with their version that checkpoint named
         #: (None: none, or another run's file, which is never removed)
         self._changed: dict[Key, Optional[int]] = {}
-        #: files of versions no checkpoint named (superseded before the next checkpoint): removed at it
+        #: files of versions no checkpoint named (superseded before the next checkpoint): removed at the round's end
         self._unnamed: set[str] = set()
         #: (checkpoint, the files its entries' new versions superseded), removed once no kept checkpoint names them
         self._retiring: deque[tuple[int, set[str]]] = deque()
@@ -183,6 +216,10 @@ class ClientStateStore:
         self._unsaved: set[Key] = set()  # entries whose current value has no file yet
         #: every entry's shape, kept in checkpoints: a file read back must hold a tensor of that shape
         self._shapes: dict[Key, tuple[int, ...]] = {}
+        #: the size and checksum of the file of an entry's current version (where this process wrote it, or a
+        #: checkpoint recorded it), kept in checkpoints: a resume checks every file against them
+        self._sums: dict[Key, FileSum] = {}
+        self._freed = FreedMemory()
 
     # ------------------------------------------------------------ access
     def get(self, client_id: int, name: str, device: Union[str, torch.device, None] = None) -> Optional[Tensor]:
@@ -201,7 +238,7 @@ class ClientStateStore:
         """Store a CPU copy of ``value`` for ``client_id`` (``version``: the round that wrote it)."""
         client_id = int(client_id)
         value = value.detach().to("cpu", copy=True)
-        self._note_change(client_id, name)
+        self._note_change(client_id, name, version)
         self._put(client_id, name, value)
         self._versions.setdefault(client_id, {})[name] = version
         self._elsewhere.pop((client_id, name), None)
@@ -228,11 +265,13 @@ class ClientStateStore:
 
     # ------------------------------------------------------------ the round's end
     def sync(self) -> None:
-        """Make every process hold the entries any process wrote this round, and spill the least
-        recently used clients beyond the memory budget (rank 0 writes their files).
+        """Make every process hold the entries any process wrote this round, remove the files of
+        versions they superseded that no checkpoint named, spill the least recently used clients
+        beyond the memory budget (rank 0 writes and removes files), and give freed memory back to
+        the system if the process grew by more than the budget since it last did.
 
         Each client runs on exactly one process per round, so the written entries never
-        conflict. Without an initialized process group only the spilling is done.
+        conflict. Without an initialized process group there is nothing to exchange.
         """
         written, self._written = self._written, {}
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -243,12 +282,15 @@ class ClientStateStore:
                 for cid, entry in part.items():
                     for name, value in entry.items():
                         if self._versions.get(cid, {}).get(name) != part_versions[cid][name]:  # another process's
-                            self._note_change(cid, name)
+                            self._note_change(cid, name, part_versions[cid][name])
                         self._put(cid, name, value.cpu())
                         self._versions.setdefault(cid, {})[name] = part_versions[cid][name]
                         self._elsewhere.pop((cid, name), None)
                         self._unsaved.add((cid, name))
+        self._remove(self._unnamed)  # (every process has read what it needed of them: the round is over)
+        self._unnamed = set()
         self._spill()
+        self._freed.give_back(max(self.memory_budget, FREED_MEMORY_ALLOWANCE))
 
     def _put(self, client_id: int, name: str, value: Tensor) -> None:
         self._shapes[(client_id, name)] = tuple(value.shape)
@@ -263,18 +305,23 @@ class ClientStateStore:
             if not spilled:
                 del self._spilled[client_id]
 
-    def _note_change(self, client_id: int, name: str) -> None:
-        """Before an entry takes a new value: remember the version the last checkpoint named (its
-        file is removed once no kept checkpoint names it), or, for a version of its own written
-        since that checkpoint and spilled, the file no checkpoint will name."""
+    def _note_change(self, client_id: int, name: str, new_version: int) -> None:
+        """Before an entry takes a new value (of version ``new_version``): remember the version the
+        last checkpoint named (its file is removed once no kept checkpoint names it), or, for a
+        version of its own written since that checkpoint and spilled, the file no checkpoint will
+        name (removed at the round's end). A file of the same version no longer holds its value: it
+        is written again when needed."""
         key = (client_id, name)
         version = self._versions.get(client_id, {}).get(name)
         own = version is not None and key not in self._elsewhere
+        self._sums.pop(key, None)
         if key not in self._changed:
             self._changed[key] = version if own else None
         elif own and version != self._changed[key] and self.directory is not None:
             path = self._path(client_id, name, version)
-            if path in self._on_disk:
+            if version == new_version:
+                self._on_disk.discard(path)
+            elif path in self._on_disk:
                 self._unnamed.add(path)
 
     def _spill(self) -> None:
@@ -288,7 +335,7 @@ class ClientStateStore:
                 if (cid, name) not in self._elsewhere:
                     path = self._path(cid, name, version)
                     if rank0 and path not in self._on_disk:  # (a file of another run with this name is replaced)
-                        _atomic_save(value, path)
+                        self._sums[(cid, name)] = _atomic_save(value, path)
                     self._on_disk.add(path)
                 self._unsaved.discard((cid, name))
                 self._spilled.setdefault(cid, {})[name] = version
@@ -313,22 +360,16 @@ class ClientStateStore:
         path = self._file(client_id, name, version)
         if not os.path.exists(path):
             raise FileNotFoundError(f"the stored entry {name!r} of client {client_id} ({path}) is missing: the "
-                                    "checkpoint refers to client state that was removed (keep_checkpoints) or moved")
+                                    "checkpoint refers to client state that was moved, or removed after newer "
+                                    "checkpoints (client_state_checkpoints)")
         value = read_state_file(path)
         shape = self._shapes.get((client_id, name))
         if shape is not None and tuple(value.shape) != shape:
             raise ValueError(f"the client-state file {path} holds a tensor of shape {tuple(value.shape)}, but client "
                              f"{client_id}'s entry {name!r} has shape {shape} (a file of another run or model copied "
                              "over it?)")
-        _check_finite(client_id, name, value)
+        _check_finite(client_id, name, value, path)
         return value
-
-    def missing_files(self) -> list[str]:
-        """The files of the entries on disk (not in RAM) that are gone: what a resume would fail on
-        when their clients are next sampled."""
-        files = (self._file(cid, name, version)
-                 for cid, entry in self._spilled.items() for name, version in entry.items())
-        return sorted(path for path in files if not os.path.exists(path))
 
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -360,7 +401,8 @@ class ClientStateStore:
         if columns is None:
             columns = self._columns[name] = _Columns()
         columns.put(client_id, self._versions[client_id][name], self._shape_index.setdefault(shape, len(self._shape_index)),
-                    -1 if folder is None else self._folder_index.setdefault(folder, len(self._folder_index)))
+                    -1 if folder is None else self._folder_index.setdefault(folder, len(self._folder_index)),
+                    *self._sums.get((client_id, name), (-1, -1)))
 
     def _rebuild_columns(self) -> None:
         """The manifest's columns of every entry (after a checkpoint was loaded)."""
@@ -369,26 +411,35 @@ class ClientStateStore:
             for name in entry:
                 self._put_columns(cid, name)
 
-    def load_state_dict(self, state: dict[str, Any], checkpoint_path: Optional[str] = None) -> None:
+    def load_state_dict(self, state: dict[str, Any], checkpoint_path: Optional[str] = None,
+                        resuming: bool = False) -> None:
         """Replace all entries with those a checkpoint names, reading back into RAM the most recently
         written ones that fit the budget (the rest stays on disk until its client takes part).
 
-        A file the checkpoint names that is gone (removed after ``keep_checkpoints`` newer
-        checkpoints) is warned about; reading its entry fails. Stale temporary files in the
-        checkpoint's folders are removed (:func:`remove_stale_temporaries`).
+        To resume (``resuming``), the store first checks every file the checkpoint names against
+        the size and checksum it recorded (:meth:`_check_files`), then takes its own copy of every
+        file another run wrote (:meth:`_take_files`: a hard link in its own folder, so that the run
+        that wrote them, which may still be running, can remove them without taking this store's),
+        before anything is read. Otherwise the files are read where they are,
+        and one that is gone (removed after ``keep_checkpoints`` newer checkpoints) is warned about;
+        reading its entry fails. Stale temporary files in the checkpoint's folders are removed
+        (:func:`remove_stale_temporaries`).
 
         Args:
             state: a :meth:`state_dict`.
             checkpoint_path: the checkpoint's file: its folders are looked for beside it when they
                 are no longer where they were written (:func:`locate_folder`).
+            resuming: the store's run goes on from the checkpoint (owns and checks its files).
 
         Raises:
             FileNotFoundError: a folder that holds entries of the checkpoint is missing.
-            ValueError: a value read holds NaN or Inf (the checkpoint cannot be resumed).
+            ValueError: a value read holds NaN or Inf, or (``resuming``) files the checkpoint names
+                are missing or damaged (naming the first :data:`NAMED_FILES` and how many there are).
         """
         self._ram, self._ram_bytes, self._written, self._elsewhere = OrderedDict(), 0, {}, {}
         self._unsaved = set()
-        self._shapes = {}
+        self._shapes, self._sums = {}, {}
+        self._changed, self._unnamed, self._retiring = {}, set(), deque()
         located: dict[str, str] = {}
 
         def locate(directory: str) -> str:
@@ -399,35 +450,17 @@ class ClientStateStore:
         written_in = None if state.get("directory") is None else locate(state["directory"])
         if self.directory is None:
             self.directory = written_in
-        self._changed, self._unnamed, self._retiring = {}, set(), deque()
-        if "entries" not in state and "names" not in state:  # the formats of earlier checkpoints: entries in the file
+        inline = "entries" not in state and "names" not in state  # the formats of earlier checkpoints: entries in the file
+        if inline:
             self._load_inline(state, written_in)
-            self._rebuild_columns()
-            return
-        manifest = read_manifest(state)
-        self._versions = manifest.versions
-        self._spilled = {cid: dict(v) for cid, v in self._versions.items()}
-        self._shapes = manifest.shapes
-        own: set[str] = set()  # (the loaded checkpoint names them: kept until entries' new versions supersede them)
-        for cid, entry in self._versions.items():
-            for name, version in entry.items():
-                written_by = manifest.elsewhere.get((cid, name))
-                directory = written_in if written_by is None else locate(written_by)
-                if directory is not None and directory != self.directory:
-                    self._elsewhere[(cid, name)] = directory  # another run's file: read only
-                else:
-                    own.add(self._path(cid, name, version))
-        self._on_disk |= own
+        else:
+            self._load_manifest(read_manifest(state), written_in, locate)
+        if resuming:
+            self._check_files()
+            self._take_files()
         self._rebuild_columns()
-        folders = set(self._elsewhere.values()) | ({self.directory} if own else set())
-        gone = sorted(folder for folder in folders if not os.path.isdir(folder))
-        if gone:
-            raise FileNotFoundError(f"the client state folder {gone[0]} that the checkpoint names is missing (moved or "
-                                    "deleted; it is also looked for at the same place relative to the checkpoint): "
-                                    "put it back there")
-        if _rank0():
-            for folder in sorted(folders):
-                remove_stale_temporaries(folder)
+        if inline:
+            return
         by_recency = sorted(((v, cid, n) for cid, e in self._versions.items() for n, v in e.items()), reverse=True)
         missing = 0
         for version, cid, name in by_recency:
@@ -442,8 +475,106 @@ class ClientStateStore:
             self._put(cid, name, value)
         if missing:
             warnings.warn(f"{missing} client-state entries this checkpoint names are no longer in {self.directory} "
-                          "(removed after newer checkpoints: keep_checkpoints); reading one fails", UserWarning)
+                          "(removed after newer checkpoints: client_state_checkpoints); reading one fails", UserWarning)
         self._ram = OrderedDict(sorted(self._ram.items(), key=lambda item: max(self._versions[item[0]].values())))
+
+    def _load_manifest(self, manifest: Manifest, written_in: Optional[str], locate: Callable[[str], str]) -> None:
+        """Take every entry a checkpoint's manifest names as on disk (in ``written_in``, or where
+        ``locate`` finds another run's folder); remove the stale temporary files there (rank 0)."""
+        self._versions = manifest.versions
+        self._spilled = {cid: dict(v) for cid, v in self._versions.items()}
+        self._shapes, self._sums = manifest.shapes, manifest.files
+        own: set[str] = set()  # (the loaded checkpoint names them: kept until entries' new versions supersede them)
+        for cid, entry in self._versions.items():
+            for name, version in entry.items():
+                written_by = manifest.elsewhere.get((cid, name))
+                directory = written_in if written_by is None else locate(written_by)
+                if directory is not None and directory != self.directory:
+                    self._elsewhere[(cid, name)] = directory  # another run's file: read only
+                else:
+                    own.add(self._path(cid, name, version))
+        self._on_disk |= own
+        folders = set(self._elsewhere.values()) | ({self.directory} if own else set())
+        gone = sorted(folder for folder in folders if not os.path.isdir(folder))
+        if gone:
+            raise FileNotFoundError(f"the client state folder {gone[0]} that the checkpoint names is missing (moved or "
+                                    "deleted; it is also looked for at the same place relative to the checkpoint): "
+                                    "put it back there")
+        if _rank0():
+            for folder in sorted(folders):
+                remove_stale_temporaries(folder)
+
+    def _take_files(self) -> None:
+        """Make every file the store names one of its own folder: another run's files are hard-linked
+        into it (copied where the folders are on different file systems), so that the run that wrote
+        them can remove its own (after newer checkpoints) without taking this store's. Rank 0 links;
+        the others wait.
+
+        Raises:
+            ValueError: naming the files that were removed before they were linked (by their run,
+                still running).
+        """
+        if not self._elsewhere:
+            return
+        gone = []
+        for (cid, name), folder in sorted(self._elsewhere.items()):
+            target = self._path(cid, name, self._versions[cid][name])
+            source = os.path.join(folder, os.path.basename(target))
+            if _rank0() and not _link_or_copy(source, target):
+                gone.append(source)
+            self._on_disk.add(target)
+        self._elsewhere = {}
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            shared = [gone]
+            dist.broadcast_object_list(shared, src=0)  # (the links exist before any process reads them)
+            gone = shared[0]
+        if gone:
+            raise ValueError(f"{len(gone)} client-state files the checkpoint names were removed while the resume took "
+                             f"its own links to them ({_first_few(gone)}): the run that wrote them is still running and "
+                             "removed them after its newer checkpoints (client_state_checkpoints); resume from its "
+                             "latest checkpoint")
+
+    def _check_files(self) -> None:
+        """Check every file the store names against the size and checksum the checkpoint recorded
+        (:func:`file_sum`); one it recorded none for (an older checkpoint) is read and checked whole
+        (:meth:`_read`), and its sums are recorded from then on. With several processes each checks a
+        share of the files. Raises ValueError naming the files that are missing or damaged."""
+        keys = sorted((cid, name) for cid, entry in self._spilled.items() for name in entry)
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        problems: list[tuple[str, str]] = []  # (the file, what is wrong with it)
+        learned: dict[Key, FileSum] = {}
+        for cid, name in keys[rank::world]:
+            version, recorded = self._spilled[cid][name], self._sums.get((cid, name))
+            path = self._file(cid, name, version)
+            try:
+                found = file_sum(path)
+            except FileNotFoundError:
+                problems.append((path, f"the client-state file {path} is missing"))
+                continue
+            if found == recorded:
+                continue
+            try:
+                self._read(cid, name, version)  # what is wrong with it, in the words of its own checks
+            except ValueError as error:
+                problems.append((path, str(error)))
+                continue
+            if recorded is None:
+                learned[(cid, name)] = found
+            else:
+                problems.append((path, f"the client-state file {path} is not the one written ({found[0]} bytes, CRC-32 "
+                                       f"{found[1]:08x}; the checkpoint recorded {recorded[0]} bytes, {recorded[1]:08x})"))
+        if distributed:
+            gathered: list = [None] * world
+            dist.all_gather_object(gathered, (problems, learned))
+            problems = [problem for part, _ in gathered for problem in part]
+            learned = {key: found for _, part in gathered for key, found in part.items()}
+        self._sums.update(learned)
+        if problems:
+            raise ValueError(f"{len(problems)} of the {len(keys)} client-state files it names are missing or damaged: "
+                             f"{_first_few([why for _, why in sorted(problems)], '; ')}. A file is removed once "
+                             "client_state_checkpoints newer checkpoints name newer versions: resume from a later "
+                             "checkpoint, or put the files back")
 
     def _load_inline(self, state: dict[str, Any], written_in: Optional[str]) -> None:
         """Checkpoints written before they were incremental: the RAM part inside the file (and,
@@ -472,7 +603,7 @@ class ClientStateStore:
         for cid, name in sorted(self._unsaved):
             path = self._path(cid, name, self._versions[cid][name])
             if rank0:  # (a file of another run with this name is replaced)
-                _atomic_save(self._ram[cid][name], path)
+                self._sums[(cid, name)] = _atomic_save(self._ram[cid][name], path)
             self._on_disk.add(path)
         wrote, self._unsaved = bool(self._unsaved), set()
         if wrote and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -489,18 +620,29 @@ class ClientStateStore:
         due, self._unnamed = self._unnamed, set()
         while self._retiring[0][0] + self.keep_checkpoints <= self._checkpoints:
             due |= self._retiring.popleft()[1]
+        self._remove(due)
+
+    def _remove(self, paths: set[str]) -> None:
+        """Remove the files ``paths`` of this store's folder (rank 0)."""
         rank0 = _rank0()
-        for path in sorted(due):
+        for path in sorted(paths):
             if rank0 and os.path.exists(path):
                 os.remove(path)
             self._on_disk.discard(path)
 
 
-def _check_finite(client_id: int, name: str, value: Tensor) -> None:
-    """Refuse a stored value holding NaN or Inf (a checkpoint's, or a file's)."""
+def _check_finite(client_id: int, name: str, value: Tensor, path: Optional[str] = None) -> None:
+    """Refuse a stored value holding NaN or Inf (a checkpoint's, or the file ``path``'s)."""
     if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-        raise ValueError(f"the stored entry {name!r} of client {client_id} holds NaN or Inf; a checkpoint "
+        where = "" if path is None else f" ({path})"
+        raise ValueError(f"the stored entry {name!r} of client {client_id}{where} holds NaN or Inf; a checkpoint "
                          "with non-finite client state cannot be resumed")
+
+
+def _first_few(items: list[str], separator: str = ", ") -> str:
+    """The first :data:`NAMED_FILES` of ``items``, and how many more there are."""
+    more = f"{separator}and {len(items) - NAMED_FILES} more" if len(items) > NAMED_FILES else ""
+    return separator.join(items[:NAMED_FILES]) + more
 
 
 def _nbytes(t: Tensor) -> int:
@@ -517,13 +659,46 @@ def _writer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _atomic_save(value: Tensor, path: str) -> None:
+def _atomic_save(value: Tensor, path: str) -> FileSum:
     """Write ``value`` to ``path`` through a temporary file named by its writer (the folder is made here,
-    when a run first writes: a run with no client state has none)."""
+    when a run first writes: a run with no client state has none); the file's size and checksum."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(state_file(value, path), buffer)
+    content = buffer.getbuffer()
     temporary = f"{path}.{_writer()}.tmp"
-    torch.save(state_file(value, path), temporary)
+    with open(temporary, "wb") as f:
+        f.write(content)
     os.replace(temporary, path)
+    return len(content), zlib.crc32(content)
+
+
+def file_sum(path: str, chunk: int = 2**20) -> FileSum:
+    """The size in bytes and the CRC-32 of the bytes of the file ``path`` (FileNotFoundError if it is gone)."""
+    size, crc = 0, 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            size, crc = size + len(block), zlib.crc32(block, crc)
+    return size, crc
+
+
+def _link_or_copy(source: str, target: str) -> bool:
+    """Give ``target`` the contents of ``source``: a hard link to it, or a copy where the two are on
+    different file systems (or links cannot be made), through a temporary file named by its writer;
+    False (and nothing made) if ``source`` is gone."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    temporary = f"{target}.{_writer()}.tmp"
+    try:
+        try:
+            os.link(source, temporary)
+        except FileNotFoundError:
+            return False
+        except OSError:  # another file system, or one without hard links
+            shutil.copyfile(source, temporary)
+    except FileNotFoundError:  # (removed meanwhile)
+        return False
+    os.replace(temporary, target)
+    return True
 
 
 def state_file(value: Tensor, path: str) -> dict[str, Any]:

@@ -112,9 +112,11 @@ def restore_store(saved: Mapping[str, Any], current: ClientStateStore, resuming:
                   checkpoint_path: Optional[str]) -> ClientStateStore:
     """The client state store of a checkpoint's index ``saved``, with ``current``'s settings.
 
-    Resuming a fit needs every file the index names (CheckpointError naming the missing ones);
+    Resuming a fit takes the run's own link of every file the index names and checks them all
+    against the sizes and checksums it recorded before training starts (CheckpointError naming the
+    missing and damaged ones: :meth:`~fl_lightning.client_store.ClientStateStore.load_state_dict`);
     validate/test/predict and ``load_from_checkpoint`` need the global model only, so there a
-    store whose files are gone is replaced by an empty one, with a warning.
+    store whose folder is gone is replaced by an empty one, with a warning.
     """
     def empty() -> ClientStateStore:
         return ClientStateStore(current.memory_budget, current.directory, current.keep_checkpoints)
@@ -122,7 +124,7 @@ def restore_store(saved: Mapping[str, Any], current: ClientStateStore, resuming:
     store = empty()
     try:
         # reads (and checks) the entries that fit in RAM; finds the files beside the checkpoint if they moved with it
-        store.load_state_dict(saved, checkpoint_path=checkpoint_path)
+        store.load_state_dict(saved, checkpoint_path=checkpoint_path, resuming=resuming)
     except FileNotFoundError as error:
         if resuming:
             raise CheckpointError(f"the checkpoint's client state cannot be resumed: {error}") from error
@@ -130,12 +132,6 @@ def restore_store(saved: Mapping[str, Any], current: ClientStateStore, resuming:
         return empty()
     except ValueError as error:
         raise CheckpointError(f"the checkpoint's client state cannot be resumed: {error}") from error
-    missing = store.missing_files() if resuming else []
-    if missing:
-        raise CheckpointError(
-            f"the checkpoint's client state cannot be resumed: {len(missing)} file(s) it names are missing "
-            f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); they were removed "
-            "(client_state_checkpoints) or moved: put them back, or resume from a later checkpoint")
     return store
 
 

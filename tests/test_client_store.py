@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from torch import nn
 
 from fl_lightning.seeding import derive_seed, generator, sample_clients
-from fl_lightning.client_store import ClientStateStore, Manifest, StateSpec, read_manifest, read_state_file
+from fl_lightning.client_store import ClientStateStore, Manifest, StateSpec, file_sum, read_manifest, read_state_file
+from fl_lightning.freed_memory import malloc_trim, resident_bytes
 from fl_lightning.vectors import ModelVector
 
 
@@ -43,7 +46,9 @@ def test_checkpoints_are_incremental(tmp_path):
     store.set(1, "c", torch.ones(2), version=0)
     store.set(2, "c", torch.ones(2), version=0)
     first = store.state_dict()
-    assert read_manifest(first) == Manifest(str(tmp_path), {1: {"c": 0}, 2: {"c": 0}}, {(1, "c"): (2,), (2, "c"): (2,)}, {})
+    sums = {(cid, "c"): file_sum(str(tmp_path / f"{cid}.c.0.pt")) for cid in (1, 2)}  # each file's size and CRC-32
+    assert read_manifest(first) == Manifest(str(tmp_path), {1: {"c": 0}, 2: {"c": 0}}, {(1, "c"): (2,), (2, "c"): (2,)},
+                                            {}, sums)
     assert set(first) == {"directory", "names", "shapes", "folders"}  # integer columns, whatever the clients
     assert all(t.dtype == torch.int64 and t.shape == (2,) for t in first["names"]["c"].values())
     written = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt")}
@@ -403,3 +408,168 @@ def test_a_store_without_a_folder_takes_new_versions_and_checkpoints_inline():
     copy = ClientStateStore()
     copy.load_state_dict(state)
     assert torch.equal(copy.get(0, "c"), torch.full((2,), 2.0))
+
+
+# ------------------------------------------------------------------ superseded files, freed memory
+def test_a_version_no_checkpoint_names_is_removed_at_the_round_end(tmp_path):
+    """Without checkpoints, files do not pile up: a version superseded before any checkpoint named it
+    goes at the end of the round that superseded it; the versions kept checkpoints name stay."""
+    store = ClientStateStore(memory_budget=0, directory=str(tmp_path), keep_checkpoints=1)
+    store.set(0, "v", torch.zeros(2), version=0)
+    store.set(1, "v", torch.zeros(2), version=0)
+    store.sync()
+    store.state_dict()  # names version 0 of both
+    for version in (1, 2, 3):
+        store.set(0, "v", torch.full((2,), float(version)), version=version)
+        store.set(1, "v", torch.zeros(2), version=version)  # client 0 is now the least recently written: spilled
+        store.sync()
+        assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["0.v.0.pt", f"0.v.{version}.pt", "1.v.0.pt"]
+    store.set(0, "v", torch.full((2,), 4.0), version=3)  # the same version again: its file is written anew
+    store.set(1, "v", torch.zeros(2), version=3)
+    store.sync()
+    assert torch.equal(read_state_file(str(tmp_path / "0.v.3.pt")), torch.full((2,), 4.0))
+    assert torch.equal(store.get(0, "v"), torch.full((2,), 4.0))
+
+
+def test_a_run_without_checkpoints_keeps_a_file_per_entry_at_most(tmp_path):
+    module = scaffold(tmp_path, 0)
+    trainer(6).fit(module, synthetic(8))
+    assert len(list((tmp_path / "state").rglob("*.pt"))) < len(module.store)  # (the latest client's is in RAM)
+
+
+glibc = pytest.mark.skipif(malloc_trim() is None or resident_bytes() is None,
+                           reason="needs glibc's malloc_trim and /proc/self/statm")
+
+
+@glibc
+def test_the_store_gives_freed_memory_back_once_the_process_grew_past_its_budget(tmp_path):
+    """Freed blocks below glibc's mmap threshold that longer-lived ones sit above stay resident, free
+    (a 10,000-client run grew by hundreds of MiB of them): the store's round end gives them back once
+    the process grew by more than the budget (here the least allowance, 32 MiB)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    store = ClientStateStore(memory_budget=0, directory=str(tmp_path))
+    malloc_trim()(0)
+    store.sync()  # the memory it starts from
+    block = 64 * 1024  # below the mmap threshold: from the heap
+    blocks = [libc.malloc(block) for _ in range(1536)]  # 96 MiB
+    try:
+        for address in blocks:
+            ctypes.memset(address, 1, block)
+        for address in blocks[::3] + blocks[1::3]:
+            libc.free(address)  # 64 MiB freed, each block held in place by the next one
+        before = resident_bytes()
+        store.sync()
+        assert before - resident_bytes() > 48 * 2**20
+    finally:
+        for address in blocks[2::3]:
+            libc.free(address)
+
+
+def test_without_glibc_the_store_gives_nothing_back_and_runs(tmp_path, monkeypatch):
+    from fl_lightning import freed_memory
+
+    for missing in ("malloc_trim", "resident_bytes"):
+        with monkeypatch.context() as patch:
+            patch.setattr(freed_memory, missing, lambda: None)
+            memory = freed_memory.FreedMemory()
+            assert not memory.give_back(0) and not memory.give_back(0)
+            store = ClientStateStore(memory_budget=0, directory=str(tmp_path))
+            store.set(0, "v", torch.ones(2))
+            store.sync()
+            assert torch.equal(store.get(0, "v"), torch.ones(2))
+
+
+# ------------------------------------------------------------------ a resume checks and owns its files
+def test_a_resume_names_the_first_damaged_files_and_how_many_more(tmp_path):
+    store = ClientStateStore(memory_budget=0, directory=str(tmp_path / "a"))
+    for cid in range(8):
+        store.set(cid, "c", torch.full((4,), float(cid)), version=0)
+    state = store.state_dict()
+    copy = ClientStateStore(memory_budget=0, directory=str(tmp_path / "c"))
+    copy.load_state_dict(state)  # not resuming (evaluation): read where they are, when needed
+    files = [tmp_path / "a" / f"{cid}.c.0.pt" for cid in range(7)]
+    for path in files:
+        path.write_bytes(path.read_bytes()[:100])
+    named = "; ".join(f"the client-state file {path} is truncated or damaged [^;]*" for path in files[:5])
+    with pytest.raises(ValueError, match=f"7 of the 8 client-state files it names are missing or damaged: {named}; "
+                                         "and 2 more. A file is removed once client_state_checkpoints"):
+        ClientStateStore(directory=str(tmp_path / "b")).load_state_dict(state, resuming=True)
+    files[0].unlink()
+    with pytest.raises(FileNotFoundError, match=r"is missing: .* removed after newer checkpoints \(client_state_checkpoints\)"):
+        copy.get(0, "c")
+
+
+def test_a_checkpoint_without_file_sums_is_checked_by_reading_every_file(tmp_path):
+    """Checkpoints written before the files' sizes and checksums were recorded resume: each file is
+    read and checked whole, and the resumed run's checkpoints record them."""
+    store = ClientStateStore(memory_budget=0, directory=str(tmp_path / "a"))
+    for cid in range(3):
+        store.set(cid, "c", torch.full((4,), float(cid)), version=0)
+    state = store.state_dict()
+    for columns in state["names"].values():
+        del columns["sizes"], columns["checksums"]
+    assert read_manifest(state).files == {}
+    resumed = ClientStateStore(memory_budget=0, directory=str(tmp_path / "b"))
+    resumed.load_state_dict(state, resuming=True)
+    assert read_manifest(resumed.state_dict()).files == {(cid, "c"): file_sum(str(tmp_path / "b" / f"{cid}.c.0.pt"))
+                                                         for cid in range(3)}
+    path = tmp_path / "a" / "1.c.0.pt"
+    path.write_bytes((tmp_path / "a" / "2.c.0.pt").read_bytes())  # another entry's file
+    with pytest.raises(ValueError, match=f"1 of the 3 .* the client-state file {path} holds the entry of file '2.c.0.pt'"):
+        ClientStateStore(directory=str(tmp_path / "c")).load_state_dict(state, resuming=True)
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_a_resumed_store_takes_its_own_link_of_every_file(tmp_path, monkeypatch, links):
+    """A resume links (or, across file systems, copies) the checkpoint's files into its own folder:
+    the run that wrote them may remove them and the resumed store still reads its own."""
+    import errno
+    import os
+
+    original = ClientStateStore(memory_budget=0, directory=str(tmp_path / "original"))
+    for cid in range(3):
+        original.set(cid, "c", torch.full((4,), float(cid)), version=0)
+    state = original.state_dict()
+    if not links:
+        def cross_device(source, target):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        monkeypatch.setattr(os, "link", cross_device)
+    resumed = ClientStateStore(memory_budget=0, directory=str(tmp_path / "resumed"))
+    resumed.load_state_dict(state, resuming=True)
+    for cid in range(3):
+        mine, theirs = tmp_path / "resumed" / f"{cid}.c.0.pt", tmp_path / "original" / f"{cid}.c.0.pt"
+        assert (mine.stat().st_ino == theirs.stat().st_ino) == links and mine.read_bytes() == theirs.read_bytes()
+    for path in (tmp_path / "original").iterdir():
+        path.unlink()  # the original prunes them
+    assert [float(resumed.get(cid, "c")[0]) for cid in range(3)] == [0.0, 1.0, 2.0]
+    again = ClientStateStore(directory=str(tmp_path / "again"))
+    again.load_state_dict(resumed.state_dict(), resuming=True)  # names the resumed store's own files only
+    assert [float(again.get(cid, "c")[0]) for cid in range(3)] == [0.0, 1.0, 2.0]
+
+
+class PrunedByTheOriginal(pl.Callback):
+    """Removes the original run's client-state folder once the resumed run has started: what the
+    original, still running, does to the files its newer checkpoints no longer name."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        shutil.rmtree(self.folder)
+
+
+def test_a_resume_keeps_going_when_the_original_run_prunes_the_files_it_read(tmp_path):
+    straight = scaffold(tmp_path / "straight", 3 * ENTRY)
+    trainer(8).fit(straight, synthetic(8))
+    checkpointed(scaffold(tmp_path, 3 * ENTRY), 3, tmp_path / "original")
+    folder = Path(load_checkpoint(tmp_path / "original" / "last.ckpt")["federated"]["store"]["directory"])
+    resumed = scaffold(tmp_path, 3 * ENTRY)
+    trainer(5, callbacks=[RoundCheckpoint(dirpath=str(tmp_path / "resumed")), PrunedByTheOriginal(folder)],
+            enable_checkpointing=True).fit(resumed, synthetic(8), ckpt_path=str(tmp_path / "original" / "last.ckpt"))
+    assert not folder.exists()
+    again = scaffold(tmp_path, 3 * ENTRY)  # the resumed run's own checkpoint resumes
+    trainer(8).fit(again, synthetic(8), ckpt_path=str(tmp_path / "resumed" / "last.ckpt"))
+    assert_same_run(straight, again)

@@ -306,8 +306,9 @@ def test_a_checkpoint_with_non_finite_client_state_is_refused(tmp_path):
     value = read_state_file(str(path))
     value[0] = float("inf")
     torch.save(state_file(value, str(path)), path)
-    with pytest.raises(CheckpointError, match=f"client state cannot be resumed: the stored entry 'control' of client "
-                                              f"{cid} holds NaN or Inf"):
+    with pytest.raises(CheckpointError, match=f"client state cannot be resumed: 1 of the {len(versions)} client-state "
+                                              f"files it names are missing or damaged: the stored entry 'control' of "
+                                              f"client {cid} \\({path}\\) holds NaN or Inf"):
         trainer(2).fit(build("SCAFFOLD"), data(), ckpt_path=str(tmp_path / "last.ckpt"))
     old_format = load_checkpoint(tmp_path / "last.ckpt")  # a checkpoint with the entries inside (before v2)
     old_format["federated"]["store"] = {"memory": {cid: {"control": value}}, "versions": {cid: {"control": 0}},
@@ -515,22 +516,60 @@ def damage(path: Path, how: str, tmp_path: Path) -> None:
         torch.save(state_file(torch.zeros(3), str(path)), path)
 
 
-@pytest.mark.parametrize("how, problem", [
+#: the ways a client-state file is damaged (:func:`damage`), and what the refusal says
+DAMAGES = [
     ("bit flip", "is damaged: its contents do not match the checksum"),
     ("truncated", "is truncated or damaged"),
     ("pickled", r"holds objects that are not tensors \(loading it could run code\)"),
     ("a bare tensor", "is not a client-state file written by fl_lightning"),
     ("another entry's file", "holds the entry of file"),
     ("another shape", r"holds a tensor of shape \(3,\), but client \d+'s entry 'control' has shape \(\d+,\)"),
-])
+]
+
+
+@pytest.mark.parametrize("how, problem", DAMAGES)
 def test_a_damaged_client_state_file_is_refused_naming_the_file(tmp_path, how, problem):
     last, store = checkpointed(tmp_path)
     path = state_path(tmp_path, store)
     damage(path, how, tmp_path)
-    with pytest.raises(CheckpointError,
-                       match=f"client state cannot be resumed: the client-state file {path} {problem}"):
+    with pytest.raises(CheckpointError, match=f"client state cannot be resumed: 1 of the {len(read_manifest(store).versions)} "
+                                              f"client-state files it names are missing or damaged: the client-state "
+                                              f"file {path} {problem}"):
         resume(last)
     assert not (tmp_path / "pwned").exists()
+
+
+class Started(pl.Callback):
+    """Records whether training started."""
+
+    started = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.started = True
+
+
+@pytest.mark.parametrize("how, problem", DAMAGES)
+def test_a_damaged_file_beyond_the_ram_budget_is_refused_before_training_starts(tmp_path, how, problem):
+    """Entries beyond the RAM budget are read only when their client is next sampled, perhaps
+    never in the resumed run, whose checkpoints would then name the damaged file: the resume checks
+    every file the checkpoint names first."""
+    def bounded() -> SCAFFOLD:
+        torch.manual_seed(0)
+        return SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=3, seed=1, client_state_memory=0)
+
+    trainer(2, callbacks=[RoundCheckpoint(dirpath=str(tmp_path))], enable_checkpointing=True).fit(bounded(), data())
+    last = tmp_path / "last.ckpt"
+    store = load_checkpoint(last)["federated"]["store"]
+    versions = read_manifest(store).versions
+    oldest = min(versions, key=lambda cid: (versions[cid]["control"], cid))  # (a resume reads back the latest two)
+    path = Path(store["directory"]) / f"{oldest}.control.{versions[oldest]['control']}.pt"
+    damage(path, how, tmp_path)
+    started = Started()
+    with pytest.raises(CheckpointError, match=f"client state cannot be resumed: 1 of the {len(versions)} client-state "
+                                              f"files it names are missing or damaged: the client-state file {path} "
+                                              f"{problem}"):
+        trainer(3, callbacks=[started]).fit(bounded(), data(), ckpt_path=str(last))
+    assert not started.started and not (tmp_path / "pwned").exists()
 
 
 def test_a_missing_client_state_file_is_refused_at_resume_naming_it(tmp_path):
@@ -540,8 +579,9 @@ def test_a_missing_client_state_file_is_refused_at_resume_naming_it(tmp_path):
     gone = [state_path(tmp_path, store, rank) for rank in (0, 1)]
     for path in gone:
         path.unlink()
-    with pytest.warns(UserWarning, match="no longer in"), pytest.raises(
-            CheckpointError, match=f"2 file\\(s\\) it names are missing \\({gone[0]}, {gone[1]}\\)"):
+    with pytest.raises(CheckpointError, match=f"2 of the 4 client-state files it names are missing or damaged: the "
+                                              f"client-state file {gone[0]} is missing; the client-state file {gone[1]} "
+                                              "is missing. A file is removed once client_state_checkpoints newer"):
         resume(last)
 
 
