@@ -524,7 +524,10 @@ def keep_freed_memory() -> None:
     threshold (32 MiB at most) anew and unmaps it when it is freed, so a model's large vectors are
     page-faulted in again every round: PeFLL's and pFedHN's hypernetwork updates (8.7 M entries, 35
     MB) are summed and divided in 44-53 ms a round instead of 128-161 ms, and a 500-client pFedHN
-    run's 60 rounds take 44-45 s instead of 53 s on this CPU. The arithmetic is the same."""
+    run's 60 rounds take 44-45 s instead of 53 s on this CPU. The arithmetic is the same. The client
+    state store's giving back of freed memory (:class:`fl_lightning.freed_memory.FreedMemory`) does not
+    undo it: it trims only once the process's resident memory has grown past the store's budget (1 GiB
+    by default, 32 MiB at least), which the memory kept here for the next round never makes it do."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallopt = libc.mallopt

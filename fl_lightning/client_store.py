@@ -450,7 +450,7 @@ class ClientStateStore:
         written_in = None if state.get("directory") is None else locate(state["directory"])
         if self.directory is None:
             self.directory = written_in
-        inline = "entries" not in state and "names" not in state  # the formats of earlier checkpoints: entries in the file
+        inline = "entries" not in state and "names" not in state  # earlier checkpoints' formats: entries in the file
         if inline:
             self._load_inline(state, written_in)
         else:
@@ -517,6 +517,8 @@ class ClientStateStore:
         if not self._elsewhere:
             return
         gone = []
+        if _rank0():
+            os.makedirs(self.directory, exist_ok=True)  # (a run's folder is made when it first writes)
         for (cid, name), folder in sorted(self._elsewhere.items()):
             target = self._path(cid, name, self._versions[cid][name])
             source = os.path.join(folder, os.path.basename(target))
@@ -529,10 +531,10 @@ class ClientStateStore:
             dist.broadcast_object_list(shared, src=0)  # (the links exist before any process reads them)
             gone = shared[0]
         if gone:
-            raise ValueError(f"{len(gone)} client-state files the checkpoint names were removed while the resume took "
-                             f"its own links to them ({_first_few(gone)}): the run that wrote them is still running and "
-                             "removed them after its newer checkpoints (client_state_checkpoints); resume from its "
-                             "latest checkpoint")
+            raise ValueError(f"{len(gone)} client-state files the checkpoint names were removed while the resume "
+                             f"took its own links to them ({_first_few(gone)}): the run that wrote them is still "
+                             "running and removed them after its newer checkpoints (client_state_checkpoints); resume "
+                             "from its latest checkpoint")
 
     def _check_files(self) -> None:
         """Check every file the store names against the size and checksum the checkpoint recorded
@@ -562,8 +564,9 @@ class ClientStateStore:
             if recorded is None:
                 learned[(cid, name)] = found
             else:
-                problems.append((path, f"the client-state file {path} is not the one written ({found[0]} bytes, CRC-32 "
-                                       f"{found[1]:08x}; the checkpoint recorded {recorded[0]} bytes, {recorded[1]:08x})"))
+                problems.append((path, f"the client-state file {path} is not the one written ({found[0]} bytes, "
+                                       f"CRC-32 {found[1]:08x}; the checkpoint recorded {recorded[0]} bytes, "
+                                       f"{recorded[1]:08x})"))
         if distributed:
             gathered: list = [None] * world
             dist.all_gather_object(gathered, (problems, learned))
@@ -683,18 +686,22 @@ def file_sum(path: str, chunk: int = 2**20) -> FileSum:
 
 
 def _link_or_copy(source: str, target: str) -> bool:
-    """Give ``target`` the contents of ``source``: a hard link to it, or a copy where the two are on
-    different file systems (or links cannot be made), through a temporary file named by its writer;
-    False (and nothing made) if ``source`` is gone."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
+    """Give ``target`` (in a folder that exists) the contents of ``source``: a hard link to it (made
+    at once, whole), or a copy where the two are on different file systems or links cannot be made
+    (through a temporary file named by its writer); a file that ``target`` names already is
+    replaced. False (and nothing made) if ``source`` is gone."""
+    try:
+        os.link(source, target)
+        return True
+    except FileNotFoundError:
+        return False
+    except FileExistsError:
+        copy: Callable[[str, str], Any] = os.link
+    except OSError:  # another file system, or one without hard links
+        copy = shutil.copyfile
     temporary = f"{target}.{_writer()}.tmp"
     try:
-        try:
-            os.link(source, temporary)
-        except FileNotFoundError:
-            return False
-        except OSError:  # another file system, or one without hard links
-            shutil.copyfile(source, temporary)
+        copy(source, temporary)
     except FileNotFoundError:  # (removed meanwhile)
         return False
     os.replace(temporary, target)

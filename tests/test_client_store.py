@@ -449,7 +449,8 @@ def test_the_store_gives_freed_memory_back_once_the_process_grew_past_its_budget
     import ctypes
 
     libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
     store = ClientStateStore(memory_budget=0, directory=str(tmp_path))
     malloc_trim()(0)
     store.sync()  # the memory it starts from
@@ -498,7 +499,7 @@ def test_a_resume_names_the_first_damaged_files_and_how_many_more(tmp_path):
                                          "and 2 more. A file is removed once client_state_checkpoints"):
         ClientStateStore(directory=str(tmp_path / "b")).load_state_dict(state, resuming=True)
     files[0].unlink()
-    with pytest.raises(FileNotFoundError, match=r"is missing: .* removed after newer checkpoints \(client_state_checkpoints\)"):
+    with pytest.raises(FileNotFoundError, match=r"missing: .* after newer checkpoints \(client_state_checkpoints\)"):
         copy.get(0, "c")
 
 
@@ -518,7 +519,7 @@ def test_a_checkpoint_without_file_sums_is_checked_by_reading_every_file(tmp_pat
                                                          for cid in range(3)}
     path = tmp_path / "a" / "1.c.0.pt"
     path.write_bytes((tmp_path / "a" / "2.c.0.pt").read_bytes())  # another entry's file
-    with pytest.raises(ValueError, match=f"1 of the 3 .* the client-state file {path} holds the entry of file '2.c.0.pt'"):
+    with pytest.raises(ValueError, match=f"1 of the 3 .* client-state file {path} holds the entry of file '2.c.0.pt'"):
         ClientStateStore(directory=str(tmp_path / "c")).load_state_dict(state, resuming=True)
 
 
@@ -542,12 +543,33 @@ def test_a_resumed_store_takes_its_own_link_of_every_file(tmp_path, monkeypatch,
     for cid in range(3):
         mine, theirs = tmp_path / "resumed" / f"{cid}.c.0.pt", tmp_path / "original" / f"{cid}.c.0.pt"
         assert (mine.stat().st_ino == theirs.stat().st_ino) == links and mine.read_bytes() == theirs.read_bytes()
+    ClientStateStore(memory_budget=0, directory=str(tmp_path / "resumed")).load_state_dict(state, resuming=True)
+    assert all((mine.stat().st_ino == theirs.stat().st_ino) == links for mine, theirs in (  # a file there: replaced
+        (tmp_path / "resumed" / f"{cid}.c.0.pt", tmp_path / "original" / f"{cid}.c.0.pt") for cid in range(3)))
     for path in (tmp_path / "original").iterdir():
         path.unlink()  # the original prunes them
     assert [float(resumed.get(cid, "c")[0]) for cid in range(3)] == [0.0, 1.0, 2.0]
     again = ClientStateStore(directory=str(tmp_path / "again"))
     again.load_state_dict(resumed.state_dict(), resuming=True)  # names the resumed store's own files only
     assert [float(again.get(cid, "c")[0]) for cid in range(3)] == [0.0, 1.0, 2.0]
+
+
+def test_a_file_removed_before_the_resume_linked_it_is_named(tmp_path, monkeypatch):
+    original = ClientStateStore(memory_budget=0, directory=str(tmp_path / "original"))
+    for cid in range(3):
+        original.set(cid, "c", torch.full((4,), float(cid)), version=0)
+    state = original.state_dict()
+    check = ClientStateStore._check_files
+
+    def checked_then_pruned(store):
+        check(store)
+        (tmp_path / "original" / "1.c.0.pt").unlink()  # by the original run, still running
+
+    monkeypatch.setattr(ClientStateStore, "_check_files", checked_then_pruned)
+    with pytest.raises(ValueError, match=f"1 client-state files the checkpoint names were removed while the resume took "
+                                         f"its own links to them \\({tmp_path / 'original' / '1.c.0.pt'}\\): the run that "
+                                         "wrote them is still running .* resume from its latest checkpoint"):
+        ClientStateStore(directory=str(tmp_path / "resumed")).load_state_dict(state, resuming=True)
 
 
 class PrunedByTheOriginal(pl.Callback):
@@ -573,3 +595,32 @@ def test_a_resume_keeps_going_when_the_original_run_prunes_the_files_it_read(tmp
     again = scaffold(tmp_path, 3 * ENTRY)  # the resumed run's own checkpoint resumes
     trainer(8).fit(again, synthetic(8), ckpt_path=str(tmp_path / "resumed" / "last.ckpt"))
     assert_same_run(straight, again)
+
+
+def resume_on_rank(rank: int, state: dict, folder: str):
+    """A store of ``folder`` resuming ``state`` on one of the ranks: its entries' values, or its refusal."""
+    store = ClientStateStore(memory_budget=0, directory=folder)
+    try:
+        store.load_state_dict(state, resuming=True)
+    except ValueError as error:
+        return str(error)
+    return [float(store.get(cid, "c")[0]) for cid in range(4)]
+
+
+def test_two_processes_resume_checking_a_share_of_the_files_each(tmp_path):
+    """With several processes each checks a share of the files and all learn what is damaged (a file
+    that only rank 1 checks is named on rank 0; neither waits for the other); rank 0 links the files,
+    which every process then reads."""
+    from tests import two_processes
+
+    original = ClientStateStore(memory_budget=0, directory=str(tmp_path / "original"))
+    for cid in range(4):
+        original.set(cid, "c", torch.full((4,), float(cid)), version=0)
+    state = original.state_dict()
+    ranks = two_processes.pool(2)
+    assert ranks.run(resume_on_rank, [state, str(tmp_path / "resumed")]) == [0.0, 1.0, 2.0, 3.0]
+    assert sorted(p.name for p in (tmp_path / "resumed").iterdir()) == [f"{cid}.c.0.pt" for cid in range(4)]
+    path = tmp_path / "original" / "1.c.0.pt"  # rank 1 checks clients 1 and 3
+    path.write_bytes(path.read_bytes()[:-8])
+    assert ranks.run(resume_on_rank, [state, str(tmp_path / "again")]).startswith(
+        f"1 of the 4 client-state files it names are missing or damaged: the client-state file {path} is truncated")

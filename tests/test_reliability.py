@@ -532,9 +532,9 @@ def test_a_damaged_client_state_file_is_refused_naming_the_file(tmp_path, how, p
     last, store = checkpointed(tmp_path)
     path = state_path(tmp_path, store)
     damage(path, how, tmp_path)
-    with pytest.raises(CheckpointError, match=f"client state cannot be resumed: 1 of the {len(read_manifest(store).versions)} "
-                                              f"client-state files it names are missing or damaged: the client-state "
-                                              f"file {path} {problem}"):
+    files = len(read_manifest(store).versions)
+    with pytest.raises(CheckpointError, match=f"client state cannot be resumed: 1 of the {files} client-state files it "
+                                              f"names are missing or damaged: the client-state file {path} {problem}"):
         resume(last)
     assert not (tmp_path / "pwned").exists()
 
@@ -579,9 +579,9 @@ def test_a_missing_client_state_file_is_refused_at_resume_naming_it(tmp_path):
     gone = [state_path(tmp_path, store, rank) for rank in (0, 1)]
     for path in gone:
         path.unlink()
-    with pytest.raises(CheckpointError, match=f"2 of the 4 client-state files it names are missing or damaged: the "
-                                              f"client-state file {gone[0]} is missing; the client-state file {gone[1]} "
-                                              "is missing. A file is removed once client_state_checkpoints newer"):
+    with pytest.raises(CheckpointError, match=f"2 of the 4 client-state files it names are missing or damaged: "
+                                              f"the client-state file {gone[0]} is missing; the client-state file "
+                                              f"{gone[1]} is missing. A file is removed once client_state_checkpoints"):
         resume(last)
 
 
