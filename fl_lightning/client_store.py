@@ -26,11 +26,11 @@ superseded it). Loading one warms the RAM part from them (checking every value i
 A run owns its folder: the engine gives every run a folder of its own, named by a run id, below
 ``client_state_dir``, and records it in checkpoints as an absolute path. A run that resumes a
 checkpoint (its own run's, or another's, in the same ``client_state_dir`` or not) is a new run:
-it never changes or removes the checkpoint's files, and first takes its own hard link of each in
-its own folder (a copy across file systems), so the run that wrote them (still running, perhaps)
-can remove them without taking the resumed run's; it then checks every one against the size and
-checksum the checkpoint recorded before training starts, naming the missing and damaged ones.
-So two runs sharing a ``client_state_dir`` never touch each other's files.
+it never changes or removes the checkpoint's files. Before training starts it checks every one
+against the size and checksum the checkpoint recorded, naming the missing and damaged ones, then
+takes its own hard link of each in its own folder (a copy across file systems), so the run that
+wrote them (still running, perhaps) can remove them without taking the resumed run's. So two runs
+sharing a ``client_state_dir`` never touch each other's files.
 A checkpoint whose folder was moved together with it is found at the same place relative to it.
 Temporary files that a killed write left in the checkpoint's folders are removed on resume when
 their writer (named in the file) is no longer running on this machine. The entries
@@ -176,9 +176,9 @@ class ClientStateStore:
         directory: where spilled entries go (set by the engine to the run's folder when None;
             needed only once the budget is exceeded).
         keep_checkpoints: how many of the latest checkpoints keep the files they name (None: every
-            checkpoint, no file is ever removed); the files of the one being written are kept too.
-            The file of a version that no checkpoint named is removed at the round's end that
-            supersedes it. An older checkpoint still loads (a resume refuses it, naming the files
+            checkpoint); the files of the one being written are kept too. The file of a version
+            that no checkpoint named is removed (whatever ``keep_checkpoints``) at the end of the
+            round that superseded it. An older checkpoint still loads (a resume refuses it, naming the files
             that are gone; a personalized evaluation fails when it reads one).
 
     At each round's end (:meth:`sync`), the process gives the memory it freed back to the system
@@ -616,13 +616,11 @@ class ClientStateStore:
         """At a checkpoint, whose entries' new versions superseded the files ``retired`` (named by
         the checkpoint before): remove the files no checkpoint named, and those that the latest
         ``keep_checkpoints`` checkpoints and the one being written no longer name (rank 0)."""
-        if self.keep_checkpoints is None:
-            self._unnamed = set()
-            return
-        self._retiring.append((self._checkpoints, retired))
         due, self._unnamed = self._unnamed, set()
-        while self._retiring[0][0] + self.keep_checkpoints <= self._checkpoints:
-            due |= self._retiring.popleft()[1]
+        if self.keep_checkpoints is not None:
+            self._retiring.append((self._checkpoints, retired))
+            while self._retiring[0][0] + self.keep_checkpoints <= self._checkpoints:
+                due |= self._retiring.popleft()[1]
         self._remove(due)
 
     def _remove(self, paths: set[str]) -> None:

@@ -131,8 +131,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             processes, a folder they all reach.
         client_state_checkpoints: how many of the latest checkpoints keep the client-state files they
             name (checkpoints are incremental: they name files in ``client_state_dir``); None keeps
-            every file. Raise it (or None) when an older checkpoint (``ModelCheckpoint``'s best)
-            must restore client state (resume, personalized evaluation).
+            every checkpoint's. Raise it (or None) when an older checkpoint (``ModelCheckpoint``'s
+            best) must restore client state (resume, personalized evaluation). A version that no
+            checkpoint names is removed at the end of the round that superseded it.
         weighting: how the mean aggregate (no ``Aggregator`` callback) weighs the round's clients
             ``S``: ``"num_samples"`` (``sum_i n_i u_i / sum_i n_i``, FedAvg's) or ``"uniform"``
             (``(1/|S|) sum_i u_i``); None (default) takes the paper's, stated in each algorithm's

@@ -411,10 +411,11 @@ def test_a_store_without_a_folder_takes_new_versions_and_checkpoints_inline():
 
 
 # ------------------------------------------------------------------ superseded files, freed memory
-def test_a_version_no_checkpoint_names_is_removed_at_the_round_end(tmp_path):
+@pytest.mark.parametrize("keep", [1, None])
+def test_a_version_no_checkpoint_names_is_removed_at_the_round_end(tmp_path, keep):
     """Without checkpoints, files do not pile up: a version superseded before any checkpoint named it
     goes at the end of the round that superseded it; the versions kept checkpoints name stay."""
-    store = ClientStateStore(memory_budget=0, directory=str(tmp_path), keep_checkpoints=1)
+    store = ClientStateStore(memory_budget=0, directory=str(tmp_path), keep_checkpoints=keep)
     store.set(0, "v", torch.zeros(2), version=0)
     store.set(1, "v", torch.zeros(2), version=0)
     store.sync()
