@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from fl_lightning.algorithms import SCAFFOLD, FedAvg
+from fl_lightning.algorithms import RFA, SCAFFOLD, FedAvg
 from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, WeightedMean
 from fl_lightning.callbacks.privacy import dp_epsilon
 from fl_lightning.functional.privacy import clip_update, gaussian_noise
@@ -61,10 +61,22 @@ def test_local_noise_is_added_by_each_client():
         assert torch.allclose(upload, clean[cid] + noise, atol=1e-6)
 
 
-def test_the_noise_needs_a_uniform_mean():
-    with pytest.raises(ValueError, match=r"needs every upload averaged uniformly.*\['delta'\].*WeightedMean\('uniform'\)"):
-        trainer(1, callbacks=[DifferentialPrivacy(1.0, 1.0)]).fit(
-            FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_the_noise_needs_a_uniform_mean(mode):
+    needs = r"DifferentialPrivacy needs every upload averaged uniformly \(its noise is calibrated to C / m\); "
+    fix = {  # the refusal names what to change: the module's weighting, the aggregator callback, or a mean for a median
+        "FedAvg": r"FedAvg's \['delta'\] are weighted by the clients' sample counts: pass weighting='uniform' to FedAvg "
+                  r"\(YAML: model.init_args.weighting: uniform\)$",
+        "callback": r"FedAvg's \['delta'\] are combined by the aggregator WeightedMean \(a weighted mean\): put "
+                    r"WeightedMean\('uniform'\) in its place$",
+        "RFA": r"RFA's \['delta'\] are combined by its default aggregator, which is not a mean: add the aggregator "
+               r"WeightedMean\('uniform'\)$",
+    }
+    for case, module, callbacks in [("FedAvg", FedAvg, []), ("callback", FedAvg, [WeightedMean("num_samples")]),
+                                    ("RFA", RFA, [])]:
+        with pytest.raises(ValueError, match=needs + fix[case]):
+            trainer(1, callbacks=[DifferentialPrivacy(1.0, 1.0, mode=mode), *callbacks]).fit(
+                module(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
     trainer(1, callbacks=[DifferentialPrivacy(1.0, 1.0), WeightedMean("uniform")]).fit(  # control is a uniform mean
         SCAFFOLD(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
     trainer(1, callbacks=[DifferentialPrivacy(1.0, 1.0)]).fit(  # the module's weighting makes its mean uniform
@@ -87,7 +99,7 @@ def test_the_privacy_spent_is_logged_per_round():
     else:
         with pytest.warns(UserWarning, match="pip install -e '.\\[privacy\\]'"):
             _, _, _, t = run(dp, rounds=3)
-        assert math.isnan(float(t.callback_metrics["privacy/epsilon"]))
+        assert "privacy/epsilon" not in t.callback_metrics
     assert float(t.callback_metrics["privacy/noise_multiplier"]) == pytest.approx(1.1)
     assert dp.state_dict() == {"rounds": 3, "history": [[1.1, 4 / 6, 3]]}
     old = DifferentialPrivacy(clip_norm=0.1, noise_multiplier=1.1)
@@ -95,9 +107,17 @@ def test_the_privacy_spent_is_logged_per_round():
     assert old.rounds == 3 and old.history == [[1.1, None, 3]]
 
 
-def test_epsilon_is_nan_without_opacus(monkeypatch):
+def test_without_opacus_epsilon_is_not_logged(monkeypatch):
+    """The accountant's NaN stays out of the metrics (and so out of the history and its summary): a warning says
+    what is missing, once."""
     monkeypatch.setitem(__import__("sys").modules, "opacus.accountants", None)  # as if Opacus were not installed
     assert math.isnan(dp_epsilon(1.0, 0.1, 10, 1e-5))
+    with pytest.warns(UserWarning, match=r"^privacy/epsilon is not logged: it needs Opacus' accountant: "
+                                         r"pip install -e '\.\[privacy\]'$") as caught:
+        _, _, _, t = run(DifferentialPrivacy(clip_norm=0.1, noise_multiplier=1.1), rounds=2)
+    assert len([w for w in caught if "Opacus" in str(w.message)]) == 1
+    assert "privacy/epsilon" not in t.callback_metrics
+    assert float(t.callback_metrics["privacy/noise_multiplier"]) == pytest.approx(1.1)
 
 
 @pytest.mark.skipif(not HAS_OPACUS, reason="needs Opacus (the [privacy] extra)")

@@ -11,7 +11,8 @@ client's participation:
   update before sending it.
 
 The callback logs ``privacy/noise_multiplier`` and, when Opacus is installed
-(``pip install -e ".[privacy]"``), ``privacy/epsilon`` for ``delta`` from Opacus' RDP accountant:
+(``pip install -e ".[privacy]"``; without it, a warning and no ``privacy/epsilon``),
+``privacy/epsilon`` for ``delta`` from Opacus' RDP accountant:
 central mode with sampling rate ``clients per round / training clients`` and one step per round
 (the accountant assumes Poisson sampling; with a fixed number of clients per round the figure is
 an approximation), local mode as if a client took part in every round (sampling rate 1). The
@@ -31,7 +32,7 @@ import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.functional.privacy import clip_update, gaussian_noise
-from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.hooks import Aggregator, FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
@@ -70,6 +71,29 @@ def record_round(history: list[list], noise_multiplier: float, sample_rate: floa
         history.append([noise_multiplier, sample_rate, 1])
 
 
+def _not_uniform(module: Federation, aggregators: Sequence[Aggregator]) -> str:
+    """Why ``module``'s uploads are not all averaged uniformly, with what to change ("" where they are):
+    the aggregator's uploads with a weighted mean, the module's ``weighting`` (no ``Aggregator``
+    callback) or the callback's; with a non-linear aggregator, a uniform mean in its place."""
+    name = type(module).__name__
+    declared = [n for n, s in module.update_specs.items() if s.reduction not in ("mean", "aggregator")]
+    if declared:
+        reductions = ", ".join(repr(module.update_specs[n].reduction) for n in declared)
+        return f"{name} declares {declared} with the reduction {reductions}, which no setting changes"
+    aggregated = list(module.aggregated_sizes())
+    reduction = module.aggregator_reduction
+    if not aggregated or reduction == "mean":
+        return ""
+    if aggregators:
+        return (f"{name}'s {aggregated} are combined by the aggregator {type(aggregators[0]).__name__} "
+                f"({'a weighted mean' if reduction else 'not a mean'}): put WeightedMean('uniform') in its place")
+    if reduction is None:
+        return (f"{name}'s {aggregated} are combined by its default aggregator, which is not a mean: add the "
+                "aggregator WeightedMean('uniform')")
+    return (f"{name}'s {aggregated} are weighted by the clients' sample counts: pass weighting='uniform' to {name} "
+            "(YAML: model.init_args.weighting: uniform)")
+
+
 class DifferentialPrivacy(FederatedCallback):
     """Clip every client's update and add Gaussian noise (central or local), and account the privacy.
 
@@ -106,14 +130,10 @@ class DifferentialPrivacy(FederatedCallback):
     def setup(self, trainer: pl.Trainer, pl_module: Federation, stage: str) -> None:
         if stage != "fit":
             return
-        specs = pl_module.update_specs
-        uniform = pl_module.aggregator_reduction == "mean"
-        bad = [n for n, s in specs.items() if s.reduction != "mean" and not (s.reduction == "aggregator" and uniform)]
-        if bad:
-            raise ValueError(
-                f"DifferentialPrivacy needs every upload averaged uniformly (its noise is calibrated to C / m); "
-                f"{type(pl_module).__name__}'s {bad} are not: add the aggregator WeightedMean('uniform')"
-            )
+        reason = _not_uniform(pl_module, [cb for cb in trainer.callbacks if isinstance(cb, Aggregator)])
+        if reason:
+            raise ValueError(f"DifferentialPrivacy needs every upload averaged uniformly (its noise is calibrated to "
+                             f"C / m); {reason}")
 
     def on_client_update(self, trainer: pl.Trainer, module: Federation, update: ClientUpdate) -> ClientUpdate:
         tensors = clip_update(update.tensors, self.clip_norm)
@@ -137,11 +157,13 @@ class DifferentialPrivacy(FederatedCallback):
         record_round(self.history, self.noise_multiplier, rate)
         epsilon = composed_epsilon(self.history, self.delta)
         if math.isnan(epsilon) and not self._warned:
-            warnings.warn("privacy/epsilon needs Opacus' accountant: pip install -e '.[privacy]'", stacklevel=2)
+            warnings.warn("privacy/epsilon is not logged: it needs Opacus' accountant: pip install -e '.[privacy]'",
+                          stacklevel=2)
             self._warned = True
         log_agreed(module, "privacy/noise_multiplier", self.noise_multiplier, on_step=False, on_epoch=True,
                    batch_size=1)
-        log_agreed(module, "privacy/epsilon", epsilon, on_step=False, on_epoch=True, batch_size=1)
+        if not math.isnan(epsilon):  # without Opacus: not logged, rather than a NaN in every round's metrics
+            log_agreed(module, "privacy/epsilon", epsilon, on_step=False, on_epoch=True, batch_size=1)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "history": [list(segment) for segment in self.history]}
