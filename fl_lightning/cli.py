@@ -5,7 +5,7 @@
     fl-lightning fit --config configs/quickstart.yaml
     fl-lightning fit --config configs/fedavg_mnist.yaml --model.local_steps 5 --trainer.max_epochs 50
     fl-lightning validate --config configs/quickstart.yaml --ckpt_path last.ckpt
-    fl-lightning predict --config configs/quickstart.yaml --ckpt_path last.ckpt   # -> <log folder>/predictions.pt
+    fl-lightning predict --config configs/quickstart.yaml --ckpt_path last   # -> <run>/predict/predictions.pt
     fl-lightning fit --config configs/quickstart.yaml --print_config
     fl-lightning fit --config configs/quickstart.yaml --trainer.max_epochs 60 --ckpt_path last
     fl-lightning pefll-predict --config configs/pefll/<run>.yaml --predict.ckpt_path last.ckpt
@@ -28,21 +28,26 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import torch
 from jsonargparse import Namespace
 from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from fl_lightning import plotting
-from fl_lightning.callbacks.checkpoint import last_round_checkpoint
+from fl_lightning.callbacks.checkpoint import VERSION_FOLDER, checkpoint_run, last_round_checkpoint
 from fl_lightning.callbacks.history import RoundHistory
 from fl_lightning.checkpoints import add_checksum, install_safe_io, load_checkpoint
+from fl_lightning.cli_errors import debugging, exit_with_error, short_error
 from fl_lightning.datamodules.base import FederatedDataModule
+from fl_lightning.lightning_compat import set_logger_version
 from fl_lightning.module import FederatedModule
 
 
@@ -63,6 +68,20 @@ _ADVICE_TO_ADD_FIT_CALLBACKS = (
     r"`Trainer` instantiation\. Please add the following callbacks: "
     r"\[(?:(?:'RoundHistory'|\"RoundCheckpoint\{[^\"]*\}\")(?:, )?)+\]\.$"
 )
+
+
+class FederatedArgumentParser(LightningArgumentParser):
+    """``LightningCLI``'s parser, whose errors are a line or two (:func:`~fl_lightning.cli_errors.short_error`:
+    the option, what is wrong, a "did you mean") and a pointer to ``--help``, with exit status 2, rather
+    than the usage of every option and jsonargparse's whole tree of what it tried. With
+    ``JSONARGPARSE_DEBUG=true``, jsonargparse's own error (an exception) is raised instead."""
+
+    def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
+        if not self.exit_on_error or debugging():
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        options = list(parser._option_string_actions)
+        exit_with_error(short_error(message, options), parser.prog.replace(" [options]", ""))
 
 
 class FederatedCLI(LightningCLI):
@@ -89,10 +108,22 @@ class FederatedCLI(LightningCLI):
     * ``validate``, ``test`` and ``predict`` from a ``fit`` checkpoint do not repeat Lightning's
       advice to add the callbacks this CLI added to ``fit`` (``RoundCheckpoint``, ``RoundHistory``):
       their state resumes training, which these subcommands do not do. The advice stays for the
-      configuration's own callbacks.
+      configuration's own callbacks;
+    * with a checkpoint of a run (``<run>/checkpoints/...``, a version folder of the configured
+      logger), the command writes into that run's folder rather than a new version: ``fit`` continues
+      the run there (its ``history.csv`` holds every round once), ``validate``, ``test`` and
+      ``predict`` write into ``<run>/validate``, ``<run>/test``, ``<run>/predict``;
+    * every subcommand prints the folder it writes into (``fl-lightning fit: writing into ...``);
+      one that fails removes the folders it made, unless a round's checkpoint or history is in them
+      (a wrong value found at setup leaves no empty version folder);
+    * an error of the command line (a wrong value, an unknown option, a class path that names no
+      class, a constructor's or ``--ckpt_path``'s refusal) is a line or two and exit status 2
+      (:class:`FederatedArgumentParser`, :mod:`fl_lightning.cli_errors`).
     """
 
     def __init__(self, args: Optional[list[str]] = None, run: bool = True) -> None:
+        #: the folders the subcommand will make, the topmost first (rank 0's; removed if it fails at the start)
+        self._new_folders: list[str] = []
         super().__init__(
             FederatedModule,
             FederatedDataModule,
@@ -102,6 +133,7 @@ class FederatedCLI(LightningCLI):
             run=run,
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": DESCRIPTION},
+            parser_class=FederatedArgumentParser,
         )
 
     def before_instantiate_classes(self) -> None:
@@ -124,13 +156,33 @@ class FederatedCLI(LightningCLI):
             callbacks.append(Namespace(class_path="fl_lightning.callbacks.RoundHistory", init_args=Namespace()))
         trainer["callbacks"] = callbacks
 
+    def instantiate_classes(self) -> None:
+        """(``LightningCLI``'s, whose errors are a line or two.) A constructor's refusal of a configured
+        value (a ``ValueError`` or ``TypeError``, Lightning's ``MisconfigurationException``) is reported
+        as a parsing error is (:class:`FederatedArgumentParser`), not as jsonargparse's tree with the
+        ``repr`` of every argument; ``JSONARGPARSE_DEBUG=true`` raises it instead, with its traceback."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError, MisconfigurationException) as refusal:
+            if debugging():
+                raise
+            exit_with_error(short_error(str(refusal)), self._command())
+
+    def _command(self) -> str:
+        """The command as typed: ``fl-lightning fit``."""
+        return f"{self.parser.prog} {self.subcommand}" if self.subcommand else self.parser.prog
+
     def _run_subcommand(self, subcommand: str) -> None:
-        if subcommand == "fit":
-            super()._run_subcommand(subcommand)
-            return
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_ADVICE_TO_ADD_FIT_CALLBACKS)
-            super()._run_subcommand(subcommand)
+        """Run the subcommand; where it fails, remove the folders it made unless a round's results are
+        in them (:func:`remove_new_folders`)."""
+        try:
+            with warnings.catch_warnings():
+                if subcommand != "fit":
+                    warnings.filterwarnings("ignore", message=_ADVICE_TO_ADD_FIT_CALLBACKS)
+                super()._run_subcommand(subcommand)
+        except BaseException:
+            remove_new_folders(self._new_folders)
+            raise
 
     def _parse_ckpt_path(self) -> None:
         """(Replaces ``LightningCLI``'s, which merges the checkpoint's hyperparameters into the
@@ -138,10 +190,41 @@ class FederatedCLI(LightningCLI):
         (:meth:`_prepare_subcommand_kwargs`)."""
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        """The subcommand's arguments, ``--ckpt_path`` checked (a file that cannot be used is an error
+        of the command line's: :meth:`_checked`); the Trainer's loggers set to write into the run of a
+        checkpoint of a run (:meth:`_write_into_run`); the run's folder printed, and the folders it
+        will make noted (for :meth:`_run_subcommand`)."""
         kwargs = super()._prepare_subcommand_kwargs(subcommand)
         if kwargs.get("ckpt_path"):
-            kwargs["ckpt_path"] = self._checked(str(kwargs["ckpt_path"]), subcommand)
+            try:
+                kwargs["ckpt_path"] = self._checked(str(kwargs["ckpt_path"]), subcommand)
+            except ValueError as refusal:  # CheckpointError included
+                if debugging():
+                    raise
+                exit_with_error(str(refusal), self._command())
+            self._write_into_run(kwargs["ckpt_path"], subcommand)
+        folder = self.trainer.log_dir if self.trainer.is_global_zero else None  # no process group yet: no collective
+        if folder is not None:  # None: a logger of a remote service, without a folder
+            self._new_folders = missing_folders(folder)
+            print(f"{self._command()}: writing into {folder}", flush=True)
         return kwargs
+
+    def _write_into_run(self, ckpt_path: str, subcommand: str) -> None:
+        """Where the checkpoint is a run's (``<run>/checkpoints/``, :func:`checkpoint_run`) and ``<run>``
+        is a version folder of the Trainer's logger, the logger writes into it: ``fit`` continues the
+        run there (its history holds every round once), ``validate``, ``test`` and ``predict`` write
+        into ``<run>/<subcommand>/``. Otherwise the logger takes a new version folder, as Lightning's."""
+        run = checkpoint_run(ckpt_path)
+        if run is None:
+            return
+        name = os.path.basename(run)
+        numbered = VERSION_FOLDER.fullmatch(name)
+        version: str | int = os.path.join(name, subcommand) if subcommand != "fit" else (
+            int(numbered[1]) if numbered else name)
+        for logger in self.trainer.loggers:
+            root = getattr(logger, "root_dir", None)
+            if root is not None and os.path.realpath(root) == os.path.realpath(os.path.dirname(run)):
+                set_logger_version(logger, version)
 
     def _checked(self, ckpt_path: str, subcommand: str) -> str:
         """``--ckpt_path``'s file (``last``: :func:`last_round_checkpoint`, printed), read once and
@@ -207,6 +290,40 @@ def pefll_predict(args: list[str]) -> dict[int, float]:
             accuracies[cid] = float((client(x).argmax(-1) == y).float().mean())
         print(f"client {cid}: test accuracy {accuracies[cid]:.4f} -> {Path(options['output_dir']) / f'client_{cid}.pt'}")
     return accuracies
+
+
+#: the files that make a failed command's folder worth keeping: a round's checkpoint or history
+_RESULTS = (".ckpt", "history.csv")
+
+
+def missing_folders(folder: str) -> list[str]:
+    """``folder`` and those of its parents that do not exist, the topmost first (none if it exists)."""
+    missing: list[str] = []
+    folder = os.path.abspath(folder)
+    while not os.path.exists(folder):
+        missing.insert(0, folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
+def remove_new_folders(folders: list[str]) -> None:
+    """Remove the run folder a failed command made (the last of ``folders``, which
+    :func:`missing_folders` found missing before it started) unless a round's results are in it (a
+    checkpoint, ``history.csv``): what a failed start wrote (its ``config.yaml``, the loggers' first
+    files) goes, and so do the parents it made, where nothing else came into them meanwhile."""
+    if not folders or not os.path.isdir(folders[-1]):
+        return
+    if any(name.endswith(_RESULTS) for _, _, names in os.walk(folders[-1]) for name in names):
+        return
+    shutil.rmtree(folders[-1], ignore_errors=True)
+    for parent in reversed(folders[:-1]):
+        try:
+            os.rmdir(parent)  # only if empty: another run may have started in it
+        except OSError:
+            return
 
 
 def _class_name(class_path: str) -> str:

@@ -27,11 +27,15 @@ hook and keeps its state in ``state_dict``) plus hooks the engine calls each rou
 * ``on_aggregate``: once per round with the aggregate, before the server update (server-side
   noise of differential privacy); the same on every process;
 * ``on_round_end``: after the server update.
+
+A callback's module may also make it a default (:func:`add_default_callback`): every
+``FederatedModule`` then gives its Trainer one that the callback's function chooses, unless the
+Trainer has one (``RoundHistory``: the run's history and summary, where the Trainer has a logger).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Optional, Protocol, Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -215,3 +219,22 @@ class Aggregator(FederatedCallback):
         """Combine the ``module.aggregated_sizes()`` tensors of ``updates`` (this process's,
         sorted by client id); None if there is nothing to combine."""
         raise NotImplementedError
+
+
+#: what :func:`add_default_callback` registered: functions of a Trainer that return the callback to add, or None
+_DEFAULT_CALLBACKS: list[Callable[[pl.Trainer], Optional[pl.Callback]]] = []
+
+
+def add_default_callback(choose: Callable[[pl.Trainer], Optional[pl.Callback]]) -> None:
+    """Make a callback a default of every federation: each ``FederatedModule`` gives its Trainer the
+    callback ``choose(trainer)`` returns (``configure_callbacks``, when a ``fit``, ``validate``,
+    ``test`` or ``predict`` starts), or none where it returns None. ``choose`` decides where the
+    callback applies, and returns None where the Trainer has one of its own (which Lightning would
+    otherwise replace). Registered by the callback's module, so that the engine needs nothing from it."""
+    if choose not in _DEFAULT_CALLBACKS:
+        _DEFAULT_CALLBACKS.append(choose)
+
+
+def default_callbacks(trainer: pl.Trainer) -> list[pl.Callback]:
+    """The callbacks the registered defaults (:func:`add_default_callback`) give ``trainer``."""
+    return [callback for callback in (choose(trainer) for choose in _DEFAULT_CALLBACKS) if callback is not None]

@@ -45,7 +45,7 @@ TESTED_LIGHTNING = (">=2.4", "<2.7")
 OVERRIDDEN_PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
     "pytorch_lightning.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
     "pytorch_lightning.callbacks.RichProgressBar": ("_get_train_description", "_stop_progress"),
-    "pytorch_lightning.cli.LightningCLI": ("_run_subcommand", "_parse_ckpt_path"),
+    "pytorch_lightning.cli.LightningCLI": ("_run_subcommand", "_parse_ckpt_path", "_prepare_subcommand_kwargs"),
 }
 
 
@@ -54,6 +54,20 @@ def set_logger_step(trainer: pl.Trainer, step: int) -> None:
     ``LearningRateMonitor`` and metrics logged without a ``step`` use); the engine keeps it at the
     rounds done, so every logged curve has rounds on its x-axis."""
     trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+def set_logger_version(logger: Any, version: int | str) -> bool:
+    """Make a logger that writes into a version folder (``TensorBoardLogger``, ``CSVLogger``)
+    write into ``<root_dir>/version_<version>`` (an int) or ``<root_dir>/<version>`` (a string, a
+    path inside ``root_dir``), as its ``version=`` argument would have, before it wrote anything;
+    False (nothing done) for a logger of another kind. The folder may be an earlier run's (a resumed
+    run continues in it)."""
+    if not isinstance(logger, (pl.loggers.TensorBoardLogger, pl.loggers.CSVLogger)):
+        return False
+    if getattr(logger, "_experiment", None) is not None:
+        raise RuntimeError(f"{type(logger).__name__} writes into {logger.log_dir} already")
+    logger._version = version
+    return True
 
 
 def quiet_progress_bar_notice() -> None:

@@ -42,7 +42,7 @@ from fl_lightning.checkpoints import is_plain
 from fl_lightning.client_store import ClientStateStore, StateDefault, StateSpec, check_folder, run_folder
 from fl_lightning.data_check import check_classes, check_client_takes_data
 from fl_lightning.distributed import all_gather_object, rank_and_world
-from fl_lightning.hooks import Aggregator, FederatedCallback
+from fl_lightning.hooks import Aggregator, FederatedCallback, default_callbacks
 from fl_lightning.lightning_compat import (attached_trainer, count_optimizer_step, light_result_moves, log_agreed,
                                           raw_optimizer, set_logger_step)
 from fl_lightning.evaluation import ClientEvaluation
@@ -376,9 +376,11 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
                                     {"scheduler": server_name, "interval": "epoch", "name": "lr-server"}]
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        """A progress bar counting rounds and clients in place of the Trainer's (TQDM or Rich)."""
+        """A progress bar counting rounds and clients in place of the Trainer's (TQDM or Rich), and the
+        default callbacks the Trainer has none of (:func:`~fl_lightning.hooks.default_callbacks`: a
+        ``RoundHistory`` where the Trainer has a logger)."""
         bar = round_progress_bar(self.trainer.progress_bar_callback)
-        return [bar] if bar is not None else []
+        return ([bar] if bar is not None else []) + default_callbacks(self.trainer)
 
     def configure_server_optimizer(self) -> torch.optim.Optimizer:
         """The server optimizer over the global model (the pseudo-gradient is ``-delta``):

@@ -4,6 +4,7 @@ configs: ``tests/test_configs.py``)."""
 from __future__ import annotations
 
 import functools
+import json
 import re
 import typing
 import warnings
@@ -15,7 +16,7 @@ import torch
 import yaml
 
 from fl_lightning import algorithms
-from fl_lightning.checkpoints import CheckpointError, load_checkpoint, with_checksum
+from fl_lightning.checkpoints import load_checkpoint, with_checksum
 from fl_lightning.cli import _ADVICE_TO_ADD_FIT_CALLBACKS, FederatedCLI, main
 from fl_lightning.module_checkpoint import FederatedCheckpointing
 
@@ -197,27 +198,36 @@ def loaded_rounds(monkeypatch) -> list[int]:
 
 
 def test_ckpt_path_last_is_the_latest_runs_round_checkpoint(tmp_path, monkeypatch, capsys):
-    """Each run writes into a new version folder; ``last`` resumes the latest run's ``last.ckpt``
-    (printed), in ``fit`` and in ``validate`` (``test`` and ``predict`` take the same way)."""
+    """Each new run writes into a new version folder; ``last`` resumes the latest run's ``last.ckpt``
+    (printed), in ``fit`` (which continues in that run's folder) and in ``validate`` (``test`` and
+    ``predict`` take the same way)."""
     loaded = loaded_rounds(monkeypatch)
+    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "1"))
     FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "1"))
     FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "2", "--ckpt_path", "last"))
     FederatedCLI(args=quick(tmp_path, "--ckpt_path", "last", subcommand="validate"))
     assert loaded == [1, 2]
     chosen = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--ckpt_path last")]
     folder = tmp_path / "lightning_logs"
-    assert chosen == [f"--ckpt_path last: {folder}/version_{v}/checkpoints/last.ckpt" for v in (0, 1)]
+    assert chosen == [f"--ckpt_path last: {folder}/version_1/checkpoints/last.ckpt"] * 2
+    assert sorted(p.name for p in folder.iterdir()) == ["version_0", "version_1"]
 
 
 @pytest.mark.parametrize("subcommand, logger, looked", [
     ("fit", "false", "checkpoints"), ("predict", "true", "lightning_logs/version_*/checkpoints")])
-def test_ckpt_path_last_without_a_checkpoint_is_refused_naming_where_it_looked(tmp_path, subcommand, logger, looked):
-    """Not a run from round 0 with a warning: an error. A killed write's ``last.ckpt.tmp`` is no checkpoint."""
+def test_ckpt_path_last_without_a_checkpoint_is_refused_naming_where_it_looked(tmp_path, subcommand, logger, looked,
+                                                                               capsys):
+    """Not a run from round 0 with a warning: an error (of the command line's: a line and exit status 2, no
+    traceback), which leaves no folder. A killed write's ``last.ckpt.tmp`` is no checkpoint."""
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt.tmp").write_bytes(b"PK\x03\x04 a checkpoint cut short")
-    refused = f"ckpt_path 'last': no last.ckpt of a run, looked in {tmp_path}/{looked}: train first, or pass the"
-    with pytest.raises(CheckpointError, match=re.escape(refused)):
+    with pytest.raises(SystemExit) as exited:
         FederatedCLI(args=quick(tmp_path, "--trainer.logger", logger, "--ckpt_path", "last", subcommand=subcommand))
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: ckpt_path 'last': no last.ckpt of a run, looked in {tmp_path}/{looked}: train first, or pass the "
+        "checkpoint's path", f"tip: fl-lightning {subcommand} --help lists the options"]
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoints"]
 
 
 def test_the_cli_resumes_the_checkpoint_it_checked(tmp_path, monkeypatch):
@@ -260,3 +270,80 @@ def test_a_round_checkpoint_listed_in_yaml_is_the_one_built_in_python(tmp_path, 
     FederatedCLI(args=quick(tmp_path, "--config", str(config), "--trainer.max_epochs", "3", "--ckpt_path", "last"))
     assert f"--ckpt_path last: {folder}/last.ckpt" in capsys.readouterr().out
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 3
+
+
+# ------------------------------------------------------------------ the run's folder
+class Killed(pl.Callback):
+    """Raises when round ``at`` (1-based) starts: a run killed between two of its checkpoints."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch + 1 == self.at:
+            raise RuntimeError("killed")
+
+
+def history_rounds(folder: Path) -> list[int]:
+    """The rounds of ``history.csv`` in ``folder``, as its lines hold them."""
+    return [int(line.split(",")[0]) for line in (folder / "history.csv").read_text().splitlines()[1:]]
+
+
+def test_a_resumed_run_continues_in_its_own_folder(tmp_path, capsys):
+    """Killed at the start of round 4 with a checkpoint every second round: the history holds round 3, the
+    checkpoint round 2. Resumed with ``--ckpt_path last``, the run writes into the same version folder, and its
+    history holds every round once (round 3 run again, replacing the killed run's); the printed lines say where."""
+    every_2 = ["--trainer.callbacks+=fl_lightning.callbacks.RoundCheckpoint", "--trainer.callbacks.every_n_rounds", "2"]
+    killed = ["--trainer.callbacks+=tests.test_cli.Killed", "--trainer.callbacks.at", "4"]
+    with pytest.raises(RuntimeError, match="killed"):
+        FederatedCLI(args=quick(tmp_path, *every_2, *killed, "--trainer.max_epochs", "5"))
+    run = tmp_path / "lightning_logs" / "version_0"
+    assert history_rounds(run) == [1, 2, 3] and load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 2
+    capsys.readouterr()
+    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "4", "--ckpt_path", "last"))
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
+    assert history_rounds(run) == [1, 2, 3, 4]
+    assert [row["round"] for row in json.loads((run / "history.json").read_text())] == [1, 2, 3, 4]
+    assert load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 4
+    out = capsys.readouterr().out.splitlines()
+    assert f"fl-lightning fit: writing into {run}" in out
+    assert (f"history: {run} (history.csv, history.json, partition.json); resumed after round 2 from "
+            f"{run}/checkpoints/last.ckpt") in out
+
+
+def test_evaluations_of_a_runs_checkpoint_write_into_its_folder(tmp_path, capsys):
+    """``validate``, ``test`` and ``predict`` with a checkpoint of a run write into ``<run>/<subcommand>/`` and
+    say so; predict prints its file's path."""
+    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "1"))
+    run = tmp_path / "lightning_logs" / "version_0"
+    checkpoint = str(run / "checkpoints" / "last.ckpt")
+    for subcommand in ("validate", "test", "predict"):
+        capsys.readouterr()
+        FederatedCLI(args=quick(tmp_path, "--ckpt_path", checkpoint, subcommand=subcommand))
+        assert f"fl-lightning {subcommand}: writing into {run / subcommand}" in capsys.readouterr().out.splitlines()
+        assert (run / subcommand / "config.yaml").is_file()
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
+    FederatedCLI(args=quick(tmp_path, "--ckpt_path", checkpoint, subcommand="predict"))
+    assert f"predictions: {run}/predict/predictions.pt" in capsys.readouterr().out.splitlines()
+    assert torch.load(run / "predict" / "predictions.pt", weights_only=True).shape[1] == 10
+    # a checkpoint outside a run's checkpoints folder: a new run folder, as Lightning's
+    (tmp_path / "kept.ckpt").write_bytes((run / "checkpoints" / "last.ckpt").read_bytes())
+    FederatedCLI(args=quick(tmp_path, "--ckpt_path", str(tmp_path / "kept.ckpt"), subcommand="validate"))
+    assert f"fl-lightning validate: writing into {tmp_path}/lightning_logs/version_1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("failure", ["setup", "ckpt_path", "round"])
+def test_a_failed_start_leaves_no_folder(tmp_path, failure):
+    """A value refused at setup, or a checkpoint that is not there: the command leaves no (empty) version folder,
+    so the next run is ``version_0``, as the README says. A run that failed after a round keeps its folder."""
+    bad = {"setup": ["--model.init_args.clients_per_round", "100"],
+           "ckpt_path": ["--ckpt_path", str(tmp_path / "missing.ckpt")],
+           "round": ["--trainer.callbacks+=tests.test_cli.Killed", "--trainer.callbacks.at", "2"]}[failure]
+    with pytest.raises((ValueError, SystemExit, RuntimeError)):
+        FederatedCLI(args=quick(tmp_path, *bad, "--trainer.max_epochs", "2"))
+    if failure == "round":
+        assert history_rounds(tmp_path / "lightning_logs" / "version_0") == [1]
+        return
+    assert list(tmp_path.iterdir()) == []
+    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "1"))
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]

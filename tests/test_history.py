@@ -232,6 +232,41 @@ def test_the_cli_adds_a_history_unless_one_is_configured(tmp_path, capsys):
     assert "fl_lightning:" not in capsys.readouterr().out
 
 
+def test_a_python_api_run_with_a_logger_gets_the_history_and_summary_of_the_cli(tmp_path, capsys):
+    """``Trainer(logger=...).fit``: the module adds a RoundHistory into the logger's folder (files, summary and
+    where they are); the Trainer's own RoundHistory is used instead; without a logger, none is added."""
+    from pytorch_lightning.loggers import CSVLogger
+
+    module = FedAvg(tiny_client(), clients_per_round=2, local_steps=1, seed=3)
+    t = trainer(2, logger=CSVLogger(str(tmp_path)))
+    t.fit(module, synthetic(4))
+    run = tmp_path / "lightning_logs" / "version_0"
+    assert [r["round"] for r in read_history(run)] == [1, 2] and (run / "partition.json").is_file()
+    assert sum(isinstance(c, RoundHistory) for c in t.callbacks) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "fl_lightning: 2 rounds, 2 clients in the last, 0 updates left out for NaN/Inf" in out
+    assert out[-1] == f"history: {run} (history.csv, history.json, partition.json)"
+    # resumed from a checkpoint of the run by the Python API (a new version folder): the summary says where it was
+    t.save_checkpoint(run / "checkpoints" / "round2.ckpt")
+    resumed = trainer(3, logger=CSVLogger(str(tmp_path)))
+    resumed.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1, seed=3), synthetic(4),
+                ckpt_path=str(run / "checkpoints" / "round2.ckpt"))
+    assert [r["round"] for r in read_history(tmp_path / "lightning_logs" / "version_1")] == [1, 2, 3]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"history: {tmp_path}/lightning_logs/version_1 (history.csv, history.json, partition.json); resumed after "
+        f"round 2 from {run}/checkpoints/round2.ckpt, whose run's folder {run} holds the logs of the rounds before")
+    own = RoundHistory(dirpath=str(tmp_path / "mine"), summary=False)
+    t = trainer(1, logger=CSVLogger(str(tmp_path / "other")), callbacks=[own])
+    t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    assert [c for c in t.callbacks if isinstance(c, RoundHistory)] == [own]
+    assert (tmp_path / "mine" / "history.csv").is_file() and not (tmp_path / "other" / "lightning_logs" / "version_0"
+                                                                   / "history.csv").exists()
+    assert "fl_lightning:" not in capsys.readouterr().out
+    t = trainer(1, logger=False)
+    t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    assert not any(isinstance(c, RoundHistory) for c in t.callbacks)
+
+
 def full_rewrite(rows) -> tuple[bytes, bytes]:
     """The bytes of ``history.csv`` and ``history.json`` as RoundHistory wrote them before it
     appended (a full rewrite of every row after every round): the reference the files must equal."""

@@ -40,6 +40,7 @@ from fl_lightning.lightning_compat import (
     results_batch,
     routed_log,
     set_current_hook,
+    set_logger_version,
     sync_module_states,
     tree_flatten,
     tree_unflatten,
@@ -242,6 +243,25 @@ def test_unpadded_shards_hold_each_sample_once_and_the_padding_notice_is_dropped
                        category=PossibleUserWarning)
         rank_zero_warn("another notice", category=PossibleUserWarning)
     assert [str(w.message) for w in caught] == ["another notice"]
+
+
+@pytest.mark.parametrize("kind", ["TensorBoardLogger", "CSVLogger"])
+def test_set_logger_version_chooses_the_folder_a_logger_writes_into(tmp_path, kind):
+    """The folder of an earlier run (a resumed run's), or one inside it (an evaluation's), as ``version=`` would."""
+    from pytorch_lightning import loggers
+
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    logger = getattr(loggers, kind)(str(tmp_path))
+    assert logger.version == 1  # Lightning's choice: the next version
+    assert set_logger_version(logger, "version_0/validate")
+    t = trainer(1, logger=logger)
+    t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1), synthetic(4))
+    assert t.log_dir == logger.log_dir == str(tmp_path / "lightning_logs" / "version_0" / "validate")
+    assert any((tmp_path / "lightning_logs" / "version_0" / "validate").iterdir())
+    assert not (tmp_path / "lightning_logs" / "version_1").exists()
+    with pytest.raises(RuntimeError, match="writes into .*version_0/validate already"):
+        set_logger_version(logger, "version_2")
+    assert not set_logger_version(pl.loggers.logger.DummyLogger(), "version_0")
 
 
 def test_the_overridden_private_methods_exist():

@@ -65,8 +65,8 @@ def test_local_noise_is_added_by_each_client():
 def test_the_noise_needs_a_uniform_mean(mode):
     needs = r"DifferentialPrivacy needs every upload averaged uniformly \(its noise is calibrated to C / m\); "
     fix = {  # the refusal names what to change: the module's weighting, the aggregator callback, or a mean for a median
-        "FedAvg": r"FedAvg's \['delta'\] are weighted by the clients' sample counts: pass weighting='uniform' to FedAvg "
-                  r"\(YAML: model.init_args.weighting: uniform\)$",
+        "FedAvg": r"FedAvg's \['delta'\] are weighted by the clients' sample counts: pass weighting='uniform' to "
+                  r"FedAvg \(YAML: model.init_args.weighting: uniform\)$",
         "callback": r"FedAvg's \['delta'\] are combined by the aggregator WeightedMean \(a weighted mean\): put "
                     r"WeightedMean\('uniform'\) in its place$",
         "RFA": r"RFA's \['delta'\] are combined by its default aggregator, which is not a mean: add the aggregator "

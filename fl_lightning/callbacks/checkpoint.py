@@ -1,5 +1,6 @@
 """``RoundCheckpoint``: a resumable checkpoint every round, written atomically, off the training thread;
-:func:`last_round_checkpoint`: the file ``ckpt_path="last"`` resumes.
+:func:`last_round_checkpoint`: the file ``ckpt_path="last"`` resumes; :func:`checkpoint_run`: the run
+folder of a checkpoint.
 
 A federation that crashes in round 300 should resume from round 299, not from the start.
 Lightning's ``ModelCheckpoint(save_last=True, save_top_k=0)`` writes ``last.ckpt`` only when
@@ -269,7 +270,8 @@ def last_round_checkpoint(trainer: pl.Trainer) -> str:
         if isinstance(logger.version, str):
             folders = [os.path.join(base, logger.version, "checkpoints")]
         else:
-            versions = sorted((int(m.group(1)) for m in map(_VERSION.fullmatch, _entries(base)) if m), reverse=True)
+            numbered = (VERSION_FOLDER.fullmatch(name) for name in _entries(base))
+            versions = sorted((int(m.group(1)) for m in numbered if m), reverse=True)
             folders = [os.path.join(base, f"version_{n}", "checkpoints") for n in versions]
             folders = folders or [os.path.join(base, "version_*", "checkpoints")]
     elif not folders:
@@ -281,8 +283,19 @@ def last_round_checkpoint(trainer: pl.Trainer) -> str:
                           "pass the checkpoint's path")
 
 
-#: the name of a logger's run folder
-_VERSION = re.compile(r"version_(\d+)")
+def checkpoint_run(ckpt_path: Any) -> Optional[str]:
+    """The folder of the run that wrote the checkpoint file ``ckpt_path``: ``<run>`` of
+    ``<run>/checkpoints/<file>``, where ``RoundCheckpoint`` and ``ModelCheckpoint`` put a run's
+    checkpoints unless given a ``dirpath`` (``<run>``: the logger's version folder, else
+    ``default_root_dir``); None for a file elsewhere, or for what is not a local file."""
+    if not isinstance(ckpt_path, (str, os.PathLike)) or "://" in str(ckpt_path) or not os.path.isfile(ckpt_path):
+        return None
+    folder = os.path.dirname(os.path.abspath(ckpt_path))
+    return os.path.dirname(folder) if os.path.basename(folder) == "checkpoints" else None
+
+
+#: the name of a logger's run folder (the number is its version)
+VERSION_FOLDER = re.compile(r"version_(\d+)")
 
 
 def _entries(folder: str) -> list[str]:

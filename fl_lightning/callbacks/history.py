@@ -11,10 +11,16 @@ column), so a crash keeps the rounds done; ``history.json`` is rewritten at most
 ``json_every_s`` seconds, and when the fit ends or fails. At the start it writes ``partition.json``
 (``FederatedDataModule.partition_record``): every client's label counts (train split; class labels
 only), which clients are held out, and what the targets are.
-When the run ends it prints a table of each metric's first, last and best value.
-:func:`read_history` reads the rows back; ``fl-lightning plot RUN_DIR``
+When the run ends it prints a table of each metric's first, last and best value, and where the
+files are (and, for a resumed run, the checkpoint it resumed and the folder of the run that wrote
+it, where that is another). :func:`read_history` reads the rows back; ``fl-lightning plot RUN_DIR``
 (:mod:`fl_lightning.plotting`) draws them.
-``fl-lightning fit`` adds this callback unless the configuration has one.
+
+Every federation has one where the Trainer has a logger: a ``FederatedModule`` adds a
+``RoundHistory()`` (writing into the logger's folder) unless the Trainer has a ``RoundHistory`` of
+its own, which is used instead (``RoundHistory(summary=False)``: the files without the table;
+another ``dirpath``); without a logger, none is added. ``fl-lightning fit`` adds one unless the
+configuration has one, also without a logger (into ``default_root_dir``).
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 from torch import Tensor
 
+from fl_lightning.callbacks.checkpoint import checkpoint_run
 from fl_lightning.callbacks.metric_direction import direction_from_name
-from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.hooks import FederatedCallback, Federation, add_default_callback
 from fl_lightning.lightning_compat import unlogged_training_metrics
 
 #: the accounting metrics every row holds, with their values in a round that did not log them
@@ -72,6 +79,15 @@ class RoundHistory(FederatedCallback):
         self._csv_columns: Optional[list[str]] = None  # the header of the history.csv written by this fit
         self._json_written_at: Optional[float] = None  # time.monotonic() of this fit's last history.json
         self._json_behind = False  # rows closed since history.json was last written
+        self._resumed: Optional[tuple[str, int]] = None  # this fit's checkpoint, and the rounds done in it
+
+    @staticmethod
+    def default(trainer: pl.Trainer) -> Optional["RoundHistory"]:
+        """The ``RoundHistory`` every federation's Trainer gets (:func:`~fl_lightning.hooks.add_default_callback`):
+        one into the logger's folder where the Trainer has a logger and no ``RoundHistory`` of its own, else None."""
+        if not trainer.loggers or any(isinstance(c, RoundHistory) for c in trainer.callbacks):
+            return None
+        return RoundHistory()
 
     def folder(self, trainer: pl.Trainer) -> str:
         """Where the files go. Every process must call it: ``trainer.log_dir`` is a collective
@@ -89,6 +105,11 @@ class RoundHistory(FederatedCallback):
             os.makedirs(self._folder, exist_ok=True)
             with open(os.path.join(self._folder, "partition.json"), "w") as f:
                 json.dump(partition, f)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after the checkpoint's training state is restored: its rounds are the current epoch
+        ckpt_path = trainer.ckpt_path
+        self._resumed = (str(ckpt_path), trainer.current_epoch) if ckpt_path else None
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
@@ -118,7 +139,9 @@ class RoundHistory(FederatedCallback):
         self._write_json_if_behind(trainer)
         # after on_train_end, where the progress bar closes its line
         if self.summary and trainer.is_global_zero and self.rows:
+            assert self._folder is not None, "set in on_fit_start"
             print(summary_table(self.rows))
+            print(where_written(self._folder, self._resumed))
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._write_json_if_behind(trainer)
@@ -176,6 +199,24 @@ class RoundHistory(FederatedCallback):
         # "rows": the rows themselves, as checkpoints written before the rows were one text hold them
         self.rows = json.loads(state_dict["rows_json"]) if "rows_json" in state_dict else list(state_dict.get("rows", []))
         self._row_texts = [json.dumps(row) for row in self.rows]
+
+
+add_default_callback(RoundHistory.default)
+
+
+def where_written(folder: str, resumed: Optional[tuple[str, int]] = None) -> str:
+    """The summary's last line: the folder of the history files and, for a fit that resumed
+    ``resumed = (checkpoint, rounds done in it)``, the checkpoint, and the folder of the run that wrote
+    it where that is another (its logs and checkpoints of the earlier rounds)."""
+    line = f"history: {folder} (history.csv, history.json, partition.json)"
+    if resumed is None:
+        return line
+    checkpoint, rounds = resumed
+    line += f"; resumed after round {rounds} from {checkpoint}"
+    run = checkpoint_run(checkpoint)
+    if run is not None and os.path.realpath(run) != os.path.realpath(folder):
+        line += f", whose run's folder {run} holds the logs of the rounds before"
+    return line
 
 
 def csv_columns(rows: list[dict[str, Any]]) -> list[str]:

@@ -2,7 +2,8 @@
 
 ``fl-lightning predict`` adds it unless the configuration has a prediction writer of its own:
 the global model's outputs on the datamodule's predict set (the global test set) go to
-``<the run's log folder>/predictions.pt``, in the order of the set. The file holds tensors only
+``<the log folder>/predictions.pt``, in the order of the set (from a checkpoint of a run: the run's
+``predict`` folder, :class:`~fl_lightning.cli.FederatedCLI`), and its path is printed. The file holds tensors only
 (``torch.load(path, weights_only=True)`` reads it)::
 
     fl-lightning predict --config configs/quickstart.yaml --ckpt_path <checkpoint>
@@ -20,7 +21,7 @@ from pytorch_lightning.callbacks import BasePredictionWriter
 
 class PredictionWriter(BasePredictionWriter):
     """Writes the predictions of ``trainer.predict`` to ``<dirpath>/<filename>`` at the end of the
-    predict epoch.
+    predict epoch, and prints where (``predictions: <path>``).
 
     The file holds the predict steps' outputs concatenated along the first dimension when they are
     tensors, else their list (one list per dataloader with several). With several processes each
@@ -47,12 +48,17 @@ class PredictionWriter(BasePredictionWriter):
         os.makedirs(folder, exist_ok=True)
         several = trainer.predict_loop.num_dataloaders > 1  # Lightning's lists: one per dataloader, else one
         if trainer.world_size == 1:
-            torch.save(_joined(predictions, several), os.path.join(folder, self.filename))
+            path = os.path.join(folder, self.filename)
+            torch.save(_joined(predictions, several), path)
+            print(f"predictions: {path}", flush=True)
             return
         indices = [torch.as_tensor([i for batch in part for i in batch], dtype=torch.long) for part in batch_indices]
         stem, suffix = os.path.splitext(self.filename)
         torch.save({"predictions": _joined(predictions, several), "indices": indices if several else indices[0]},
                    os.path.join(folder, f"{stem}_rank{trainer.global_rank}{suffix}"))
+        if trainer.is_global_zero:
+            print(f"predictions: {os.path.join(folder, f'{stem}_rank*{suffix}')} (a file per process, "
+                  f"{trainer.world_size} in all)", flush=True)
 
 
 def _joined(predictions: Sequence[Any], several: bool) -> Any:
