@@ -184,6 +184,11 @@ def quick(tmp_path: Path, *extra: str, subcommand: str = "fit") -> list[str]:
             "false", "--model.init_args.local_steps", "2", "--trainer.default_root_dir", str(tmp_path), *extra]
 
 
+#: fewer and smaller clients than the quickstart's, for the tests of many commands
+SMALL = ["--data.init_args.num_clients", "6", "--data.init_args.max_samples", "100",
+         "--model.init_args.clients_per_round", "2"]
+
+
 def loaded_rounds(monkeypatch) -> list[int]:
     """The round counter (``global_step``) of every checkpoint the module loads from now on."""
     loaded: list[int] = []
@@ -202,10 +207,10 @@ def test_ckpt_path_last_is_the_latest_runs_round_checkpoint(tmp_path, monkeypatc
     (printed), in ``fit`` (which continues in that run's folder) and in ``validate`` (``test`` and
     ``predict`` take the same way)."""
     loaded = loaded_rounds(monkeypatch)
-    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "1"))
-    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "1"))
-    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "2", "--ckpt_path", "last"))
-    FederatedCLI(args=quick(tmp_path, "--ckpt_path", "last", subcommand="validate"))
+    FederatedCLI(args=quick(tmp_path, *SMALL, "--trainer.max_epochs", "1"))
+    FederatedCLI(args=quick(tmp_path, *SMALL, "--trainer.max_epochs", "1"))
+    FederatedCLI(args=quick(tmp_path, *SMALL, "--trainer.max_epochs", "2", "--ckpt_path", "last"))
+    FederatedCLI(args=quick(tmp_path, *SMALL, "--ckpt_path", "last", subcommand="validate"))
     assert loaded == [1, 2]
     chosen = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--ckpt_path last")]
     folder = tmp_path / "lightning_logs"
@@ -296,11 +301,11 @@ def test_a_resumed_run_continues_in_its_own_folder(tmp_path, capsys):
     every_2 = ["--trainer.callbacks+=fl_lightning.callbacks.RoundCheckpoint", "--trainer.callbacks.every_n_rounds", "2"]
     killed = ["--trainer.callbacks+=tests.test_cli.Killed", "--trainer.callbacks.at", "4"]
     with pytest.raises(RuntimeError, match="killed"):
-        FederatedCLI(args=quick(tmp_path, *every_2, *killed, "--trainer.max_epochs", "5"))
+        FederatedCLI(args=quick(tmp_path, *SMALL, *every_2, *killed, "--trainer.max_epochs", "5"))
     run = tmp_path / "lightning_logs" / "version_0"
     assert history_rounds(run) == [1, 2, 3] and load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 2
     capsys.readouterr()
-    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "4", "--ckpt_path", "last"))
+    FederatedCLI(args=quick(tmp_path, *SMALL, "--trainer.max_epochs", "4", "--ckpt_path", "last"))
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
     assert history_rounds(run) == [1, 2, 3, 4]
     assert [row["round"] for row in json.loads((run / "history.json").read_text())] == [1, 2, 3, 4]
@@ -314,21 +319,21 @@ def test_a_resumed_run_continues_in_its_own_folder(tmp_path, capsys):
 def test_evaluations_of_a_runs_checkpoint_write_into_its_folder(tmp_path, capsys):
     """``validate``, ``test`` and ``predict`` with a checkpoint of a run write into ``<run>/<subcommand>/`` and
     say so; predict prints its file's path."""
-    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "1"))
+    FederatedCLI(args=quick(tmp_path, *SMALL, "--trainer.max_epochs", "1"))
     run = tmp_path / "lightning_logs" / "version_0"
     checkpoint = str(run / "checkpoints" / "last.ckpt")
     for subcommand in ("validate", "test", "predict"):
         capsys.readouterr()
-        FederatedCLI(args=quick(tmp_path, "--ckpt_path", checkpoint, subcommand=subcommand))
-        assert f"fl-lightning {subcommand}: writing into {run / subcommand}" in capsys.readouterr().out.splitlines()
+        FederatedCLI(args=quick(tmp_path, *SMALL, "--ckpt_path", checkpoint, subcommand=subcommand))
+        out = capsys.readouterr().out.splitlines()
+        assert f"fl-lightning {subcommand}: writing into {run / subcommand}" in out
         assert (run / subcommand / "config.yaml").is_file()
-    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
-    FederatedCLI(args=quick(tmp_path, "--ckpt_path", checkpoint, subcommand="predict"))
-    assert f"predictions: {run}/predict/predictions.pt" in capsys.readouterr().out.splitlines()
+    assert f"predictions: {run}/predict/predictions.pt" in out
     assert torch.load(run / "predict" / "predictions.pt", weights_only=True).shape[1] == 10
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
     # a checkpoint outside a run's checkpoints folder: a new run folder, as Lightning's
     (tmp_path / "kept.ckpt").write_bytes((run / "checkpoints" / "last.ckpt").read_bytes())
-    FederatedCLI(args=quick(tmp_path, "--ckpt_path", str(tmp_path / "kept.ckpt"), subcommand="validate"))
+    FederatedCLI(args=quick(tmp_path, *SMALL, "--ckpt_path", str(tmp_path / "kept.ckpt"), subcommand="validate"))
     assert f"fl-lightning validate: writing into {tmp_path}/lightning_logs/version_1" in capsys.readouterr().out
 
 
@@ -340,10 +345,10 @@ def test_a_failed_start_leaves_no_folder(tmp_path, failure):
            "ckpt_path": ["--ckpt_path", str(tmp_path / "missing.ckpt")],
            "round": ["--trainer.callbacks+=tests.test_cli.Killed", "--trainer.callbacks.at", "2"]}[failure]
     with pytest.raises((ValueError, SystemExit, RuntimeError)):
-        FederatedCLI(args=quick(tmp_path, *bad, "--trainer.max_epochs", "2"))
+        FederatedCLI(args=quick(tmp_path, *SMALL, *bad, "--trainer.max_epochs", "2"))
     if failure == "round":
         assert history_rounds(tmp_path / "lightning_logs" / "version_0") == [1]
         return
     assert list(tmp_path.iterdir()) == []
-    FederatedCLI(args=quick(tmp_path, "--trainer.max_epochs", "1"))
+    FederatedCLI(args=quick(tmp_path, *SMALL, "--trainer.max_epochs", "1"))
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
