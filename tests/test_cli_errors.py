@@ -82,13 +82,14 @@ def test_a_wrong_value_or_option_is_one_line(capsys, tmp_path, args, error):
 @pytest.mark.parametrize("option, value, kind, base, names", [
     ("--model.class_path", "FedAVG", "algorithms", FederatedModule, algorithms.__all__),
     ("--model", "fl_lightning.algorithms.FedAVG", "algorithms", FederatedModule, algorithms.__all__),
-    ("--data.class_path", "Synthetic", "datamodules", FederatedDataModule,
+    ("--data.class_path", "SyntheticFederatd", "datamodules", FederatedDataModule,
      [n for n in datamodules.__all__ if n.endswith("Federated") and n != "FederatedDataModule"]),
 ])
 def test_a_class_path_that_names_no_class_lists_those_there_are(capsys, option, value, kind, base, names):
-    """``FedAVG``: the closest name, and every algorithm (datamodule) that ``--model`` (``--data``) takes."""
+    """``FedAVG``: the closest name, and every algorithm (datamodule) that ``--model`` (``--data``) takes.
+    The misspellings are near one name only: other tests' datamodule subclasses are candidates too."""
     first, listing, tip = error_lines(capsys, option, value)
-    close = {"FedAVG": "FedAvg", "fl_lightning.algorithms.FedAVG": "FedAvg", "Synthetic": "SyntheticFederated"}
+    close = {"FedAVG": "FedAvg", "fl_lightning.algorithms.FedAVG": "FedAvg", "SyntheticFederatd": "SyntheticFederated"}
     assert first == f"error: {option.removesuffix('.class_path')}.class_path: no class {value!r}; did you mean " \
                     f"{close[value]}?"
     assert tip == TIP
