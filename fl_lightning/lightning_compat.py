@@ -8,8 +8,9 @@ wrapper. Lightning offers no public API for these; each use is a small function 
 ``tests/test_lightning_compat.py`` exercises every one against the installed Lightning, so an
 upgrade that changes them fails in one place. ``pyproject.toml`` caps pytorch-lightning at the
 versions these were checked against (:data:`TESTED_LIGHTNING`). torch's private names used
-(``torch.utils._pytree``, the BatchNorm base class) and torchmetrics' (a ``Metric``'s accumulated
-state, which a client's evaluation sets aside) are here too, for the same reason.
+(``torch.utils._pytree``, the BatchNorm base class, Dynamo's code context and compilation callbacks)
+and torchmetrics' (a ``Metric``'s accumulated state, which a client's evaluation sets aside) are here
+too, for the same reason.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pytorch_lightning.trainer.connectors.logger_connector.result import _Result
 from pytorch_lightning.utilities.data import _update_dataloader
 from pytorch_lightning.utilities.warnings import PossibleUserWarning
 from torch import nn
+from torch._dynamo.callback import callback_handler
+from torch._dynamo.code_context import code_context
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: F401  (no public pytree module yet)
 from torchmetrics import Metric
@@ -342,6 +345,32 @@ def build_from_checkpoint(cls: type, checkpoint: dict[str, Any], strict: Optiona
         if tensor is not None:
             built = built.to(tensor.device)
     return built
+
+
+def dynamic_int_arguments(function: Callable[..., Any], names: tuple[str, ...]) -> None:
+    """Make ``torch.compile`` trace the integer arguments ``names`` of ``function`` as symbols from its
+    first compile, so that a new value reuses the graph (Dynamo's default is a constant at the first
+    compile and a symbol from the first recompile on: one compile more for each such argument).
+
+    It sets, for ``function``'s code object, what ``torch.compiler.set_stance("eager_then_compile")``
+    records of arguments that changed between its two eager calls (torch's private code context); give
+    ``function`` a code object of its own (:func:`~fl_lightning.backends.batched.compiled.own_copy`)."""
+    code_context.get_context(function.__code__)["dynamism"] = {name: {f"L['{name}']": (True,)} for name in names}
+
+
+@contextmanager
+def compile_started(callback: Callable[[], None]) -> Iterator[None]:
+    """``callback()`` whenever ``torch.compile`` starts compiling a graph inside the block (torch's
+    private compilation callbacks)."""
+
+    def started(_: Any) -> None:
+        callback()
+
+    callback_handler.register_start_callback(started)
+    try:
+        yield
+    finally:
+        callback_handler.remove_start_callback(started)
 
 
 def batch_norm_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -333,6 +333,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         check_classes(self.client, dm)
         if stage == "fit":
             check_client_takes_data(self.context)  # the client's step on one batch: an error that names both
+            self.backend.try_step(self.context)  # and as the backend runs it (the batched backend: vectorized)
         self.backend.configure(self.context, self.clients_per_round)
         dm.work_items_per_round = self.num_work_items()
 

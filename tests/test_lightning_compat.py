@@ -26,10 +26,12 @@ from fl_lightning.lightning_compat import (
     attached_trainer,
     batch_norm_layers,
     build_from_checkpoint,
+    compile_started,
     current_hook,
     dataloader_suffix,
     default_map_location,
     dump_checkpoint,
+    dynamic_int_arguments,
     is_unpadded,
     light_result_moves,
     lightning_log,
@@ -298,3 +300,25 @@ def test_the_private_torch_names_still_work():
     assert len(leaves) == 3 and tree_unflatten(leaves, spec)["b"][1] == 3
     attributes = lightning_module_attributes()
     assert {"_modules", "_parameters", "_trainer"} <= attributes and "weight" not in attributes
+
+
+def test_dynamic_int_arguments_and_compile_started():
+    """An integer argument marked dynamic is a symbol from the first compile: one graph for every value
+    (unmarked: a constant at the first compile, a symbol from the first recompile on, two graphs); and
+    ``compile_started`` calls back once per graph compiled inside its block."""
+
+    def scaled(x: torch.Tensor, k: int) -> torch.Tensor:
+        return x * k
+
+    graphs = {}
+    for marked in (True, False):
+        function = type(scaled)(scaled.__code__.replace(), globals())  # a code object (a compile cache) of its own
+        if marked:
+            dynamic_int_arguments(function, ("k",))
+        compiled = torch.compile(function, backend="eager")
+        started = []
+        with compile_started(lambda: started.append(1)):
+            for k in range(4):
+                assert torch.equal(compiled(torch.ones(2), k), torch.full((2,), float(k)))
+        graphs[marked] = len(started)
+    assert graphs == {True: 1, False: 2}

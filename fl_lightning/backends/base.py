@@ -61,6 +61,11 @@ class ClientBackend(ABC, Generic[Group]):
         """Settle what depends on the run, once its device, data and round are known (the module's
         ``setup``). The sequential backend has nothing to settle."""
 
+    def try_step(self, context: ClientContext) -> None:
+        """Try the client's local step once, at the setup of a fit, as this backend runs it, so that
+        what it cannot run is refused (a ValueError with the reason and the way out) before the first
+        round. The sequential backend runs the module's own step: nothing to try."""
+
     def num_work_items(self, context: ClientContext, clients_per_round: int) -> int:
         """Work items per round on this process (the same on every process)."""
         if context.lockstep:

@@ -44,9 +44,13 @@ rule is not a function of tensors (``batchable = False``: a torch optimizer of t
 step that is not a function of the clients' tensors alone; a graph that ``client_final``
 back-propagates through waits in ``run.held``, outside the steps); a ``training_step`` that
 changes Python state of the client module (a counter, a list it appends to, a tensor kept on
-``self``, a torchmetrics ``Metric`` updated there), checked at the first step of every block; and
-one that reads a tensor's value in Python (``.item()``, an ``if`` on a tensor), which ``vmap``
-cannot run.
+``self``); and one that reads a tensor's value in Python (``.item()``, an ``if`` on a tensor), which
+``vmap`` cannot run. Both are found at setup, by one vectorized trial of the ``training_step``
+(:mod:`~fl_lightning.backends.batched.step_trial`), and checked again at the first step of every block.
+
+The client's torchmetrics objects (``Metric``, ``MetricCollection``) that its ``training_step`` updates
+and logs work as in the sequential backend: their calls are recorded in the vectorized step and made
+for every client after it, on the real objects (:mod:`~fl_lightning.backends.batched.metrics`).
 """
 
 from fl_lightning.backends.batched.backend import BatchedBackend

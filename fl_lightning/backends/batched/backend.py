@@ -5,24 +5,26 @@ from __future__ import annotations
 
 import gc
 import math
-import types
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from pytorch_lightning.utilities import rank_zero_warn
-from torch import Tensor
+from torch import Tensor, nn
 from torch._dynamo.exc import TorchDynamoException
 from torch.func import vmap
 
 from fl_lightning.backends.base import ClientBackend
 from fl_lightning.backends.batched.batches import (IndexGroup, StepGroup, fixed_groups, plan_steps, real_batches,
                                                    steps_of)
+from fl_lightning.backends.batched.compiled import CompiledStep
 from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
+from fl_lightning.backends.batched.metrics import MetricCalls
 from fl_lightning.backends.batched.python_state import PythonState
 from fl_lightning.backends.batched.run import FunctionalRun
 from fl_lightning.backends.batched.sizing import MEMORY_SHARE, activation_bytes, block_size, free_memory
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
+from fl_lightning.backends.batched.step_trial import NOT_VECTORIZABLE, trial_vectorized_step
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
 from fl_lightning.backends.sequential import train_one_by_one
@@ -142,9 +144,11 @@ class BatchedBackend(ClientBackend[Block]):
             through the round, a block counts its steps' activations beside them, and out of memory
             is raised, with what to change (:meth:`lockstep_step`). A number is the user's: out of
             memory is their error.
-        compile_step: capture each vectorized step with ``torch.compile`` (:func:`vectorized_hook`):
-            one compile per structure of the step (seconds, once: the first two steps of the run, and
-            again only where the Python values the step reads change), then every step, block and round
+        compile_step: capture each vectorized step with ``torch.compile`` (:func:`vectorized_hook`,
+            :class:`~fl_lightning.backends.batched.compiled.CompiledStep`): one compile per structure of
+            the step (seconds to a minute on a CPU, announced with one line: a FedAvg block compiles once
+            for the run, the step index and the round being symbols of the graph; a new block shape, or a
+            Python value the step reads that changes, compiles again), then every step, block and round
             reuses it. It removes the per-operation dispatch of the eager step, which is most of a small
             model's step on the CPU and on a GPU. False runs every step eagerly (to debug a step).
     """
@@ -157,9 +161,7 @@ class BatchedBackend(ClientBackend[Block]):
             raise ValueError(f"compile_step must be True or False, got {compile_step!r}")
         self.compile_step = compile_step
         #: the vectorized step: :func:`vectorized_hook`, compiled with ``compile_step``
-        self._vectorized: Callable[..., Any] = (
-            torch.compile(own_copy(vectorized_hook), options={"fallback_random": True}) if compile_step
-            else vectorized_hook)
+        self._vectorized: Callable[..., Any] = CompiledStep(vectorized_hook) if compile_step else vectorized_hook
         #: why each evaluation hook found unvectorizable is evaluated one client after another, by hook
         self._sequential_evaluation: dict[str, str] = {}
         #: why ``client_final`` could not be vectorized (None: it can, or was not tried)
@@ -170,6 +172,8 @@ class BatchedBackend(ClientBackend[Block]):
         self._plain_memory = 0
         #: the largest block that fits, by work ("training", "evaluation"), once one ran out of memory
         self._fitting: dict[str, int] = {}
+        #: the client module and the recording of its metric objects (:meth:`_recording`)
+        self._metric_calls: Optional[tuple[nn.Module, Optional[MetricCalls]]] = None
 
     def configure(self, context: ClientContext, clients_per_round: int) -> None:
         """With ``clients_per_block=None``: the block that memory holds, a client counted as its run's
@@ -192,6 +196,13 @@ class BatchedBackend(ClientBackend[Block]):
             self.clients_per_block = block_size(clients, per_client, free, held=held)
             self._memory = (tensors + activations.evaluation, context.device)
             self._plain_memory = tensors + activations.step
+
+    def try_step(self, context: ClientContext) -> None:
+        """The client's ``training_step`` under ``vmap`` on one batch, its metric objects recorded
+        (:func:`~fl_lightning.backends.batched.step_trial.trial_vectorized_step`): a step that changes the
+        client's Python state, uses a metric otherwise than the backend records, or reads a tensor's
+        value in Python is refused at setup, not at the first round's step."""
+        trial_vectorized_step(context, self._recording(context))
 
     def evaluation_block(self, clients: int) -> int:
         """Clients per block when ``clients`` clients are evaluated: the asked-for block size, or
@@ -585,37 +596,52 @@ class BatchedBackend(ClientBackend[Block]):
         else:
             hook = context.lockstep_algorithm().client_share
         side: dict[str, Any] = {}
+        recording = self._recording(context)
+        if recording is not None:
+            side["recording"] = recording
         guard = None if block.checked else PythonState(context.client)  # at the block's first step
         plain = (phase == "step" and (block.step is plain_step or (block.step is None and context.plain_steps))
                  and type(block.runs[0].function) is FunctionalSGD)
         try:
-            if plain and self._vectorized is vectorized_hook:  # eager: the gradient outside vmap
-                new_tensors, outputs, logs = vectorized_plain_step(block.runs[0], block.spec, block.static, side,
-                                                                   tensors, batch, extras, step)
-            else:
-                new_tensors, outputs, logs = self._vectorize(hook, block.runs[0], block.spec, block.static, phase,
-                                                             side, tensors, batch, extras, step)
+            with recording.installed() if recording is not None else nullcontext():
+                if plain and self._vectorized is vectorized_hook:  # eager: the gradient outside vmap
+                    new_tensors, outputs, logs, metric_tensors = vectorized_plain_step(
+                        block.runs[0], block.spec, block.static, side, tensors, batch, extras, step,
+                        block.runs[0].round)
+                else:
+                    new_tensors, outputs, logs, metric_tensors = self._vectorize(
+                        hook, block.runs[0], block.spec, block.static, phase, side, tensors, batch, extras, step,
+                        block.runs[0].round)
         except RuntimeError as error:
             if "vmap" not in str(error):
                 raise
             if guard is not None:
-                guard.check()  # a Metric's update, a counter: the clearer reason, where it is one
+                guard.check()  # a counter, a list appended to: the clearer reason, where it is one
             raise ValueError(
                 f"{type(context.algorithm).__name__}.{'client_step' if phase == 'step' else 'client_share'} cannot be vectorized "
-                "over clients: the client module's training_step (or the algorithm's step) reads a tensor's value in "
-                "Python (.item(), float(), bool(), an if on a tensor, a torchmetrics update) or calls an operation "
-                "torch.func.vmap does not support; use client_backend='sequential' (torch's message follows)"
+                f"over clients: the client module's training_step (or the algorithm's step) {NOT_VECTORIZABLE}"
             ) from error
         if guard is not None:
             guard.check()
-        if logs:  # a total per client of the group (its members in block order: all of them at most steps)
+        if logs or side.get("metric_calls"):  # a total per client of the group (its members in block order)
             ids = block.client_ids
             clients = ids if len(group.members) == len(ids) else tuple(ids[i] for i in group.members)
             for name, totals in logs.items():
                 block.logs.append((name, totals, side["sizes"][name], side["options"].get(name, {}), clients))
+            if side.get("metric_calls"):
+                assert recording is not None, "metric calls are recorded only where the client has metric objects"
+                recording.replay(context, side["metric_calls"], metric_tensors, clients)
         return new_tensors, side["spec"], side["static"], outputs
 
-    def _vectorize(self, *args: Any) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    def _recording(self, context: ClientContext) -> Optional[MetricCalls]:
+        """The recording of the client module's metric objects in vectorized steps (:mod:`~fl_lightning.
+        backends.batched.metrics`), made once; None where the client has none."""
+        if self._metric_calls is None or self._metric_calls[0] is not context.client:
+            calls = MetricCalls(context.client)
+            self._metric_calls = (context.client, calls if calls.targets else None)
+        return self._metric_calls[1]
+
+    def _vectorize(self, *args: Any) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor], list[Tensor]]:
         """:func:`vectorized_hook` of ``args``, compiled with ``compile_step``; where torch cannot
         compile it, eagerly from then on, with a one-time warning that says why."""
         if self._vectorized is vectorized_hook:
@@ -646,42 +672,41 @@ def collection_paused() -> Iterator[None]:
             gc.enable()
 
 
-def own_copy(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` with a code object of its own. ``torch.compile`` keeps its compiled graphs, and its
-    limit of 8 recompilations, per code object: each backend's compiled step gets a cache of its own,
-    so that a process running many federations (a sweep) keeps compiling theirs instead of falling
-    back to eager once earlier federations have used up the limit (the cache goes with the backend)."""
-    return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
-                              function.__defaults__, function.__closure__)
-
-
 def vectorized_hook(hook: Callable[[FunctionalRun, Any], Any], template: FunctionalRun, spec: Any,
                     static: dict[int, Any], phase: str, side: dict[str, Any], tensors: list[Tensor], batch: Any,
-                    extras: Any, step: int) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor]]:
-    """``hook`` (``client_step``, or ``client_share`` for ``phase="share"``) at local step ``step`` for
-    every client of a stacked carry ``tensors`` (``template``'s fields, structure ``spec``/``static``),
-    ``vmap``-ped over the clients: returns the new stacked carry's tensors, the hook's outputs and the
-    sums of the clients' ``self.log`` values (value times batch size, per client); ``side`` receives the
-    new carry's structure (``"spec"``, ``"static"``) and the logged names' options and batch sizes.
+                    extras: Any, step: int, round_idx: int
+                    ) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor], list[Tensor]]:
+    """``hook`` (``client_step``, or ``client_share`` for ``phase="share"``) at local step ``step`` of
+    round ``round_idx`` for every client of a stacked carry ``tensors`` (``template``'s fields, structure
+    ``spec``/``static``), ``vmap``-ped over the clients: returns the new stacked carry's tensors, the
+    hook's outputs, the sums of the clients' ``self.log`` values (value times batch size, per client)
+    and the tensors of the calls the step made of the client's metric objects, recorded by
+    ``side["recording"]`` where given (:mod:`~fl_lightning.backends.batched.metrics`); ``side`` receives
+    the new carry's structure (``"spec"``, ``"static"``), the logged names' options and batch sizes and
+    the recorded calls (``"metric_calls"``).
 
     It is a function of its arguments only, so that ``torch.compile`` can capture it once per
-    structure and reuse it over steps, blocks and rounds (its guards check the Python values it reads)."""
+    structure and reuse it over steps, blocks and rounds (:class:`~fl_lightning.backends.batched.compiled.
+    CompiledStep`: its guards check the Python values it reads, but for ``step`` and ``round_idx``,
+    which reach the hook through ``vmap``'s arguments, where the graph holds them as symbols)."""
 
-    def one_client(tensors: list[Tensor], batch: Any, extras: Any, step: int
-                   ) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor]]:
-        run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), step, extras)
+    def one_client(tensors: list[Tensor], batch: Any, extras: Any, step: int, round_idx: int
+                   ) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor], list[Tensor]]:
+        run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), step, round_idx, extras)
+        run.recording = side.get("recording")
         out = hook(run, batch)
         new_tensors = carried_out(run, side)
-        side["options"], side["sizes"] = run.log_options, run.log_sizes
+        side["options"], side["sizes"], side["metric_calls"] = run.log_options, run.log_sizes, run.metric_calls
         outputs = ({} if out is None else {"share": out}) if phase == "share" else named_outputs(out)
-        return new_tensors, outputs, run.logs
+        return new_tensors, outputs, run.logs, run.metric_tensors
 
-    return vmap(one_client, in_dims=(0, 0, 0, None), randomness="different")(tensors, batch, extras, step)
+    return vmap(one_client, in_dims=(0, 0, 0, None, None), randomness="different")(tensors, batch, extras, step,
+                                                                                    round_idx)
 
 
 def vectorized_plain_step(template: FunctionalRun, spec: Any, static: dict[int, Any], side: dict[str, Any],
-                          tensors: list[Tensor], batch: Any, extras: Any, step: int
-                          ) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor]]:
+                          tensors: list[Tensor], batch: Any, extras: Any, step: int, round_idx: int
+                          ) -> tuple[list[Tensor], dict[str, Tensor], dict[str, Tensor], list[Tensor]]:
     """:func:`vectorized_hook` of :func:`~fl_lightning.run.plain_step` (the client's loss, its gradient,
     one step of its optimizer), with the gradient taken outside ``vmap``: one backward of the sum of
     the clients' vmapped losses, whose gradient's rows are each client's own (the clients are
@@ -695,22 +720,24 @@ def vectorized_plain_step(template: FunctionalRun, spec: Any, static: dict[int, 
     positions = [is_param.get(id(t)) for t in tensors]
 
     def one_loss(params: list[Tensor], tensors: list[Tensor], batch: Any, extras: Any
-                 ) -> tuple[Tensor, dict[str, Tensor]]:
+                 ) -> tuple[Tensor, dict[str, Tensor], list[Tensor]]:
         tensors = [t if i is None else params[i] for t, i in zip(tensors, positions)]
-        run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), step, extras)
+        run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), step, round_idx, extras)
+        run.recording = side.get("recording")
         loss = run.training_loss(batch)
-        side["options"], side["sizes"] = run.log_options, run.log_sizes
-        return loss, run.logs
+        side["options"], side["sizes"], side["metric_calls"] = run.log_options, run.log_sizes, run.metric_calls
+        return loss, run.logs, run.metric_tensors
 
     with torch.enable_grad():
-        losses, logs = vmap(one_loss, randomness="different")(params, tensors, batch, extras)
+        losses, logs, metric_tensors = vmap(one_loss, randomness="different")(params, tensors, batch, extras)
         grads = torch.autograd.grad(loss_requiring_grad(losses).sum(), params, allow_unused=True)
     grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
     # SGD's update is elementwise with the clients' shared hyperparameters: one call on the stacked tensors
     carry["opt"] = template.function.step_(carry["tensors"][:k], grads, carry["opt"])
     new_leaves, side["spec"] = tree_flatten(carry)
     new_tensors, side["static"] = split_leaves(new_leaves)
-    return new_tensors, {"loss": losses.detach()}, {name: total.detach() for name, total in logs.items()}
+    logged = {name: total.detach() for name, total in logs.items()}
+    return new_tensors, {"loss": losses.detach()}, logged, metric_tensors
 
 
 def vectorized_final(hook: Callable[[FunctionalRun], dict[str, Tensor]], template: FunctionalRun, spec: Any,
@@ -723,7 +750,7 @@ def vectorized_final(hook: Callable[[FunctionalRun], dict[str, Tensor]], templat
 
     def one_client(tensors: list[Tensor]) -> tuple[list[Tensor], dict[str, Tensor]]:
         run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), template.steps_taken,
-                                 template.extra_batches)
+                                 template.round, template.extra_batches)
         uploads = dict(hook(run))
         return carried_out(run, side), uploads
 

@@ -13,7 +13,9 @@ from fl_lightning.lightning_compat import lightning_module_attributes
 class PythonState:
     """Detects a ``training_step`` that changes Python state of the client module: in a vectorized
     step it runs once for the whole block, not once per client, so a counter, a list it appends
-    to, a tensor it keeps or a torchmetrics ``Metric`` it updates would be wrong.
+    to or a tensor it keeps would be wrong. (The client's torchmetrics objects are not in the module
+    during a vectorized step: their calls are recorded and made for every client after it,
+    :mod:`~fl_lightning.backends.batched.metrics`.)
 
     The snapshot holds every attribute of the client module and its submodules but Lightning's
     and torch's own: scalars and strings by value, containers by length, other objects (tensors
@@ -51,7 +53,8 @@ class PythonState:
         changed = self.changed()
         if changed:
             raise ValueError(
-                f"the client's training_step changes Python state ({', '.join(changed)}): in the batched backend it runs "
-                "once per block of clients, not once per client; keep such state out of training_step or use "
+                f"the client's training_step changes Python state ({', '.join(changed)}): in the batched backend it "
+                "runs once per block of clients, not once per client; keep such state out of training_step (a "
+                "torchmetrics Metric it updates is fine: the backend updates it for every client) or use "
                 "client_backend='sequential'"
             )

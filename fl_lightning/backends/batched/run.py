@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.func import grad as func_grad
 from torchmetrics import Metric
 
+from fl_lightning.backends.batched.metrics import Call, Logged, MetricCalls, is_recorded
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.stateless import training_loss
 from fl_lightning.lightning_compat import routed_log
@@ -48,6 +49,12 @@ class FunctionalRun(ClientRun):
         #: their options and batch sizes (the same for every client of a vectorized step), by name
         self.log_options: dict[str, dict[str, Any]] = {}
         self.log_sizes: dict[str, int] = {}
+        #: in a vectorized step, the recording of the client's metric objects (None: none, or eager work)
+        self.recording: Optional[MetricCalls] = None
+        #: the calls the step made of the client's metric objects, and their tensors (:mod:`~fl_lightning.
+        #: backends.batched.metrics`: replayed on the real objects after the step)
+        self.metric_calls: list[Call | Logged] = []
+        self.metric_tensors: list[Tensor] = []
         self._active: Model = None
 
     @property
@@ -86,6 +93,7 @@ class FunctionalRun(ClientRun):
         with self.context.forward_context():
             grads, carried = func_grad(loss_of, has_aux=True)(tuple(target[:k]), tuple(target[k:]))
         self._keep_logs(carried["logs"], sizes)  # the values as the transform returns them
+        self.metric_tensors.extend(carried["metric_tensors"])
         loss, aux = carried["loss"], carried.get("aux")
         return ((loss, aux), list(grads)) if has_aux else (loss, list(grads))
 
@@ -96,15 +104,18 @@ class FunctionalRun(ClientRun):
         k = self.layout.num_param_tensors
         loss_of, logs, sizes = self._loss_function(batch, None, False, check_grad=False)
         with self.context.forward_context():
-            loss, _ = loss_of(tuple(self.tensors[:k]), tuple(self.tensors[k:]))
+            loss, carried = loss_of(tuple(self.tensors[:k]), tuple(self.tensors[k:]))
         self._keep_logs(logs, sizes)
+        self.metric_tensors.extend(carried["metric_tensors"])
         return loss
 
     def _loss_function(self, batch: Any, loss_fn: Optional[Callable[[Any], Any]], has_aux: bool,
                        check_grad: bool = True) -> tuple[Callable[..., tuple[Tensor, dict[str, Any]]], dict[str, Tensor], dict[str, int]]:
         """``loss_of(params, buffers) -> (loss, carried)`` on ``batch`` (``loss_fn``'s, or the client
         module's training loss), and the dicts it fills with the client's ``self.log`` values and
-        batch sizes. ``check_grad``: :func:`~fl_lightning.backends.stateless.training_loss`'s."""
+        batch sizes. ``carried`` holds the loss, the logged values and the tensors of the calls the
+        loss made of the client's metric objects (:attr:`metric_calls` receives the calls), which leave
+        a transform as its outputs. ``check_grad``: :func:`~fl_lightning.backends.stateless.training_loss`'s."""
         stateless = self.context.stateless
         logs: dict[str, Tensor] = {}
         sizes: dict[str, int] = {}
@@ -112,6 +123,8 @@ class FunctionalRun(ClientRun):
         def loss_of(params: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Any]]:
             tensors = [*params, *buffers]
             self._active = tensors
+            if self.recording is not None:
+                self.recording.begin()
             try:
                 with routed_log(self.context.client, self._collector(logs, sizes, batch)):
                     if loss_fn is not None:
@@ -120,8 +133,10 @@ class FunctionalRun(ClientRun):
                         out = training_loss(stateless.training_step(tensors, batch, self.step_index), check_grad)
             finally:
                 self._active = None
+                calls, metric_tensors = self.recording.end() if self.recording is not None else ([], [])
+            self.metric_calls.extend(calls)
             loss, aux = out if has_aux else (out, None)
-            carried = {"loss": loss.detach(), "logs": logs}
+            carried = {"loss": loss.detach(), "logs": logs, "metric_tensors": metric_tensors}
             if has_aux:
                 carried["aux"] = aux
             return loss, carried
@@ -145,10 +160,15 @@ class FunctionalRun(ClientRun):
     def _collector(self, logs: dict[str, Tensor], sizes: dict[str, int], batch: Any) -> Callable[..., None]:
         """The client's ``self.log`` inside a gradient: values times the call's batch size are
         returned with the loss, for the round's buffered mean (the batch sizes, Python numbers, are
-        kept in :attr:`log_sizes`: reading them needs no device sync)."""
+        kept in :attr:`log_sizes`: reading them needs no device sync); a recorded metric object, or
+        the value of its call, is recorded with its calls (:attr:`recording`)."""
 
         def log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
             options = call_options(args, kwargs)
+            if self.recording is not None and is_recorded(value):
+                size = options.pop("batch_size", None) or extract_batch_size(batch)
+                self.recording.log(name, value, options, int(size))
+                return
             if isinstance(value, Metric) or options.get("reduce_fx", "mean") not in ("mean", torch.mean):
                 raise ValueError(
                     f"the client's training_step logs {name!r} as a torchmetrics Metric or with another reduce_fx "
@@ -201,11 +221,14 @@ class FunctionalRun(ClientRun):
         self.state, self.scratch = dict(carry["state"]), dict(carry["scratch"])
 
     @classmethod
-    def view(cls, template: "FunctionalRun", carry: dict[str, Any], step: int, extras: Any) -> "FunctionalRun":
-        """One client's run inside a vectorized step: the block's ``template`` run's fields and
-        optimizer, with the client's carry (no client id, no sample count)."""
+    def view(cls, template: "FunctionalRun", carry: dict[str, Any], step: int, round_idx: int, extras: Any
+             ) -> "FunctionalRun":
+        """One client's run inside a vectorized step at local step ``step`` of round ``round_idx``: the
+        block's ``template`` run's fields and optimizer, with the client's carry (no client id, no sample
+        count). The step and the round are given, not read from ``template``, so that a compiled step
+        holds them as symbols (:class:`~fl_lightning.backends.batched.compiled.CompiledStep`)."""
         run = cls(template.context, template.function, list(carry["tensors"]), client_id=None,  # type: ignore[arg-type]
-                  round_idx=template.round, num_samples=None, layout=template.layout,  # type: ignore[arg-type]
+                  round_idx=round_idx, num_samples=None, layout=template.layout,  # type: ignore[arg-type]
                   start=carry["start"], state={}, num_steps=template.num_steps, shared=template.shared)
         run.load_carry(carry)
         run.step_index, run.steps_taken, run.extra_batches = step, step, extras  # a client at step k took k steps
