@@ -25,7 +25,7 @@ QUICK = str(ROOT / "configs" / "quickstart.yaml")
 
 class MetricClient(pl.LightningModule):
     """A small classifier whose ``training_step`` uses its metric objects in one of the usual ways
-    (``style``), or misuses them."""
+    (``style``), misuses them, or does not use them (``"no metric"``)."""
 
     def __init__(self, style: str) -> None:
         super().__init__()
@@ -140,9 +140,9 @@ class ItemClient(MetricClient):
                                       r"training_step may update self\.acc .*client_backend='sequential'"),
     (lambda: MetricClient("value in a computation"), r"uses the value self\.acc\(\.\.\.\) returns in a computation; "
                                                      r".*client_backend='sequential'"),
-    (lambda: PythonStateClient("update, log the metric"),
+    (lambda: PythonStateClient("no metric"),
      r"training_step changes Python state \(seen_batches\).*client_backend='sequential'"),
-    (lambda: ItemClient("update, log the metric"),
+    (lambda: ItemClient("no metric"),
      r"ItemClient's training_step cannot be vectorized over clients: it reads a tensor's value in Python "
      r"\(\.item\(\).*client_backend='sequential'"),
 ])
