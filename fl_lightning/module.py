@@ -40,6 +40,7 @@ from fl_lightning.backends import BACKENDS, BatchedBackend, ClientBackend, Clien
 from fl_lightning.backends.context import overrides_default
 from fl_lightning.checkpoints import is_plain
 from fl_lightning.client_store import ClientStateStore, StateDefault, StateSpec, check_folder, run_folder
+from fl_lightning.cpu_threads import FitThreads
 from fl_lightning.data_check import check_classes, check_client_takes_data
 from fl_lightning.distributed import all_gather_object, rank_and_world
 from fl_lightning.hooks import Aggregator, FederatedCallback, default_callbacks
@@ -379,9 +380,10 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     def configure_callbacks(self) -> list[pl.Callback]:
         """A progress bar counting rounds and clients in place of the Trainer's (TQDM or Rich), and the
         default callbacks the Trainer has none of (:func:`~fl_lightning.hooks.default_callbacks`: a
-        ``RoundHistory`` where the Trainer has a logger)."""
+        ``RoundHistory`` where the Trainer has a logger) and the choice of the CPU's threads for a fit
+        (:class:`~fl_lightning.cpu_threads.FitThreads`)."""
         bar = round_progress_bar(self.trainer.progress_bar_callback)
-        return ([bar] if bar is not None else []) + default_callbacks(self.trainer)
+        return [*([bar] if bar is not None else []), *default_callbacks(self.trainer), FitThreads()]
 
     def configure_server_optimizer(self) -> torch.optim.Optimizer:
         """The server optimizer over the global model (the pseudo-gradient is ``-delta``):

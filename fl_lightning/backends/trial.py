@@ -2,8 +2,10 @@
 
 Before the first round the engine runs the client module's ``training_step`` on the first samples
 of the largest training client: the module checks that the client takes the data
-(:func:`fl_lightning.data_check.check_client_takes_data`), and the batched backend measures the
-activations of a step (:func:`~fl_lightning.backends.batched.sizing.activation_bytes`). Both run in
+(:func:`fl_lightning.data_check.check_client_takes_data`), counts the arithmetic of a step
+(:func:`step_flops`, which chooses the CPU's threads: :mod:`fl_lightning.cpu_threads`), and the batched
+backend tries its vectorized step (:mod:`~fl_lightning.backends.batched.step_trial`) and measures the
+activations of a step (:func:`~fl_lightning.backends.batched.sizing.activation_bytes`). All run in
 :func:`trial_setting`: at copies of the global model's tensors on the device, under the precision
 plugin's forward context, with the global RNG forked, the client's ``self.log`` calls dropped, and
 its ``Metric`` states and Python attributes put back on exit, so that the run is, bit for bit, what
@@ -18,8 +20,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
 from torchmetrics import Metric
 
+from fl_lightning.backends.stateless import training_loss
 from fl_lightning.lightning_compat import metric_snapshot, restore_metric, routed_log
 
 if TYPE_CHECKING:
@@ -78,3 +82,20 @@ def trial_setting(context: "ClientContext") -> Iterator[list[Tensor]]:
         stack.enter_context(routed_log(context.client, _drop_log))
         stack.enter_context(context.forward_context())
         yield tensors
+
+
+def step_flops(context: "ClientContext") -> int:
+    """The floating-point operations of the forward of one local step of one client (its
+    ``training_step`` on a batch of the largest training client's first samples, in the trial's
+    setting), as ``torch.utils.flop_counter`` counts them (matrix products and convolutions); 0 where
+    there is no training client."""
+    data = context.algorithm.datamodule
+    client_id = largest_client(data)
+    if client_id is None:
+        return 0
+    split = data.client_data(client_id, "train")
+    with trial_setting(context) as tensors:
+        batch = context.gather(split.indices[:split.step_batch_size])
+        with FlopCounterMode(display=False) as counter:
+            training_loss(context.stateless.training_step(tensors, batch, 0))
+    return counter.get_total_flops()
