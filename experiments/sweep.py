@@ -518,6 +518,13 @@ def run_parallel(paper: str, names: Sequence[str], out: Path, jobs: int, threads
         raise SystemExit(f"{len(failed)} of {len(names)} runs failed: {'; '.join(failed)}")
 
 
+def use_threads(threads: int) -> None:
+    """Run torch's operations on ``threads`` intra-op threads, named in ``OMP_NUM_THREADS`` too: the
+    sweep's choice, which the engine keeps (``fl_lightning.cpu_threads``)."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
 def keep_freed_memory() -> None:
     """Keep the memory a run frees for its next allocations (glibc's ``M_MMAP_MAX`` 0 and
     ``M_TRIM_THRESHOLD`` at its largest; a no-op elsewhere). glibc maps each allocation above its
@@ -581,7 +588,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except results.UncommittedChangesError as error:
         raise SystemExit(f"experiments.sweep: {error}") from None
     if opts.serve is not None:
-        torch.set_num_threads(opts.threads)
+        use_threads(opts.threads)
         keep_freed_memory()
         serve(runs, opts.paper, plan, out, opts.serve, limits, opts.backend)
         return
@@ -592,7 +599,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if opts.jobs > 1 and len(pending) > 1:
         run_parallel(opts.paper, pending, out, opts.jobs, opts.threads, limits, opts.backend)
         return
-    torch.set_num_threads(opts.threads)
+    use_threads(opts.threads)
     keep_freed_memory()
     for run in runs:
         if run.name in done:
