@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
-from lightning_fabric.plugins import CheckpointIO
 from torch import Tensor
+
+from fl_lightning.lightning_package import CheckpointIO
 
 
 PathLike = Union[str, Path]

@@ -37,9 +37,6 @@ from typing import Any, NoReturn, Optional
 
 import torch
 from jsonargparse import Namespace
-from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint
-from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from fl_lightning import plotting
 from fl_lightning.callbacks.checkpoint import VERSION_FOLDER, checkpoint_run, last_round_checkpoint
@@ -48,6 +45,8 @@ from fl_lightning.checkpoints import add_checksum, install_safe_io, load_checkpo
 from fl_lightning.cli_errors import debugging, exit_with_error, short_error
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.lightning_compat import set_logger_version
+from fl_lightning.lightning_package import (BasePredictionWriter, LightningArgumentParser, LightningCLI,
+                                           MisconfigurationException, ModelCheckpoint)
 from fl_lightning.module import FederatedModule
 
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_info
 
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.trial import step_flops
+from fl_lightning.lightning_package import pl, rank_zero_info
 
 #: a client whose local step's forward takes fewer floating-point operations runs one thread on the CPU
 #: (MNIST's MLP, 784-200-200-10 on batches of 64: 25 MFLOP; FedDeper's MNIST CNN: 970 MFLOP)

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.trial import largest_client, trial_setting
+from fl_lightning.lightning_package import pl
 from fl_lightning.models.classifier import Classifier
 
 #: the errors of a step whose inputs do not fit the model (shapes, dtypes, indices), which the check explains

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
-import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.backends import ClientBackend, ClientContext
@@ -22,6 +21,7 @@ from fl_lightning.datamodules.client_data import Split
 from fl_lightning.distributed import is_distributed
 from fl_lightning.evaluation_logging import EvaluationLogs, check_no_step_syncs
 from fl_lightning.lightning_compat import log_agreed, routed_log, set_current_hook
+from fl_lightning.lightning_package import overrides_hook, pl
 from fl_lightning.update import ClientResult
 from fl_lightning.vectors import ModelVector
 
@@ -113,7 +113,7 @@ class ClientEvaluation(pl.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         """The client's own ``predict_step``; for a client without one, the global model's
         outputs on the inputs: the batch's first element (the datamodule's batches are ``(x, y)``)."""
-        if type(self.client).predict_step is not pl.LightningModule.predict_step:
+        if overrides_hook(self.client, "predict_step"):
             return self._client_hook("predict_step", batch, batch_idx)
         return self.client(batch[0] if isinstance(batch, (list, tuple)) else batch)
 

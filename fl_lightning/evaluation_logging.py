@@ -29,14 +29,13 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities.data import extract_batch_size
 from torch import Tensor
 from torchmetrics import Metric
 
 from fl_lightning.distributed import all_gather_object
 from fl_lightning.lightning_compat import current_hook, dataloader_suffix, lightning_log, log_agreed
+from fl_lightning.lightning_package import extract_batch_size, pl
 from fl_lightning.local_logging import call_options
 
 #: the ``reduce_fx`` values Lightning accepts, by name (its strings, and the functions it recognizes)

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Optional, Protocol, Sequence
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
 from fl_lightning.datamodules.client_data import Split
+from fl_lightning.lightning_package import pl
 from fl_lightning.update import ClientResult, ClientUpdate, LinearReduction, UpdateSpec
 from fl_lightning.vectors import ModelVector
 

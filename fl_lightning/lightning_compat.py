@@ -22,21 +22,26 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.core.optimizer import LightningOptimizer
-from pytorch_lightning.core.saving import _default_map_location, _load_state
-from pytorch_lightning.overrides.distributed import UnrepeatedDistributedSampler, _sync_module_states
-from pytorch_lightning.trainer.connectors.logger_connector import result as lightning_results
-from pytorch_lightning.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
-from pytorch_lightning.utilities.data import _update_dataloader
-from pytorch_lightning.utilities.warnings import PossibleUserWarning
 from torch import nn
 from torch._dynamo.callback import callback_handler
 from torch._dynamo.code_context import code_context
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from torch.utils._pytree import tree_flatten, tree_unflatten  # noqa: F401  (no public pytree module yet)
 from torchmetrics import Metric
+
+from fl_lightning.lightning_package import pl, pl_module
+
+LightningOptimizer = pl_module("core.optimizer").LightningOptimizer
+_default_map_location = pl_module("core.saving")._default_map_location
+_load_state = pl_module("core.saving")._load_state
+UnrepeatedDistributedSampler = pl_module("overrides.distributed").UnrepeatedDistributedSampler
+_sync_module_states = pl_module("overrides.distributed")._sync_module_states
+lightning_results = pl_module("trainer.connectors.logger_connector.result")
+_ResultCollection = lightning_results._ResultCollection
+_ResultMetric = lightning_results._ResultMetric
+_update_dataloader = pl_module("utilities.data")._update_dataloader
+PossibleUserWarning = pl_module("utilities.warnings").PossibleUserWarning
 
 #: the pytorch-lightning releases whose private APIs this module was checked against
 TESTED_LIGHTNING = (">=2.4", "<2.7")
@@ -46,9 +51,9 @@ TESTED_LIGHTNING = (">=2.4", "<2.7")
 #: checks ``--ckpt_path`` itself and runs a subcommand without advice that does not apply); an
 #: override of a method that a release renamed would be silently ignored, so the test checks they exist
 OVERRIDDEN_PRIVATE_METHODS: dict[str, tuple[str, ...]] = {
-    "pytorch_lightning.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
-    "pytorch_lightning.callbacks.RichProgressBar": ("_get_train_description", "_stop_progress"),
-    "pytorch_lightning.cli.LightningCLI": ("_run_subcommand", "_parse_ckpt_path", "_prepare_subcommand_kwargs"),
+    f"{pl.__name__}.strategies.DDPStrategy": ("_setup_model", "_register_ddp_hooks"),
+    f"{pl.__name__}.callbacks.RichProgressBar": ("_get_train_description", "_stop_progress"),
+    f"{pl.__name__}.cli.LightningCLI": ("_run_subcommand", "_parse_ckpt_path", "_prepare_subcommand_kwargs"),
 }
 
 
@@ -82,7 +87,7 @@ def quiet_progress_bar_notice() -> None:
         return not ("configure_callbacks` will override existing callbacks" in message
                     and message.rstrip().endswith(("TQDMProgressBar", "RichProgressBar")))
 
-    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    logger = logging.getLogger(f"{pl.__name__}.utilities.rank_zero")
     if not any(getattr(f, "__name__", "") == "keep" and f.__module__ == __name__ for f in logger.filters):
         logger.addFilter(keep)
 

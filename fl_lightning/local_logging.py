@@ -22,13 +22,12 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Collection, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities.data import extract_batch_size
 from torch import Tensor
 from torchmetrics import Metric
 
 from fl_lightning.lightning_compat import current_hook, lightning_log, log_agreed, results_batch
+from fl_lightning.lightning_package import extract_batch_size, pl
 
 _LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
 

@@ -30,9 +30,7 @@ import functools
 import warnings
 from typing import Any, Literal, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.cli import OptimizerCallable
 from torch import Tensor
 
 from fl_lightning.aggregation import aggregate, find_aggregator
@@ -47,6 +45,7 @@ from fl_lightning.hooks import Aggregator, FederatedCallback, default_callbacks
 from fl_lightning.lightning_compat import (attached_trainer, count_optimizer_step, light_result_moves, log_agreed,
                                           raw_optimizer, set_logger_step)
 from fl_lightning.evaluation import ClientEvaluation
+from fl_lightning.lightning_package import OptimizerCallable, attach_trainer, is_lightning_module, pl
 from fl_lightning.module_checkpoint import FederatedCheckpointing, logged_hparams
 from fl_lightning.optim.param_groups import optimizer_lr
 from fl_lightning.optim.server import check_server_optimizer
@@ -79,7 +78,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     """Runs federated training of ``client`` (plain FedAvg unless a subclass changes the rules).
 
     Args:
-        client: any ``LightningModule``. Its ``training_step`` gives the local loss (its
+        client: any ``LightningModule``, of ``pytorch_lightning`` or of the unified ``lightning``
+            package (``lightning.pytorch``), whichever this module is built on
+            (:mod:`fl_lightning.lightning_package`). Its ``training_step`` gives the local loss (its
             ``self.log`` calls keep working), its ``configure_optimizers`` the local optimizer
             (created fresh for each client each round) and, optionally, a learning-rate
             scheduler stepped once per round; its ``validation_step``/``test_step`` the
@@ -198,8 +199,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         lr_drop_gamma: float = 0.1,
     ) -> None:
         super().__init__()
-        if not isinstance(client, pl.LightningModule):
-            raise TypeError(f"client must be a LightningModule, got {type(client).__name__}")
+        if not is_lightning_module(client):
+            raise TypeError(f"client must be a LightningModule of pytorch_lightning or lightning.pytorch, got "
+                            f"{type(client).__module__}.{type(client).__qualname__}")
         clients_per_round, local_steps = check_federation_arguments(
             clients_per_round, clients_fraction, min_clients, local_steps, local_epochs, self.default_local_steps,
             self.min_local_steps, server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS),
@@ -347,6 +349,18 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
                     if t.is_floating_point())
         uploads = 4 * sum(spec.size for spec in self.update_specs.values())  # float32, as Layout.flatten makes them
         return (4 + len(self.state_specs)) * model + uploads
+
+    @property
+    def trainer(self) -> pl.Trainer:
+        """The Trainer this module is attached to (Lightning's ``LightningModule.trainer``)."""
+        return pl.LightningModule.trainer.fget(self)
+
+    @trainer.setter
+    def trainer(self, trainer: Optional[pl.Trainer]) -> None:
+        """Attach ``trainer`` as Lightning does, and to a client module of the other Lightning package too
+        (:func:`~fl_lightning.lightning_package.attach_trainer`), which Lightning's setter passes over."""
+        pl.LightningModule.trainer.fset(self, trainer)
+        attach_trainer(self, trainer)
 
     @property
     def datamodule(self) -> Any:

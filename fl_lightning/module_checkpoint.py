@@ -14,8 +14,6 @@ import inspect
 import warnings
 from typing import Any, Mapping, Optional, TypeVar
 
-import pytorch_lightning as pl
-from pytorch_lightning.utilities import rank_zero_warn
 
 from fl_lightning.checkpoints import (
     CheckpointError,
@@ -28,6 +26,7 @@ from fl_lightning.checkpoints import (
 from fl_lightning.client_store import ClientStateStore
 from fl_lightning.file_arguments import AllowedClasses, Kind, allowed_class, build_arguments, build_checked
 from fl_lightning.lightning_compat import attached_trainer, default_map_location
+from fl_lightning.lightning_package import pl, rank_zero_warn
 from fl_lightning.vectors import ModelVector
 
 ModuleT = TypeVar("ModuleT", bound="FederatedCheckpointing")

@@ -28,7 +28,6 @@ import copy
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -36,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from fl_lightning.algorithms.pefll import PeFLL
 from fl_lightning.checkpoints import load_checkpoint
 from fl_lightning.datamodules.base import FederatedDataModule
+from fl_lightning.lightning_package import pl
 from fl_lightning.vectors import ModelVector
 
 ClientInput = Union[Dataset, tuple[Tensor, Tensor], Tensor]

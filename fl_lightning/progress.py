@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 
 from fl_lightning.lightning_compat import (
     progress_bar_leave,
@@ -19,6 +17,7 @@ from fl_lightning.lightning_compat import (
     rich_train_description,
     stop_rich_progress,
 )
+from fl_lightning.lightning_package import RichProgressBar, TQDMProgressBar, pl
 
 quiet_progress_bar_notice()
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import atexit
 
 import torch.distributed
-from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from fl_lightning.lightning_compat import is_unpadded, quiet_padding_notice, sync_module_states, unpadded_shards
+from fl_lightning.lightning_package import DDPStrategy, StrategyRegistry
 
 
 class FederatedDDPStrategy(DDPStrategy):

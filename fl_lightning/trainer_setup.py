@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import warnings
 
-import pytorch_lightning as pl
-from pytorch_lightning.strategies import DDPStrategy
-from pytorch_lightning.utilities import rank_zero_warn
 
 from fl_lightning.checkpoints import install_safe_io
 from fl_lightning.lightning_compat import batch_norm_layers
+from fl_lightning.lightning_package import DDPStrategy, pl, rank_zero_warn
 
 
 def prepare_trainer(trainer: pl.Trainer, client: pl.LightningModule, stage: str) -> None:

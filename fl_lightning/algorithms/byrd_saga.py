@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LRScheduler
@@ -25,6 +24,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from fl_lightning.algorithms.raga import Schedule, check_schedule, paper_schedule, require_parameters_only
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 from fl_lightning.functional.variance_reduction import saga_direction
+from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator

@@ -18,12 +18,12 @@ import math
 import warnings
 from typing import Any, Literal
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.feddro import SampleLosses
 from fl_lightning.functional.dro import chi_square_penalty, chi_square_weights, cvar_weights, kl_dual_step
+from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun

@@ -26,11 +26,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
 from fl_lightning.functional.prox import depersonalization_gradient, depersonalization_strength
+from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.param_groups import moved_by
 from fl_lightning.optim.plain_sgd import require_plain_sgd

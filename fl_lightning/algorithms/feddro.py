@@ -27,13 +27,13 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator, Literal, Optional
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.functional.dro import CompositionalObjective, check_finite, storm_estimate, surrogate
 from fl_lightning.lightning_compat import batch_norm_layers, log_agreed
+from fl_lightning.lightning_package import pl
 from fl_lightning.lockstep import LockstepModule
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun, Model

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
 from fl_lightning.functional.fedproxvr_theory import achieved_local_accuracy
 from fl_lightning.functional.variance_reduction import full_gradient, sarah_direction, svrg_direction
+from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.prox_sgd import ProxSGD
 from fl_lightning.run import ClientRun

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import pytorch_lightning as pl
 from torch import Tensor
 
+from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
 

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Literal, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
-from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor, nn
 
 from fl_lightning.functional.norms import joint_norm
+from fl_lightning.lightning_package import move_data_to_device, pl
 from fl_lightning.models.hypernetwork import HyperNetwork, HyperNetworkSize, mean_descriptor
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun

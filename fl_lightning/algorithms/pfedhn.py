@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.pefll import HypernetworkFederation, ServerOptimizer, vector_jacobian
+from fl_lightning.lightning_package import pl
 from fl_lightning.models.hypernetwork import HyperNetworkSize
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator

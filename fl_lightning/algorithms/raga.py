@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torch.optim.lr_scheduler import LRScheduler
 
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import pytorch_lightning as pl
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.raga import Schedule, check_schedule, paper_schedule
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
+from fl_lightning.lightning_package import pl
 
 
 class RFA(FedAvg):

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
+from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun

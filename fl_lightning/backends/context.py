@@ -19,7 +19,6 @@ from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Protocol, TypeVar, cast
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
@@ -28,6 +27,7 @@ from fl_lightning.client_store import ClientStateStore, StateSpec
 from fl_lightning.datamodules.client_data import ClientData, gather, prefetched, to_device
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import routed_log
+from fl_lightning.lightning_package import pl
 from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.run import ClientRun, StepOutput
 from fl_lightning.seeding import generator, keyed_rngs

@@ -24,15 +24,14 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities.data import extract_batch_size
 from torch import Tensor
 from torchmetrics import Metric
 
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.datamodules.client_data import SPLITS, ClientData, to_device
 from fl_lightning.lightning_compat import metric_snapshot, restore_metric, routed_log, unsync_metric
+from fl_lightning.lightning_package import extract_batch_size, overrides_hook, pl
 from fl_lightning.local_logging import call_options
 from fl_lightning.update import ClientResult
 
@@ -135,7 +134,7 @@ def check_evaluation(client: pl.LightningModule, split: str, hook: str) -> None:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if hook not in HOOKS:
         raise ValueError(f"hook must be one of {HOOKS}, got {hook!r}")
-    if getattr(type(client), hook) is getattr(pl.LightningModule, hook):
+    if not overrides_hook(client, hook):
         raise ValueError(f"hook={hook!r}: the client module {type(client).__name__} does not implement {hook}")
 
 

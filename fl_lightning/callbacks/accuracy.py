@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any, Hashable, Mapping, Optional, TypeVar
 
 import torch
-from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
 from fl_lightning.datamodules.client_data import ClientData
 from fl_lightning.datamodules.targets import targets_in_words
 from fl_lightning.hooks import Federation
+from fl_lightning.lightning_package import move_data_to_device
 from fl_lightning.seeding import keyed_rng
 
 K = TypeVar("K", bound=Hashable)

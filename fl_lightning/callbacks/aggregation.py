@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.distributed import all_reduce_sum
 from fl_lightning.hooks import Aggregator, Federation
+from fl_lightning.lightning_package import pl
 from fl_lightning.update import (
     ClientUpdate,
     LinearReduction,

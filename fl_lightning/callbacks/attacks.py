@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
@@ -43,6 +42,7 @@ from fl_lightning.functional.attacks import (
 )
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.lightning_package import pl
 from fl_lightning.seeding import generator
 from fl_lightning.validation import check_int, check_number
 from fl_lightning.update import ClientUpdate

@@ -38,15 +38,12 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 
-import pytorch_lightning as pl
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
-from pytorch_lightning.callbacks import ModelCheckpoint
-from pytorch_lightning.strategies import Strategy
-from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
 from fl_lightning.checkpoints import CheckpointError, replace_durably
 from fl_lightning.lightning_compat import dump_checkpoint
+from fl_lightning.lightning_package import ModelCheckpoint, Strategy, pl, rank_zero_warn
 
 #: the checkpoint's file name in its folder
 LAST = "last.ckpt"

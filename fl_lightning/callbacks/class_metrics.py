@@ -18,9 +18,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
-from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
@@ -28,6 +26,7 @@ from fl_lightning.callbacks.accuracy import check_accuracy_data, inputs_and_labe
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.lightning_package import move_data_to_device, pl
 from fl_lightning.validation import check_int
 
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Literal, Optional, Sequence, Union, get_args
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from fl_lightning.callbacks.accuracy import accuracies_of, check_accuracy_data
@@ -26,6 +24,7 @@ from fl_lightning.distributed import gather_clients, my_clients
 from fl_lightning.functional.client_summaries import summarize
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.lightning_package import pl, rank_zero_warn
 
 #: which clients a metric callback evaluates: those that train, the unseen ones, or all
 Population = Literal["train", "unseen", "all"]

@@ -26,9 +26,7 @@ import json
 import os
 from typing import Any, Literal, Mapping, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 
 from fl_lightning.callbacks.client_metrics import POPULATIONS, Population, default_prefix, population
 from fl_lightning.distributed import all_gather_object, rank_and_world
@@ -37,6 +35,7 @@ from fl_lightning.callbacks.metric_direction import direction_from_name
 from fl_lightning.datamodules.client_data import SPLITS, Split
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.lightning_package import pl, rank_zero_warn
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientResult
 from fl_lightning.validation import check_int, check_number

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Iterator, Optional, Sequence, Union
 
-import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.callbacks.client_metrics import ClientMetrics, Population
 from fl_lightning.datamodules.client_data import Split
 from fl_lightning.hooks import Federation
+from fl_lightning.lightning_package import pl
 from fl_lightning.validation import check_int
 
 

@@ -32,13 +32,13 @@ import os
 import time
 from typing import Any, Optional
 
-import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.callbacks.checkpoint import checkpoint_run
 from fl_lightning.callbacks.metric_direction import direction_from_name
 from fl_lightning.hooks import FederatedCallback, Federation, add_default_callback
 from fl_lightning.lightning_compat import unlogged_training_metrics
+from fl_lightning.lightning_package import pl
 
 #: the accounting metrics every row holds, with their values in a round that did not log them
 #: (``round/refused`` is logged from a fit's first refused round on)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
 
 from fl_lightning.callbacks.accuracy import check_accuracy_data, client_accuracy
@@ -25,6 +24,7 @@ from fl_lightning.datamodules.client_data import ClientData
 from fl_lightning.distributed import map_clients
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.lightning_package import pl
 from fl_lightning.seeding import derive_seed
 from fl_lightning.validation import check_int
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import BasePredictionWriter
+
+from fl_lightning.lightning_package import BasePredictionWriter, pl
 
 
 class PredictionWriter(BasePredictionWriter):

@@ -28,12 +28,12 @@ import math
 import warnings
 from typing import Any, Literal, Optional, Sequence
 
-import pytorch_lightning as pl
 from torch import Tensor
 
 from fl_lightning.functional.privacy import clip_update, gaussian_noise
 from fl_lightning.hooks import Aggregator, FederatedCallback, Federation
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.lightning_package import pl
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate
 from fl_lightning.validation import check_int, check_number

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
@@ -33,6 +32,7 @@ from fl_lightning.functional.robust import (
 )
 from fl_lightning.hooks import Aggregator, Federation
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.lightning_package import pl
 from fl_lightning.update import ClientUpdate
 from fl_lightning.validation import check_int, check_number
 

@@ -31,9 +31,7 @@ import hashlib
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
@@ -44,6 +42,7 @@ from fl_lightning.datamodules.partitioners import SHORTCUTS, IidPartitioner, Par
 from fl_lightning.datamodules.subsample import Subsample
 from fl_lightning.datamodules.targets import are_class_labels, describe_targets, labels_of, targets_in_words
 from fl_lightning.functional.partition import random_split, stratified_split
+from fl_lightning.lightning_package import pl, rank_zero_warn
 from fl_lightning.seeding import keyed_rng
 from fl_lightning.validation import check_int, check_number
 

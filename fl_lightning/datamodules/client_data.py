@@ -20,10 +20,11 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Sequence, TypeVar, get_args
 
 import torch
-from lightning_fabric.utilities.apply_func import move_data_to_device
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset, default_collate
+
+from fl_lightning.lightning_package import move_data_to_device
 
 #: a client's share of its data: what it trains on, validates on and is tested on
 Split = Literal["train", "val", "test"]

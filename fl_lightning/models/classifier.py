@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fl_lightning.lightning_package import pl
 from fl_lightning.validation import check_number
 
 

@@ -9,7 +9,6 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch._dynamo.exc import TorchDynamoException
 from torch.func import vmap
@@ -31,6 +30,7 @@ from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.backends.stateless import loss_requiring_grad
 from fl_lightning.distributed import rank_and_world
 from fl_lightning.lightning_compat import tree_flatten, tree_unflatten
+from fl_lightning.lightning_package import rank_zero_warn
 from fl_lightning.optim.sgd_function import FunctionalSGD, functional_optimizer
 from fl_lightning.run import plain_step
 from fl_lightning.update import ClientResult

@@ -7,9 +7,9 @@ import types
 from typing import Any, Callable
 
 import torch
-from pytorch_lightning.utilities import rank_zero_info
 
 from fl_lightning.lightning_compat import compile_started, dynamic_int_arguments
+from fl_lightning.lightning_package import rank_zero_info
 
 #: the step's integer arguments that change from call to call (the local step, the round): traced as
 #: symbols, so that no graph holds their values

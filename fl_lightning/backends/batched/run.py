@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
-from pytorch_lightning.utilities.data import extract_batch_size
 from torch import Tensor
 from torch.func import grad as func_grad
 from torchmetrics import Metric
@@ -14,6 +13,7 @@ from fl_lightning.backends.batched.metrics import Call, Logged, MetricCalls, is_
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.stateless import training_loss
 from fl_lightning.lightning_compat import routed_log
+from fl_lightning.lightning_package import extract_batch_size
 from fl_lightning.local_logging import call_options
 from fl_lightning.optim.prox_sgd import FunctionalProxSGD, ProxSGD
 from fl_lightning.optim.sgd_function import FunctionalSGD

@@ -9,7 +9,6 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,6 +17,7 @@ from torch.utils._pytree import tree_leaves
 from fl_lightning.backends.evaluate import evaluation_setting
 from fl_lightning.backends.stateless import training_loss
 from fl_lightning.backends.trial import largest_client, trial_setting
+from fl_lightning.lightning_package import overrides_hook
 
 if TYPE_CHECKING:
     from fl_lightning.backends.context import ClientContext
@@ -176,7 +176,7 @@ def activation_bytes(context: "ClientContext") -> Activations:
         return Activations(0, 0)
     split = data.client_data(client_id, "train")
     batch_size, eval_size = split.step_batch_size, min(data.eval_batch_size, len(split.indices))
-    overridden = type(context.client).validation_step is not pl.LightningModule.validation_step
+    overridden = overrides_hook(context.client, "validation_step")
     hook = "validation_step" if overridden else "training_step"
     with trial_setting(context) as tensors:
         batch = context.gather(split.indices[:batch_size])
