@@ -27,6 +27,7 @@ from typing import Iterable, NoReturn, Optional, Sequence
 from jsonargparse import ArgumentParser
 
 from fl_lightning.datamodules.base import FederatedDataModule
+from fl_lightning.lightning_package import PACKAGE, VARIABLE, package_of
 from fl_lightning.module import FederatedModule
 
 #: the kinds of class whose every subclass a class-path error lists: (base, what the list is called)
@@ -43,6 +44,7 @@ _CLASS = re.compile(r"<class '([\w.]+)'>")
 _NAMESPACE_CLASS = re.compile(r"Namespace\(class_path='([\w.]+)'")
 _INVALID_CHOICE = re.compile(r"(.*invalid choice: '([^']*)' \(choose from (.*)\))")
 _UNRECOGNIZED = "unrecognized arguments: "
+_NOT_SUBCLASS = re.compile(r"Import path ([\w.]+) does not correspond to a subclass of \w+")
 
 
 @dataclass
@@ -81,7 +83,7 @@ def short_error(message: str, options: Iterable[str] = ()) -> str:
     if problem is None:
         return "\n".join(line for line in message.splitlines() if not line.lstrip().startswith("Given value"))
     option = f"--{'.'.join(problem.key)}: " if problem.key else ""
-    return option + problem.detail + (f"\n{problem.listing}" if problem.listing else "")
+    return option + problem.detail + _package_advice(message) + (f"\n{problem.listing}" if problem.listing else "")
 
 
 def debugging() -> bool:
@@ -255,6 +257,19 @@ def _unrecognized(words: list[str], options: list[str]) -> str:
                 break
         said.append(f"{option}" + (f" (did you mean {suggestion}?)" if suggestion and suggestion != option else ""))
     return f"unknown option{'s' if len(said) > 1 else ''} {', '.join(said)}"
+
+
+def _package_advice(message: str) -> str:
+    """Where ``message`` refuses a class of the other Lightning package than the one fl_lightning is built
+    on (a client written with ``lightning.pytorch`` in a ``pytorch_lightning`` process), how to run on
+    that package; else ""."""
+    refused = _NOT_SUBCLASS.search(message)
+    cls = _import(refused[1]) if refused else None
+    package = package_of(cls) if isinstance(cls, type) else None
+    if package is None or package == PACKAGE:
+        return ""
+    return (f"; {refused[1]} is written for the {package} package and fl_lightning runs on {PACKAGE}: "
+            f"set {VARIABLE}={package}")
 
 
 def _did_you_mean(word: str, candidates: Sequence[str], quote: bool = False) -> str:

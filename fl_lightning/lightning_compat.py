@@ -6,8 +6,9 @@ routing the client module's ``self.log`` during its local work, telling Lightnin
 client's call comes from, and synchronizing the initial model over processes without a DDP
 wrapper. Lightning offers no public API for these; each use is a small function here, and
 ``tests/test_lightning_compat.py`` exercises every one against the installed Lightning, so an
-upgrade that changes them fails in one place. ``pyproject.toml`` caps pytorch-lightning at the
-versions these were checked against (:data:`TESTED_LIGHTNING`). torch's private names used
+upgrade that changes them fails in one place. ``pyproject.toml`` caps pytorch-lightning (and
+lightning) at the versions these were checked against (:data:`TESTED_LIGHTNING`). They are taken from
+the package fl_lightning is built on (:mod:`fl_lightning.lightning_package`). torch's private names used
 (``torch.utils._pytree``, the BatchNorm base class, Dynamo's code context and compilation callbacks)
 and torchmetrics' (a ``Metric``'s accumulated state, which a client's evaluation sets aside) are here
 too, for the same reason.
@@ -43,7 +44,7 @@ _ResultMetric = lightning_results._ResultMetric
 _update_dataloader = pl_module("utilities.data")._update_dataloader
 PossibleUserWarning = pl_module("utilities.warnings").PossibleUserWarning
 
-#: the pytorch-lightning releases whose private APIs this module was checked against
+#: the pytorch-lightning (and lightning) releases whose private APIs this module was checked against
 TESTED_LIGHTNING = (">=2.4", "<2.7")
 
 #: private methods of Lightning classes that fl_lightning's subclasses override (``FederatedDDPStrategy``

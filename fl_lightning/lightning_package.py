@@ -67,8 +67,8 @@ def _import(name: str, package: str) -> ModuleType:
     except ModuleNotFoundError as error:
         if error.name is None or name.split(".")[0] != error.name.split(".")[0]:
             raise
-        raise ModuleNotFoundError(f"fl_lightning is built on {package!r} ({VARIABLE}={os.environ.get(VARIABLE)!r}),"
-                                  f" which is not installed: pip install {_INSTALL[package]}", name=error.name) from error
+        raise ModuleNotFoundError(f"fl_lightning is to be built on {package}, which is not installed: "
+                                  f"pip install {_INSTALL[package]}", name=error.name) from error
 
 
 #: the package fl_lightning is built on in this process (a key of :data:`PACKAGES`)
@@ -108,22 +108,16 @@ MisconfigurationException = pl_module("utilities.exceptions").MisconfigurationEx
 CheckpointIO = fabric_module("plugins").CheckpointIO
 move_data_to_device = fabric_module("utilities.apply_func").move_data_to_device
 
+
 def lightning_module_types() -> tuple[type, ...]:
-    """``LightningModule`` of each Lightning package imported in this process (the one fl_lightning is
-    built on first)."""
-    names = (PACKAGES[PACKAGE][0], *(p for p, _ in PACKAGES.values() if p != PACKAGES[PACKAGE][0]))
-    found = (getattr(sys.modules.get(name), "LightningModule", None) for name in names)
+    """``LightningModule`` of each Lightning package imported in this process."""
+    found = (getattr(sys.modules.get(name), "LightningModule", None) for name, _ in PACKAGES.values())
     return tuple(t for t in found if isinstance(t, type))
 
 
 def is_lightning_module(obj: Any) -> bool:
     """Whether ``obj`` is a ``LightningModule`` of either package (a client fl_lightning can federate)."""
     return isinstance(obj, lightning_module_types())
-
-
-def is_lightning_module_class(cls: Any) -> bool:
-    """Whether ``cls`` is a ``LightningModule`` subclass of either package."""
-    return isinstance(cls, type) and issubclass(cls, lightning_module_types())
 
 
 def attach_trainer(module: Any, trainer: Optional[Any]) -> None:
@@ -145,3 +139,12 @@ def overrides_hook(module: Any, hook: str) -> bool:
     """Whether the class of ``module`` (a ``LightningModule`` of either package) overrides Lightning's
     method ``hook`` (``"predict_step"``: whether it has a ``predict_step`` of its own)."""
     return getattr(type(module), hook) is not getattr(lightning_module_base(module), hook)
+
+
+def package_of(cls: type) -> Optional[str]:
+    """The package (a key of :data:`PACKAGES`) whose Lightning classes ``cls`` derives from, or None."""
+    for klass in cls.__mro__:
+        for package, names in PACKAGES.items():
+            if any(klass.__module__ == name or klass.__module__.startswith(name + ".") for name in names):
+                return package
+    return None

@@ -79,7 +79,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
 
     Args:
         client: any ``LightningModule``, of ``pytorch_lightning`` or of the unified ``lightning``
-            package (``lightning.pytorch``), whichever this module is built on
+            package (``lightning.pytorch``), whichever of the two this module is built on
             (:mod:`fl_lightning.lightning_package`). Its ``training_step`` gives the local loss (its
             ``self.log`` calls keep working), its ``configure_optimizers`` the local optimizer
             (created fresh for each client each round) and, optionally, a learning-rate
@@ -350,12 +350,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         uploads = 4 * sum(spec.size for spec in self.update_specs.values())  # float32, as Layout.flatten makes them
         return (4 + len(self.state_specs)) * model + uploads
 
-    @property
-    def trainer(self) -> pl.Trainer:
-        """The Trainer this module is attached to (Lightning's ``LightningModule.trainer``)."""
-        return pl.LightningModule.trainer.fget(self)
-
-    @trainer.setter
+    @pl.LightningModule.trainer.setter  # Lightning's property (its getter unchanged), with this setter
     def trainer(self, trainer: Optional[pl.Trainer]) -> None:
         """Attach ``trainer`` as Lightning does, and to a client module of the other Lightning package too
         (:func:`~fl_lightning.lightning_package.attach_trainer`), which Lightning's setter passes over."""

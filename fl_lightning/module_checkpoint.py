@@ -14,7 +14,6 @@ import inspect
 import warnings
 from typing import Any, Mapping, Optional, TypeVar
 
-
 from fl_lightning.checkpoints import (
     CheckpointError,
     check_weights_only,
@@ -30,7 +29,6 @@ from fl_lightning.lightning_package import pl, rank_zero_warn
 from fl_lightning.vectors import ModelVector
 
 ModuleT = TypeVar("ModuleT", bound="FederatedCheckpointing")
-
 
 
 def client_recipe(client: pl.LightningModule) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 
-
 from fl_lightning.checkpoints import install_safe_io
 from fl_lightning.lightning_compat import batch_norm_layers
 from fl_lightning.lightning_package import DDPStrategy, pl, rank_zero_warn

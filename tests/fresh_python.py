@@ -27,7 +27,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-#: the modules the server imports once: torch, and what importing ``fl_lightning`` imports of Lightning's
+#: the modules the server imports once: torch, and what importing ``fl_lightning`` imports of Lightning's.
+#: ``pytorch_lightning`` imported makes fl_lightning choose it unless ``FL_LIGHTNING_PACKAGE`` says otherwise
+#: (:mod:`fl_lightning.lightning_package`): a test of that choice takes it out of ``sys.modules`` first
 PRELOAD = ["torch", "torchvision", "torchmetrics", "pytorch_lightning", "jsonargparse", "yaml"]
 
 #: the multiprocessing context whose processes are forked from the preloaded server (also the

@@ -11,14 +11,19 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import os
+import re
+import shlex
 from pathlib import Path
 
 import lightning.pytorch as L
 import pytest
 import pytorch_lightning
 import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -26,14 +31,21 @@ import fl_lightning
 from fl_lightning import SCAFFOLD, FedAvg
 from fl_lightning.callbacks import FederatedEvaluation
 from fl_lightning.checkpoints import load_checkpoint
-from fl_lightning.cli import FederatedCLI
-from fl_lightning.lightning_package import PACKAGE, PACKAGES, VARIABLE, choose_package
+from fl_lightning.cli import FederatedCLI, main
+from fl_lightning.lightning_compat import TESTED_LIGHTNING
+from fl_lightning.lightning_package import PACKAGE, VARIABLE, choose_package
 from tests.fresh_python import run_python
 from tests.helpers import global_vector, straight_and_resumed, synthetic, trainer
 from tests.lightning_clients import LightningClient, LightningNoPredict, PytorchLightningClient
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = Path(fl_lightning.__file__).resolve().parent
+GUIDE = ROOT / "docs" / "guide.md"
+
+
+def environment(**variables: str) -> dict[str, str]:
+    """This process's environment, with ``ROOT`` on the path and ``variables``."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), **variables}
 
 
 # ------------------------------------------------------------------ choosing the package
@@ -74,9 +86,17 @@ def test_a_bad_variable_is_refused_naming_it_and_the_packages(value):
 
 
 def test_a_bad_variable_stops_the_import():
-    done = run_python(["-c", "import fl_lightning"], cwd=ROOT, env={**_environment(), VARIABLE: "pytorch-lightning"})
+    done = run_python(["-c", "import fl_lightning"], cwd=ROOT, env=environment(**{VARIABLE: "pytorch-lightning"}))
     assert done.returncode == 1
     assert "ValueError: FL_LIGHTNING_PACKAGE='pytorch-lightning': fl_lightning is built on one of" in done.stderr
+
+
+def test_a_package_not_installed_is_named_with_what_installs_it():
+    code = "import sys; sys.modules['lightning'] = None; import fl_lightning"  # None: as if not installed
+    done = run_python(["-c", code], cwd=ROOT, env=environment(**{VARIABLE: "lightning"}))
+    assert done.returncode == 1
+    assert ("ModuleNotFoundError: fl_lightning is to be built on lightning, which is not installed: "
+            "pip install lightning") in done.stderr
 
 
 def test_this_process_is_built_on_pytorch_lightning():
@@ -85,23 +105,38 @@ def test_this_process_is_built_on_pytorch_lightning():
     assert issubclass(FedAvg, pytorch_lightning.LightningModule) and not issubclass(FedAvg, L.LightningModule)
 
 
-def test_importing_lightning_first_builds_on_it():
-    """A process that imported ``lightning`` (and not ``pytorch_lightning``) before fl_lightning gets
-    fl_lightning's classes of ``lightning``. The forked process has ``pytorch_lightning`` preloaded
-    (:data:`tests.fresh_python.PRELOAD`): it is taken out of ``sys.modules`` first, as if never imported."""
-    code = """if True:
+def guide_blocks(language: str) -> list[str]:
+    """The ``language`` blocks of the guide's section "Lightning package: pytorch_lightning or lightning"."""
+    section = GUIDE.read_text().split("## Lightning package: pytorch_lightning or lightning\n", 1)[1].split("\n## ")[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
+
+
+def test_importing_lightning_first_builds_on_it(tmp_path):
+    """The guide's example, which imports ``lightning`` before fl_lightning, runs: fl_lightning's classes
+    are ``lightning``'s, and ``pytorch_lightning`` is never imported. The forked process has
+    ``pytorch_lightning`` preloaded (:data:`tests.fresh_python.PRELOAD`): it is taken out of
+    ``sys.modules`` first, as if never imported."""
+    (example,) = guide_blocks("python")
+    code = f"""if True:
         import sys
         for name in [m for m in sys.modules if m.split(".")[0] in ("pytorch_lightning", "lightning_fabric")]:
             del sys.modules[name]
-        import lightning as L
-        import fl_lightning
+        exec(compile({example!r}, "docs/guide.md", "exec"))
         from fl_lightning.lightning_package import PACKAGE
         assert PACKAGE == "lightning", PACKAGE
-        assert issubclass(fl_lightning.FedAvg, L.LightningModule)
+        assert isinstance(model, L.LightningModule) and trainer.current_epoch == 3
+        assert trainer.callback_metrics["train_loss"] > 0
         assert "pytorch_lightning" not in sys.modules
         """
-    done = run_python(["-c", code], cwd=ROOT, env=_environment())
+    done = run_python(["-c", code], cwd=tmp_path, env=environment())
     assert done.returncode == 0, done.stderr
+
+
+def test_the_tested_releases_of_lightning_are_installed():
+    """The private APIs :mod:`fl_lightning.lightning_compat` uses are checked against both packages' releases."""
+    import lightning
+
+    assert Version(lightning.__version__) in SpecifierSet(",".join(TESTED_LIGHTNING))
 
 
 # ------------------------------------------------------------------ a client of the other package
@@ -171,11 +206,6 @@ def test_federated_evaluation_refuses_a_hook_a_lightning_client_lacks():
 
 
 # ------------------------------------------------------------------ a process built on lightning
-def _environment(**variables: str) -> dict[str, str]:
-    """This process's environment, with ``ROOT`` on the path and ``variables``."""
-    return {**os.environ, "PYTHONPATH": str(ROOT), **variables}
-
-
 def test_a_process_built_on_lightning_fits_as_this_one(tmp_path):
     """With ``FL_LIGHTNING_PACKAGE=lightning``, an ``L.Trainer`` fits the federation of an ``L`` client, and
     of a ``pytorch_lightning`` one: the model of this process's ``pytorch_lightning`` run of the same client."""
@@ -197,7 +227,7 @@ def test_a_process_built_on_lightning_fits_as_this_one(tmp_path):
             models.append(module.global_model.flatten())
         torch.save(models, {str(tmp_path / "models.pt")!r})
         """
-    done = run_python(["-c", code], cwd=ROOT, env=_environment(**{VARIABLE: "lightning"}))
+    done = run_python(["-c", code], cwd=ROOT, env=environment(**{VARIABLE: "lightning"}))
     assert done.returncode == 0, done.stderr
     ours = FedAvg(PytorchLightningClient(), clients_per_round=3, local_steps=3)
     trainer(3).fit(ours, synthetic())
@@ -205,35 +235,53 @@ def test_a_process_built_on_lightning_fits_as_this_one(tmp_path):
     assert len(theirs) == 2 and all(torch.equal(model, global_vector(ours)) for model in theirs)
 
 
-def quickstart(client: str, folder: Path) -> list[str]:
-    """``fl-lightning fit`` of the quickstart, shorter, with the client ``client`` of ``tests.lightning_clients``,
-    writing into ``folder``."""
-    return ["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"),
-            "--model.init_args.client.class_path", f"tests.lightning_clients.{client}",
-            "--model.init_args.client.init_args.in_features", "60", "--model.init_args.clients_per_round", "2",
-            "--model.init_args.local_steps", "2", "--data.init_args.num_clients", "6",
-            "--data.init_args.print_summary", "false", "--trainer.max_epochs", "2",
-            "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(folder)]
+def guide_command(client: str, folder: Path) -> tuple[dict[str, str], list[str]]:
+    """The guide's ``fl-lightning`` command (its environment assignments, its arguments), on fewer and
+    smaller clients, with the client ``client`` of ``tests.lightning_clients``, writing into ``folder``."""
+    (block,) = guide_blocks("bash")
+    words = shlex.split(block)
+    assignments = dict(w.split("=", 1) for w in itertools.takewhile(lambda w: re.match(r"\w+=", w), words))
+    command = words[len(assignments):]
+    assert command[:2] == ["fl-lightning", "fit"]
+    return assignments, [*command[1:], "--model.init_args.client.class_path", f"tests.lightning_clients.{client}",
+                         "--model.init_args.client.init_args.in_features", "60",
+                         "--model.init_args.clients_per_round", "2", "--model.init_args.local_steps", "2",
+                         "--data.init_args.num_clients", "6", "--data.init_args.print_summary", "false",
+                         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(folder)]
 
 
 def test_the_command_runs_the_quickstart_of_a_lightning_client_as_this_process(tmp_path, monkeypatch):
-    """``FL_LIGHTNING_PACKAGE=lightning fl-lightning fit --config configs/quickstart.yaml`` with a client
-    written with ``lightning.pytorch``: the run's checkpoint holds the model this process's command gives
-    with the same client written with ``pytorch_lightning``."""
+    """The guide's ``FL_LIGHTNING_PACKAGE=lightning fl-lightning fit --config configs/quickstart.yaml``, with a
+    client written with ``lightning.pytorch``: the run's checkpoint and history hold what this process's
+    command gives with the same client written with ``pytorch_lightning``."""
     theirs, ours = tmp_path / "lightning", tmp_path / "pytorch_lightning"
+    assignments, command = guide_command("LightningClient", theirs)
+    assert assignments == {VARIABLE: "lightning"}
     code = f"""if True:
         import lightning.pytorch as L, torch
         torch.set_num_threads(1)  # as this process (tests/conftest.py): the same sums in the same order
         from fl_lightning.cli import FederatedCLI
         from tests.lightning_clients import LightningClient
-        cli = FederatedCLI(args={quickstart("LightningClient", theirs)!r})
+        cli = FederatedCLI(args={command!r})
         assert isinstance(cli.trainer, L.Trainer) and isinstance(cli.model.client, LightningClient)
         """
-    done = run_python(["-c", code], cwd=ROOT, env=_environment(**{VARIABLE: "lightning"}))
+    done = run_python(["-c", code], cwd=ROOT, env=environment(**assignments))
     assert done.returncode == 0, done.stderr
     monkeypatch.setattr("sys.argv", ["fl-lightning"])
-    FederatedCLI(args=quickstart("PytorchLightningClient", ours))
-    their_model, our_model = (load_checkpoint(next(folder.rglob("last.ckpt")))["state_dict"] for folder in (theirs, ours))
+    FederatedCLI(args=guide_command("PytorchLightningClient", ours)[1])
+    their_model, our_model = (load_checkpoint(next(f.rglob("last.ckpt")))["state_dict"] for f in (theirs, ours))
     assert their_model.keys() == our_model.keys() and all(torch.equal(their_model[k], our_model[k]) for k in our_model)
     history = [json.loads(next(folder.rglob("history.json")).read_text()) for folder in (theirs, ours)]
     assert history[0] == history[1]
+
+
+def test_the_command_advises_the_variable_for_a_client_of_the_other_package(capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["fl-lightning"])
+    with pytest.raises(SystemExit) as exited:
+        main(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.init_args.client.class_path",
+              "tests.lightning_clients.LightningClient"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "error: --model.init_args.client: Import path tests.lightning_clients.LightningClient does not correspond to "
+        "a subclass of LightningModule; tests.lightning_clients.LightningClient is written for the lightning package "
+        "and fl_lightning runs on pytorch_lightning: set FL_LIGHTNING_PACKAGE=lightning")
