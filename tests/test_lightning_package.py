@@ -208,7 +208,8 @@ def test_federated_evaluation_refuses_a_hook_a_lightning_client_lacks():
 # ------------------------------------------------------------------ a process built on lightning
 def test_a_process_built_on_lightning_fits_as_this_one(tmp_path):
     """With ``FL_LIGHTNING_PACKAGE=lightning``, an ``L.Trainer`` fits the federation of an ``L`` client, and
-    of a ``pytorch_lightning`` one: the model of this process's ``pytorch_lightning`` run of the same client."""
+    of a ``pytorch_lightning`` one: the model of this process's ``pytorch_lightning`` run of the same client;
+    ``fl_ddp`` is a strategy of ``L.Trainer``."""
     code = f"""if True:
         import lightning.pytorch as L, torch
         torch.set_num_threads(1)  # as this process (tests/conftest.py): the same sums in the same order
@@ -226,6 +227,9 @@ def test_a_process_built_on_lightning_fits_as_this_one(tmp_path):
             assert trainer.callback_metrics["train/loss"] > 0
             models.append(module.global_model.flatten())
         torch.save(models, {str(tmp_path / "models.pt")!r})
+        from fl_lightning.strategy import FederatedDDPStrategy
+        ddp = L.Trainer(strategy="fl_ddp", accelerator="cpu", devices=2, logger=False)  # registered in L's registry
+        assert type(ddp.strategy) is FederatedDDPStrategy
         """
     done = run_python(["-c", code], cwd=ROOT, env=environment(**{VARIABLE: "lightning"}))
     assert done.returncode == 0, done.stderr
