@@ -27,7 +27,7 @@ def python_blocks_of(text: str) -> list[str]:
 
 
 def test_the_engine_guide_algorithm_runs_and_keeps_its_invariant(tmp_path, monkeypatch):
-    definition, usage = python_blocks(DOCS / "engine.md")
+    definition, usage, check = python_blocks(DOCS / "engine.md")
     namespace: dict = {}
     exec(compile(definition, "docs/engine.md", "exec"), namespace)
     FedDyn = namespace["FedDyn"]
@@ -42,6 +42,7 @@ def test_the_engine_guide_algorithm_runs_and_keeps_its_invariant(tmp_path, monke
     assert module.h.norm() > 0 and torch.allclose(module.h, linear / 6, atol=1e-6)
     monkeypatch.chdir(tmp_path)  # the usage example writes lightning_logs/ where it runs
     exec(compile(usage, "docs/engine.md", "exec"), namespace)
+    exec(compile(check, "docs/engine.md", "exec"), namespace)  # check_algorithm(FedDyn): every check passes
 
 
 def test_the_partitioners_guide_runs():
