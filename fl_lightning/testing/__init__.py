@@ -85,9 +85,9 @@ def check_algorithm(cls: type[FederatedModule], client: ClientSource = None, dat
 
     About a second a property on a CPU for a small client (one or two runs of ``rounds`` rounds each and a
     reference run they share), but the two-process check, whose ``"fl_ddp_spawn"`` starts two Python
-    processes (their imports take seconds: about 40 s on two busy cores). In a script, call it under
-    ``if __name__ == "__main__":`` (the spawned processes import the script). The global RNG is as it was
-    afterwards.
+    processes (mostly their imports: 40 to 90 s measured on a busy two-core machine; forked with
+    ``"fl_ddp_notebook"``, 4 s). In a script, call it under ``if __name__ == "__main__":`` (the spawned
+    processes import the script). The global RNG is as it was afterwards.
 
     Args:
         cls: the algorithm, a :class:`~fl_lightning.module.FederatedModule` subclass.
