@@ -29,8 +29,8 @@ from __future__ import annotations
 from typing import Any, Sequence, Union
 
 import torch
-from pytorch_lightning.strategies import Strategy
 
+from fl_lightning.lightning_package import Strategy
 from fl_lightning.module import FederatedModule
 from fl_lightning.testing.federation import (
     TOLERANCE,

@@ -18,13 +18,12 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.strategies import Strategy
 from torch import Tensor
 
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.datamodules import FederatedDataModule, SyntheticFederated
+from fl_lightning.lightning_package import Strategy, pl
 from fl_lightning.models import MLP
 from fl_lightning.module import FederatedModule
 from fl_lightning.testing.state_probe import StateProbe, few

@@ -11,11 +11,11 @@ import pickle
 import tempfile
 from typing import Any, Callable, Optional
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
 from fl_lightning.callbacks import FederatedCallback, RoundCheckpoint
+from fl_lightning.lightning_package import pl
 from fl_lightning.testing.federation import TOLERANCE, AlgorithmCheck, first_difference
 from fl_lightning.testing.state_probe import few, same
 from fl_lightning.update import ClientUpdate

@@ -13,11 +13,11 @@ import functools
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
 from fl_lightning.callbacks import FederatedCallback
+from fl_lightning.lightning_package import pl
 from fl_lightning.lockstep import LockstepModule
 from fl_lightning.module import FederatedModule
 from fl_lightning.server_state import own_tensors
