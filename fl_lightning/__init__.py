@@ -8,6 +8,7 @@ communication round, and aggregation, attacks and personalization are callbacks.
 from fl_lightning import strategy as _strategy  # noqa: F401  (registers fl_ddp)
 from fl_lightning.algorithms import RAGA, SCAFFOLD, FedAvg, FedDeper, FedDRO, FedProx, FedProxVR, PeFLL
 from fl_lightning.callbacks import Aggregator, ClientMetrics, FederatedCallback, WeightedMean
+from fl_lightning.client_config import ClientConfig
 from fl_lightning.client_store import ClientStateStore
 from fl_lightning.datamodules import (
     CIFAR10Federated,
@@ -27,6 +28,7 @@ __all__ = [
     "Aggregator",
     "CIFAR100Federated",
     "CIFAR10Federated",
+    "ClientConfig",
     "ClientMetrics",
     "ClientStateStore",
     "ClientUpdate",

@@ -14,6 +14,9 @@ A ``FederatedCallback`` is an ordinary Lightning callback (it can use every ``pl
 hook and keeps its state in ``state_dict``) plus hooks the engine calls each round:
 
 * ``on_round_start``: after the round's clients are sampled;
+* ``configure_client``: once per round for each client of this process, before its run is built;
+  returns the client's :class:`~fl_lightning.client_config.ClientConfig` (its local work, learning
+  rate, or dropping out: Flower's ``on_fit_config_fn``);
 * ``forges_upload``: whether the callback will replace a client's upload without reading it
   (the engine then skips the client's local work);
 * ``on_local_batch``: for each mini-batch a client trains on; returns the batch to use (data
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Opt
 import torch
 from torch import Tensor
 
+from fl_lightning.client_config import ClientConfig
 from fl_lightning.datamodules.client_data import Split
 from fl_lightning.lightning_package import pl
 from fl_lightning.update import ClientResult, ClientUpdate, LinearReduction, UpdateSpec
@@ -159,6 +163,23 @@ class FederatedCallback(pl.Callback):
 
     def on_round_start(self, trainer: pl.Trainer, module: Federation, round_idx: int, clients: list[int]) -> None:
         """Called once the round's clients (all processes' clients) are known."""
+
+    def configure_client(
+        self, trainer: pl.Trainer, module: Federation, round_idx: int, client_id: int, config: ClientConfig
+    ) -> ClientConfig:
+        """Return client ``client_id``'s configuration for round ``round_idx`` (default: ``config`` unchanged).
+
+        ``config`` is the module's (its ``local_steps`` or ``local_epochs``, the round's scheduled
+        learning rate) as the callbacks before this one changed it; return ``config.replace(...)``
+        to change it (:class:`~fl_lightning.client_config.ClientConfig`): the client's local work in
+        the module's unit, its learning rate (``lr``, ``lr_scale``), or ``drop=True`` (it does no
+        local work and sends nothing). Called after ``on_round_start``, once per round for each
+        client of this process, before its run is built. Local training outside the round
+        (finetuning, fitting an unseen client) keeps the module's settings. The result must depend
+        on the round and the client only (draw from a generator keyed by them,
+        :func:`~fl_lightning.seeding.generator`), so that it is the same on any number of processes
+        and after a resume."""
+        return config
 
     def forges_upload(self, trainer: pl.Trainer, module: Federation, client_id: int) -> bool:
         """Whether this callback will replace ``client_id``'s upload without reading it (default:

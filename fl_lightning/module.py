@@ -6,7 +6,8 @@ item (by default one client's whole local update; see :mod:`fl_lightning.backend
 
 ::
 
-    on_train_epoch_start   sample the round's clients from (seed, round); split them over ranks
+    on_train_epoch_start   sample the round's clients from (seed, round); split them over ranks; leave
+                           out those their configuration drops (callbacks' configure_client)
     training_step(item)    the backend runs the client protocol for the item's client(s):
                            client_init(run) -> client_step(run, batch) x K -> client_final(run)
                            -> a ClientUpdate, passed through the callbacks and kept
@@ -93,7 +94,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             ``min_fit_clients``).
         local_steps: local optimizer steps per client per round (default ``default_local_steps``,
             10 unless the algorithm's paper says otherwise, when ``local_epochs`` is not given).
-            Exclusive with ``local_epochs``.
+            Exclusive with ``local_epochs``. A callback may change a client's steps (and rate) for a
+            round: :meth:`~fl_lightning.hooks.FederatedCallback.configure_client`.
         local_epochs: passes over the client's training split per round, instead of steps.
         server_lr: learning rate of the default server optimizer (SGD on the pseudo-gradient
             ``-mean(delta)``); 1.0 with no momentum is plain FedAvg.
@@ -451,7 +453,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         self.context.start_round(self._callbacks)
         for cb in self._callbacks:
             cb.on_round_start(self.trainer, self, self.current_epoch, self.round_clients)
-        self._work = self.backend.start_round(self.context, self.round_clients[rank::world])
+        self._work = self.backend.start_round(self.context, self.context.taking_part(self.round_clients[rank::world]))
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         if batch_idx < len(self._work):

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from fl_lightning.client_config import ClientConfig
 from fl_lightning.vectors import Layout
 
 #: a model given to :meth:`ClientRun.loss_and_grad` / :meth:`ClientRun.forward`: None (the trained
@@ -57,6 +58,8 @@ class ClientRun:
             nor carries them through its steps, where ``held`` is empty.
         num_steps: local steps to run; None runs ``local_epochs`` passes. ``client_init`` may
             change it (e.g. FedProxVR's random output iterate).
+        local_epochs: the passes over the client's training split when ``num_steps`` is None (the
+            client's configuration of the round: :class:`~fl_lightning.client_config.ClientConfig`).
         batches: None draws the steps' batches from the engine's keyed stream;
             ``client_init`` may give its own (from :meth:`fetch`).
         extra_batches: the current step's batch of each of the algorithm's other streams
@@ -82,6 +85,7 @@ class ClientRun:
         state: dict[str, Tensor],
         num_steps: Optional[int],
         shared: Optional[Tensor] = None,
+        local_epochs: Optional[int] = None,
     ) -> None:
         self.client_id = client_id
         self.round = round_idx
@@ -92,6 +96,7 @@ class ClientRun:
         self.scratch: dict[str, Any] = {}
         self.held: dict[str, Any] = {}
         self.num_steps = num_steps
+        self.local_epochs = local_epochs
         self.batches: Optional[Iterable[Any]] = None
         self.extra_batches: dict[str, Any] = {}
         self.shared = shared
@@ -112,6 +117,11 @@ class ClientRun:
     def lr(self) -> float:
         """The one learning rate of the local optimizer's trainable parameters, this round
         (ValueError if they have several: see :func:`~fl_lightning.optim.param_groups.single_lr`)."""
+        raise NotImplementedError
+
+    def configure_lr(self, config: ClientConfig) -> None:
+        """Set the local optimizer's learning rates as the client's ``config`` says
+        (:meth:`~fl_lightning.client_config.ClientConfig.rates`), before ``client_init``."""
         raise NotImplementedError
 
     def loss_and_grad(

@@ -154,7 +154,7 @@ def test_with_tau_zero_the_random_output_is_the_global_model(backend):
 def test_a_client_that_sends_the_global_model_has_theta_one(monkeypatch):
     module = FedProxVR(tiny_client(), estimator="svrg", mu=0.5, lr=0.1, local_steps=3, clients_per_round=3,
                        log_local_accuracy=True)
-    monkeypatch.setattr(module, "output_index", lambda client_id, round_idx: 0)  # t' = 0 for every client
+    monkeypatch.setattr(module, "output_index", lambda client_id, round_idx, tau: 0)  # t' = 0 for every client
     fit = trainer(1)
     fit.fit(module, synthetic(6))
     assert float(fit.callback_metrics["round/client_theta"]) == 1.0

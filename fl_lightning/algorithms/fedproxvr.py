@@ -134,10 +134,11 @@ class FedProxVR(FederatedModule):
         super().setup(stage)
 
     # ------------------------------------------------------------ client side
-    def output_index(self, client_id: int, round_idx: int) -> int:
+    def output_index(self, client_id: int, round_idx: int, tau: Optional[int] = None) -> int:
         """The iterate the client sends: ``t'`` uniform in ``{0..tau}`` from (seed, round, client),
-        or the last one (``tau + 1`` with a full-gradient step, ``tau`` for ``sgd``)."""
-        tau = self.local_steps
+        or the last one (``tau + 1`` with a full-gradient step, ``tau`` for ``sgd``); ``tau``: the
+        client's local steps of the round (default: ``local_steps``)."""
+        tau = self.local_steps if tau is None else tau
         assert tau is not None
         if self.output_iterate == "last":
             return tau if self.estimator == "sgd" else tau + 1
@@ -148,7 +149,7 @@ class FedProxVR(FederatedModule):
         """``w_0`` = the global model; ``v_0 = grad F_n(w_0)``, ``w_1 = prox(w_0 - eta v_0)``; the
         steps after it run up to the output iterate. ``v_0`` is taken in eval mode (no Dropout,
         BatchNorm on its running statistics, left unchanged), so it is a deterministic gradient."""
-        target = self.output_index(run.client_id, run.round)
+        target = self.output_index(run.client_id, run.round, run.num_steps)  # tau: the client's configured steps
         run.metrics["output_iterate"] = float(target)
         eta = self.eta if self.eta is not None else run.lr
         run.optimizer = ProxSGD(run.params, lr=eta, mu=self.mu)  # anchors: the global model

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.backends.stateless import StatelessClient
+from fl_lightning.client_config import ClientConfig
 from fl_lightning.client_store import ClientStateStore, StateSpec
 from fl_lightning.datamodules.client_data import ClientData, gather, prefetched, to_device
 from fl_lightning.hooks import FederatedCallback, Federation
@@ -57,6 +58,8 @@ class Algorithm(Federation, Protocol):
     #: local steps per round (None: ``local_epochs`` passes)
     local_steps: Optional[int]
     local_epochs: Optional[int]
+    #: the fewest local steps the algorithm takes
+    min_local_steps: int
     #: the global model at the start of the current round
     round_start: Optional[Tensor]
 
@@ -117,15 +120,74 @@ class ClientContext:
         self.plain_steps = not overrides_default(algorithm, "client_step")
         self._callbacks: list[FederatedCallback] = []
         self._batch_callbacks: list[FederatedCallback] = []
+        self._config_callbacks: list[FederatedCallback] = []
+        #: the round's configuration of each client asked for (:meth:`client_config`), and the module's
+        self._configs: dict[int, ClientConfig] = {}
+        self._module_config: Optional[ClientConfig] = None
         self._integer_buffers: Optional[list[Tensor]] = None
 
     # ------------------------------------------------------------ the round
     def start_round(self, callbacks: list[FederatedCallback]) -> None:
-        """Take the round's federated callbacks (those that forge uploads or change local batches)."""
+        """Take the round's federated callbacks (those that forge uploads, change local batches or
+        configure clients)."""
         self._callbacks = callbacks
         self._batch_callbacks = [cb for cb in callbacks
                                  if type(cb).on_local_batch is not FederatedCallback.on_local_batch]
+        self._config_callbacks = [cb for cb in callbacks
+                                  if type(cb).configure_client is not FederatedCallback.configure_client]
+        self._configs, self._module_config = {}, None
         self._integer_buffers = None  # looked up again once per round (the module may have moved)
+
+    # ------------------------------------------------------------ the clients' configuration
+    def client_config(self, client_id: int) -> ClientConfig:
+        """Client ``client_id``'s configuration of the round: the module's (its ``local_steps`` or
+        ``local_epochs`` as they are once the round started, the scheduled learning rate) as the round's
+        callbacks change it in ``configure_client``, in their order; asked once per client and round.
+
+        Raises:
+            ValueError: a configuration that counts local work in another unit than the module, takes
+                fewer steps than the algorithm does, or changes the work of a lock-step algorithm
+                (whose clients all take the round's steps together).
+        """
+        if self._module_config is None:
+            self._module_config = ClientConfig(self.algorithm.local_steps, self.algorithm.local_epochs)
+        if not self._config_callbacks:
+            return self._module_config
+        config = self._configs.get(client_id)
+        if config is not None:
+            return config
+        config = self._module_config
+        for cb in self._config_callbacks:
+            config = cb.configure_client(self.trainer, self.algorithm, self.round, client_id, config)
+            if not isinstance(config, ClientConfig):
+                raise TypeError(f"{type(cb).__name__}.configure_client must return a ClientConfig "
+                                f"(config.replace(...)), got {type(config).__name__}")
+        self._check_config(client_id, config)
+        self._configs[client_id] = config
+        return config
+
+    def _check_config(self, client_id: int, config: ClientConfig) -> None:
+        """Refuse ``config`` of ``client_id`` where the algorithm cannot run it (see :meth:`client_config`)."""
+        name, module = type(self.algorithm).__name__, self._module_config
+        assert module is not None
+        given = f"round {self.round}: client {client_id}'s configuration (configure_client) gives"
+        if config.unit != module.unit:
+            raise ValueError(f"{given} {config.unit}={config.work}, and {name} counts local work in {module.unit} "
+                             f"({module.unit}={module.work}): configure {module.unit}")
+        if config.local_steps is not None and config.local_steps < self.algorithm.min_local_steps:
+            raise ValueError(f"{given} local_steps={config.local_steps}; {name} takes at least "
+                             f"{self.algorithm.min_local_steps} local steps")
+        if self.lockstep and (config.work != module.work or config.drop):
+            change = "drop=True" if config.drop else f"{config.unit}={config.work}"
+            raise ValueError(f"{given} {change}, and {name} moves its clients in lock-step: every client takes the "
+                             f"round's {module.unit}={module.work}; leave its clients' local work as the module's")
+
+    def taking_part(self, clients: list[int]) -> list[int]:
+        """``clients`` (this process's clients of the round) but those their configuration drops from the
+        round (:attr:`~fl_lightning.client_config.ClientConfig.drop`): they do no local work and send nothing."""
+        if not self._config_callbacks:
+            return clients
+        return [c for c in clients if not self.client_config(c).drop]
 
     @property
     def finalizes_rounds(self) -> bool:
@@ -180,13 +242,16 @@ class ClientContext:
     def new_run(self, run_class: type[RunT], client_id: int, *args: Any, start: Optional[Tensor] = None,
                 plain: bool = False, round_idx: Optional[int] = None) -> RunT:
         """A ``run_class`` run of ``client_id`` (its backend's ``*args`` first): from ``start``
-        (default: the round's global model), with this round's steps and, unless ``plain`` (plain
-        local work, outside the algorithm), the client's declared state entries and the lock-step value."""
+        (default: the round's global model) and, unless ``plain`` (plain local work, outside the
+        algorithm, with the module's steps), with the client's configuration of the round (its local
+        work and learning rate: :meth:`client_config`), its declared state entries and the lock-step value."""
         algorithm = self.algorithm
         if start is None:
             assert algorithm.round_start is not None, "the round has not started"
             start = algorithm.round_start
-        return run_class(
+        # without a callback that configures clients, every run has the module's settings: nothing to ask
+        config = None if plain or not self._config_callbacks else self.client_config(client_id)
+        run = run_class(
             *args,
             client_id=client_id,
             round_idx=self.round if round_idx is None else round_idx,
@@ -194,9 +259,13 @@ class ClientContext:
             layout=self.global_model.layout,
             start=start,
             state={} if plain else self.load_client_state(client_id),
-            num_steps=algorithm.local_steps,
+            num_steps=algorithm.local_steps if config is None else config.local_steps,
             shared=self.lockstep_algorithm().shared if self.lockstep and not plain else None,
+            local_epochs=algorithm.local_epochs if config is None else config.local_epochs,
         )
+        if config is not None and config.changes_lr:
+            run.configure_lr(config)
+        return run
 
     def finish(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> None:
         """Hand a finished run's uploads (checked against the declarations) and new state to the round."""
@@ -248,27 +317,28 @@ class ClientContext:
         return generator(self.algorithm.seed, stream, self.round if round_idx is None else round_idx, client_id)
 
     def batches(self, client_id: int, num_steps: Optional[int], stream: str = "batches",
-                round_idx: Optional[int] = None) -> Iterator[Any]:
+                round_idx: Optional[int] = None, epochs: Optional[int] = None) -> Iterator[Any]:
         """The client's mini-batches, ready for a step, in an order from ``(seed, stream, round, client)``:
-        ``num_steps`` batches, or ``local_epochs`` passes when ``num_steps`` is None. On a CUDA device,
-        batches gathered on the host (a pool kept there) are copied from pinned memory one step
-        ahead, while the previous step runs; batches of a pool on the device need no copy."""
+        ``num_steps`` batches, or when ``num_steps`` is None ``epochs`` passes (default: the module's
+        ``local_epochs``). On a CUDA device, batches gathered on the host (a pool kept there) are copied
+        from pinned memory one step ahead, while the previous step runs; batches of a pool on the
+        device need no copy."""
         data, g = self.client_data(client_id), self.batch_order(client_id, stream, round_idx)
         if num_steps is not None:
             batches = data.step_batches(num_steps, g)
         else:
-            assert self.algorithm.local_epochs is not None
-            batches = data.epoch_batches(self.algorithm.local_epochs, g)
+            epochs = self.algorithm.local_epochs if epochs is None else epochs
+            assert epochs is not None
+            batches = data.epoch_batches(epochs, g)
         if self.device.type == "cuda":
             batches = prefetched(batches, partial(to_device, device=self.device, pinned=True))
         for batch in batches:
             yield self.prepare_batch(client_id, batch)
 
-    def epoch_indices(self, client_id: int, stream: str = "batches") -> Iterator[Tensor]:
-        """The dataset indices of the batches of the client's ``local_epochs`` passes (:meth:`batches`'
-        order), for a backend that gathers many clients' batches at once."""
-        assert self.algorithm.local_epochs is not None
-        return self.client_data(client_id).epoch_indices(self.algorithm.local_epochs, self.batch_order(client_id, stream))
+    def epoch_indices(self, client_id: int, epochs: int, stream: str = "batches") -> Iterator[Tensor]:
+        """The dataset indices of the batches of the client's ``epochs`` passes (:meth:`batches`' order),
+        for a backend that gathers many clients' batches at once."""
+        return self.client_data(client_id).epoch_indices(epochs, self.batch_order(client_id, stream))
 
     def index_table(self, client_id: int, num_steps: int, stream: str = "batches") -> Tensor:
         """The dataset indices of :meth:`batches`' ``num_steps`` batches as one table, ``[num_steps, batch]``."""
@@ -290,8 +360,10 @@ class ClientContext:
 
     def step_batches(self, run: ClientRun) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Each local step's batch and the batches of the extra streams, for ``run``."""
-        main = iter(run.batches) if run.batches is not None else self.batches(run.client_id, run.num_steps)
-        extras = {s: self.batches(run.client_id, run.num_steps, s) for s in self.algorithm.extra_batch_streams}
+        main = (iter(run.batches) if run.batches is not None
+                else self.batches(run.client_id, run.num_steps, epochs=run.local_epochs))
+        extras = {s: self.batches(run.client_id, run.num_steps, s, epochs=run.local_epochs)
+                  for s in self.algorithm.extra_batch_streams}
         for batch in main:
             yield batch, {name: next(it) for name, it in extras.items()}
 

@@ -23,6 +23,7 @@ from torch import Tensor
 from fl_lightning.backends.base import ClientBackend
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.stateless import training_loss
+from fl_lightning.client_config import ClientConfig
 from fl_lightning.optim.param_groups import optimizer_lr
 from fl_lightning.run import ClientRun, Model, plain_step
 from fl_lightning.vectors import set_grads
@@ -77,6 +78,11 @@ class ModuleRun(ClientRun):
     @property
     def lr(self) -> float:
         return optimizer_lr(self.optimizer)
+
+    def configure_lr(self, config: ClientConfig) -> None:
+        groups = [g for g in self.optimizer.param_groups if any(p.requires_grad for p in g["params"])]
+        for group, rate in zip(groups, config.rates([group["lr"] for group in groups])):
+            group["lr"] = rate
 
     def loss_and_grad(
         self,

@@ -31,6 +31,7 @@ from fl_lightning.callbacks.robust_aggregation import (
     RobustAggregator,
     TrimmedMean,
 )
+from fl_lightning.callbacks.stragglers import Stragglers
 from fl_lightning.hooks import Aggregator, FederatedCallback
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "RoundHistory",
     "ScalingAttack",
     "SignFlipAttack",
+    "Stragglers",
     "TrimmedMean",
     "WeightedMean",
 ]

@@ -13,8 +13,8 @@ without momentum; the list is empty before the first step). Frozen parameters
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -47,6 +47,22 @@ class FunctionalSGD:
 
     def __init__(self, groups: Sequence[SGDHyperparameters]) -> None:
         self.groups = list(groups)
+
+    def __eq__(self, other: object) -> bool:
+        """The same step: the same hyperparameters for every parameter."""
+        return isinstance(other, FunctionalSGD) and self.groups == other.groups
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.groups))
+
+    def with_rates(self, rates: Callable[[list[float]], list[float]]) -> "FunctionalSGD":
+        """This optimizer with new learning rates for the parameters a step moves: ``rates`` maps
+        their rates (in parameter order) to the new ones; frozen parameters keep theirs."""
+        moving = [i for i, h in enumerate(self.groups) if not h.frozen]
+        groups = list(self.groups)
+        for i, lr in zip(moving, rates([self.groups[i].lr for i in moving])):
+            groups[i] = replace(groups[i], lr=lr)
+        return FunctionalSGD(groups)
 
     @property
     def lr(self) -> float:

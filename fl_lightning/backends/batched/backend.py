@@ -251,15 +251,19 @@ class BatchedBackend(ClientBackend[Block]):
     def _blocks_of(context: ClientContext, runs: list[FunctionalRun], stream: Optional[str] = None
                    ) -> list[tuple[list[FunctionalRun], Any]]:
         """The blocks ``runs`` step in, each as its runs and the plan of its steps: one block, or one
-        for each shape of batch where clients differ in it at every step (none for no run). Their
-        batches are the round's, or ``stream``'s (plain local training: a fixed number of steps)."""
-        if not runs:
-            return []
-        groups = fixed_groups(context, runs, stream)
-        if groups is None or len(groups) == 1:
-            return [(runs, plan_steps(context, runs) if groups is None else steps_of(context, groups))]
-        return [([runs[i] for i in g.members], steps_of(context, [IndexGroup(list(range(len(g.members))), g.indices)]))
-                for g in groups]
+        for each local optimizer where the clients' configurations give them different rates, and
+        one for each shape of batch or number of steps where clients differ in it at every step (none
+        for no run). Their batches are the round's, or ``stream``'s (plain local training: a fixed
+        number of steps)."""
+        blocks = []
+        for same in same_optimizer(runs):
+            groups = fixed_groups(context, same, stream)
+            if groups is None or len(groups) == 1:
+                blocks.append((same, plan_steps(context, same) if groups is None else steps_of(context, groups)))
+                continue
+            blocks.extend(([same[i] for i in g.members],
+                           steps_of(context, [IndexGroup(list(range(len(g.members))), g.indices)])) for g in groups)
+        return blocks
 
     def _run_block(self, context: ClientContext, runs: list[FunctionalRun], plan: Any) -> dict[int, dict[str, Tensor]]:
         """The steps and finals of one block of ``runs``, its values given back to the runs; returns
@@ -428,10 +432,11 @@ class BatchedBackend(ClientBackend[Block]):
                 raise ValueError(f"{type(algorithm).__name__}.client_init sets a torch optimizer of its own, "
                                  f"{type(run.optimizer).__name__}; the batched backend runs the local optimizer as a "
                                  "function and knows SGD and ProxSGD: use client_backend='sequential'")
-            if runs and run.function != runs[0].function:
-                raise ValueError(f"{type(algorithm).__name__}.client_init gives the clients of a round different local "
-                                 f"optimizers ({run.function} and {runs[0].function}); a block steps its clients with "
-                                 "one: use client_backend='sequential'")
+            if context.lockstep and runs and run.function != runs[0].function:
+                raise ValueError(f"{type(algorithm).__name__} gives the clients of a lock-step round different local "
+                                 f"optimizers ({run.function} and {runs[0].function}: client_init, or the learning "
+                                 "rates of their configurations); a lock-step block steps its clients with one: use "
+                                 "client_backend='sequential'")
             if run.num_steps == 0 and not context.lockstep:  # no step to take (LocalOnly's spent budget): done now
                 self._finish_runs(context, [run])
                 continue
@@ -653,6 +658,21 @@ class BatchedBackend(ClientBackend[Block]):
             rank_zero_warn(f"compile_step: the batched step could not be compiled, it runs eagerly: {reason}")
             self._vectorized = vectorized_hook
             return vectorized_hook(*args)
+
+
+def same_optimizer(runs: list[FunctionalRun]) -> list[list[FunctionalRun]]:
+    """``runs`` in groups of equal local optimizer functions (a block steps its clients with one), in
+    the order of their first run; one group where all runs have the round's (none for no run)."""
+    if all(run.function is runs[0].function for run in runs):  # the round's (the runs share it)
+        return [runs] if runs else []
+    groups: list[list[FunctionalRun]] = []
+    for run in runs:
+        group = next((g for g in groups if g[0].function == run.function), None)
+        if group is None:
+            groups.append([run])
+        else:
+            group.append(run)
+    return groups
 
 
 @contextmanager

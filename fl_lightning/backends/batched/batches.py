@@ -185,7 +185,8 @@ def _index_steps(context: ClientContext, run: FunctionalRun, stream: str) -> Seq
     """A run's step indices in ``stream``: its table ``[num_steps, batch]``, or its epochs' batches."""
     if run.num_steps is not None:
         return context.index_table(run.client_id, run.num_steps, stream)
-    return list(context.epoch_indices(run.client_id, stream))
+    assert run.local_epochs is not None, "a run without num_steps takes local_epochs passes"
+    return list(context.epoch_indices(run.client_id, run.local_epochs, stream))
 
 
 def _group_batches(items: list[Optional[Item]]) -> list[StepGroup]:

@@ -12,6 +12,7 @@ from torchmetrics import Metric
 from fl_lightning.backends.batched.metrics import Call, Logged, MetricCalls, is_recorded
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.stateless import training_loss
+from fl_lightning.client_config import ClientConfig
 from fl_lightning.lightning_compat import routed_log
 from fl_lightning.lightning_package import extract_batch_size
 from fl_lightning.local_logging import call_options
@@ -79,6 +80,12 @@ class FunctionalRun(ClientRun):
     @property
     def lr(self) -> float:
         return self.function.lr
+
+    def configure_lr(self, config: ClientConfig) -> None:
+        """The run's own local optimizer function at the configured rates (a block steps the runs of
+        one function together: :meth:`~fl_lightning.backends.batched.BatchedBackend.run_clients`)."""
+        assert isinstance(self.function, FunctionalSGD), "a run's rates are configured before client_init"
+        self.function = self.function.with_rates(config.rates)
 
     def loss_and_grad(
         self,
