@@ -6,8 +6,8 @@ processes as on one, after a resume and in either backend; refusals for lock-ste
 from __future__ import annotations
 
 import pytest
+import pytorch_lightning as pl
 import torch
-
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from fl_lightning import ClientConfig
@@ -16,7 +16,18 @@ from fl_lightning.callbacks import FederatedCallback, Stragglers
 from fl_lightning.functional.dro import KLDRO
 from tests.helpers import TWO_PROCESSES, synthetic, trainer
 from tests.test_batched import RecordSteps, assert_close, mlp
-from tests.test_contract import Snapshot, StopAfter, outcome
+from tests.test_contract import Snapshot, outcome
+
+
+class StopAfter(pl.Callback):
+    """Stops the run after ``rounds`` rounds (as an interruption would, with the configuration unchanged)."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch + 1 == self.rounds:
+            trainer.should_stop = True
 
 
 class Configure(FederatedCallback):

@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Optional
 
-import pytorch_lightning as pl
 import torch
 
 from fl_lightning.client_config import ClientConfig
 from fl_lightning.hooks import FederatedCallback, Federation
+from fl_lightning.lightning_package import pl
 from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.seeding import generator
 from fl_lightning.validation import check_int, check_number
