@@ -492,6 +492,31 @@ def test_feddro_differences_pair_seeds_at_the_best_balanced_validation_too(monke
     assert fedavg.split(" | ")[2].startswith("+18.00 ± 1.58") and fedavg.endswith("| +8.00 ± 1.58 [+6.04, +9.96] |")
 
 
+def test_feddro_paper_length_runs_are_compared_at_the_round_every_run_has_reached(monkeypatch, tmp_path):
+    """Runs advanced a session at a time: the report cuts every history at the last round all of them
+    reached, says which epoch that is, and pairs FedDRO with each baseline there."""
+    from experiments import results
+    from experiments.feddro import plan as feddro
+    from experiments.feddro import report
+
+    monkeypatch.setattr(feddro, "RESULTS", tmp_path / "feddro.json")
+    results.save(feddro.RESULTS, feddro_runs(feddro.tune_runs(), lambda r: 0.9 if r.params["lr"] == 0.05 else 0.5))
+    long = [r for r in feddro.runs() if r.params["study"] == "paper_length"]
+    assert len(long) == len(feddro.SEEDS) * len(feddro.METHODS)
+    assert all(r.params["rounds"] == feddro.PAPER_EPOCHS * feddro.STEPS_PER_EPOCH for r in long)
+    done = feddro_runs(long, lambda r: 0.8 if r.params["method"] == "feddro" else 0.6 + 0.01 * r.params["seed"])
+    for run in done:  # FedDRO's seed 0 has gone one evaluation further, where everything reads 0.1
+        if run["params"]["method"] == "feddro" and run["params"]["seed"] == 0:
+            step = run["history"][-1]["round"] - run["history"][-2]["round"]
+            run["history"].append(dict(run["history"][-1], round=run["history"][-1]["round"] + step,
+                                       **{k: 0.1 for k in run["history"][-1] if k != "round"}))
+    caption_and_table, differences = report.tables(done)[-2:]
+    last = 3 * feddro.STEPS_PER_EPOCH
+    assert caption_and_table.startswith(f"epoch 3 of {feddro.PAPER_EPOCHS} (round {last})\n\n| method |")
+    assert "| FedDRO, λ 2 | 0.05 | 5 | 80.00 ± 0.00 (80.00–80.00) |" in caption_and_table
+    assert "| FedAvg (ERM) (FedDRO λ 2) | +18.00 ± 1.58" in differences
+
+
 def test_raga_runs_use_the_batched_backend_where_the_method_allows_it():
     from experiments.raga import plan as raga
     from fl_lightning.algorithms.byrd_saga import ByrdSAGA

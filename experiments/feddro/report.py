@@ -19,6 +19,9 @@ diverge (a table names the others and the round each stopped in).
 * the length test (``length``): each method's figures after ``LONG_EPOCHS`` epochs beside its
   ``EPOCHS``-epoch run of the comparison (seed 0, lambda 2), and the test accuracy at each run's
   best balanced validation;
+* the paper's length (``paper_length``): the comparison's two tables for the runs of ``PAPER_EPOCHS``
+  epochs, at the last round every run has reached (the runs advance together with
+  ``--until-round``; a caption line says which epoch that is);
 * the momentum test (``beta``): FedDRO's balanced validation accuracy, training accuracy (overall and
   worst class) and training KL-DRO objective after the last epoch per momentum and rate (beta 0.5:
   the tuning's runs).
@@ -35,7 +38,8 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import results
-from experiments.feddro.plan import BETAS, CONFIG_BETA, EPOCHS, LONG_EPOCHS, LRS, METHODS, RESULTS, STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned
+from experiments.feddro.plan import (BETAS, CONFIG_BETA, EPOCHS, LONG_EPOCHS, LRS, METHODS, PAPER_EPOCHS, RESULTS,
+                                     STEPS_PER_EPOCH, SWEEP_ROUNDS, TUNE_LAM, tuned)
 from experiments.seed_stats import best_validation, final, finished, fmt, last_cell, paired, series
 
 NAMES = {"feddro": "FedDRO", "compfedavg": "MBSGD (Alg. 1 case I)", "fastdro": "FastDRO (CVaR 0.1, centralized)",
@@ -77,11 +81,11 @@ def tune_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
-def comparison_table(runs: list[results.Run]) -> str:
+def comparison_table(runs: list[results.Run], study: str = "table") -> str:
     """Per method and lambda, after the last epoch, over the seeds that did not diverge."""
     lines = ["| method | lr | seeds | train acc | test acc | test balanced | test worst class | test minority (0-4) | "
              "train KL-DRO objective | test acc at best val |", "|---" * 10 + "|"]
-    for (method, lam), everyone in groups(runs, "table").items():
+    for (method, lam), everyone in groups(runs, study).items():
         group, seeds = finished(everyone)
         if not group:
             lines.append(f"| {label(method, lam)} | {everyone[0]['params']['lr']:g} | {seeds} |" + " – |" * 7)
@@ -99,10 +103,10 @@ def at_best_validation(group: list[results.Run]) -> np.ndarray:
     return best_validation(group, "val_acc_balanced")[0]
 
 
-def differences_table(runs: list[results.Run]) -> str:
+def differences_table(runs: list[results.Run], study: str = "table") -> str:
     """FedDRO minus each baseline at the same lambda (or the lambda-free baselines), paired over the
     seeds where neither diverged: after the last epoch, and the test accuracy at the best validation."""
-    table = {key: finished(group)[0] for key, group in groups(runs, "table").items()}
+    table = {key: finished(group)[0] for key, group in groups(runs, study).items()}
     lines = ["| FedDRO minus (points) | train acc: mean ± std [95 % CI] | test acc | test worst class | "
              "test acc at best val |", "|---|---|---|---|---|"]
     for (method, lam), ours in table.items():
@@ -174,6 +178,23 @@ def length_table(runs: list[results.Run]) -> str:
     return "\n".join(lines)
 
 
+def at_common_round(runs: list[results.Run]) -> tuple[list[results.Run], int]:
+    """The runs with their histories cut at the last round that every run which did not diverge has
+    reached (long runs advanced together, a session at a time, with ``--until-round``), and that round."""
+    going = [r for r in runs if "diverged" not in r and r["history"]]
+    last = min(r["history"][-1]["round"] for r in going) if going else 0
+    return [r if "diverged" in r else dict(r, history=[h for h in r["history"] if h["round"] <= last])
+            for r in runs], last
+
+
+def paper_length_tables(runs: list[results.Run]) -> list[str]:
+    """The comparison's tables for the ``paper_length`` runs at their common round, with a caption
+    line naming its epoch of ``PAPER_EPOCHS``."""
+    cut, last = at_common_round(results.select(runs, study="paper_length"))
+    caption = f"epoch {last / STEPS_PER_EPOCH:g} of {PAPER_EPOCHS} (round {last})"
+    return [f"{caption}\n\n{comparison_table(cut, 'paper_length')}", differences_table(cut, "paper_length")]
+
+
 def tables(runs: list[results.Run]) -> list[str]:
     """Every MNIST-ST table of the document, in order (none before the runs exist)."""
     out = []
@@ -189,6 +210,8 @@ def tables(runs: list[results.Run]) -> list[str]:
         out.append(length_table(runs))
     if results.select(runs, study="beta"):
         out.append(beta_table(runs))
+    if results.select(runs, study="paper_length"):
+        out += paper_length_tables(runs)
     return out
 
 
