@@ -88,9 +88,12 @@ def quiet_progress_bar_notice() -> None:
         return not ("configure_callbacks` will override existing callbacks" in message
                     and message.rstrip().endswith(("TQDMProgressBar", "RichProgressBar")))
 
-    logger = logging.getLogger(f"{pl.__name__}.utilities.rank_zero")
-    if not any(getattr(f, "__name__", "") == "keep" and f.__module__ == __name__ for f in logger.filters):
-        logger.addFilter(keep)
+    # Lightning's rank_zero_info logs through lightning_utilities' one logger, named for whichever of the two
+    # packages' rank_zero modules was imported last: filter both names
+    for package in ("pytorch_lightning", "lightning.pytorch"):
+        logger = logging.getLogger(f"{package}.utilities.rank_zero")
+        if not any(getattr(f, "__name__", "") == "keep" and f.__module__ == __name__ for f in logger.filters):
+            logger.addFilter(keep)
 
 
 #: the start of Lightning's notice that ``trainer.validate``/``trainer.test`` on several processes repeat samples

@@ -77,8 +77,21 @@ def test_a_client_log_on_two_processes_is_the_mean_over_all_their_samples():
     assert (model_two - model_one).abs().max() <= 1e-5
 
 
-def test_the_progress_bar_counts_rounds_and_clients(capsys, caplog):
+@pytest.mark.parametrize("lightning_imported_last", [False, True])
+def test_the_progress_bar_counts_rounds_and_clients(capsys, caplog, lightning_imported_last):
+    """Also where the unified ``lightning`` package was imported after ``pytorch_lightning``: Lightning then
+    logs its notices under ``lightning.pytorch``'s logger (lightning_utilities keeps one, named on import)."""
+    import importlib
+
+    import lightning_utilities.core.rank_zero as rank_zero_module
     from pytorch_lightning.callbacks import TQDMProgressBar
+
+    if lightning_imported_last:
+        importlib.reload(importlib.import_module("lightning.pytorch.utilities.rank_zero"))
+    else:
+        importlib.reload(importlib.import_module("pytorch_lightning.utilities.rank_zero"))
+    package = "lightning.pytorch" if lightning_imported_last else "pytorch_lightning"
+    assert rank_zero_module.log.name == f"{package}.utilities.rank_zero"
 
     from fl_lightning.progress import RoundProgressBar
 
