@@ -275,7 +275,7 @@ def load_from_checkpoint(
 
     Args:
         cls: a ``LightningModule`` or ``LightningDataModule`` class.
-        checkpoint_path, map_location, hparams_file, strict, **kwargs: as Lightning's.
+        checkpoint_path, map_location, hparams_file, strict, kwargs: as Lightning's.
         allowed_classes: classes the file may name besides fl_lightning's own (see the module's docstring).
         allow_unverified: accept a checkpoint without a checksum (one you trust).
     """

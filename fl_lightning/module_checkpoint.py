@@ -184,7 +184,7 @@ class FederatedCheckpointing(pl.LightningModule):
         ``allowed_classes=[MyNet]`` or ``client=MyNet(...)``.
 
         Args:
-            checkpoint_path, map_location, hparams_file, strict, **kwargs: as Lightning's
+            checkpoint_path, map_location, hparams_file, strict, kwargs: as Lightning's
                 (``hparams_file`` is read as plain YAML); ``kwargs`` are taken as given.
             allowed_classes: further classes the checkpoint may name: class paths
                 (``"my_package.models.Net"``, imported here: you trust them) or the classes.

@@ -5,15 +5,15 @@ An algorithm declares each tensor it uploads with :meth:`FederatedModule.add_upd
 <fl_lightning.module.FederatedModule.add_update>`, naming its size and its reduction, in the
 spirit of torchmetrics' ``add_state(name, default, dist_reduce_fx)``:
 
-=================  ===============================================================
-``"aggregator"``   the Trainer's ``Aggregator`` callback decides (the sample-weighted
-                   mean by default; a robust rule such as the geometric median when one
-                   is given). Model deltas and gradients are declared so.
+===================  ===============================================================
+``"aggregator"``     the Trainer's ``Aggregator`` callback decides (the sample-weighted
+                     mean by default; a robust rule such as the geometric median when one
+                     is given). Model deltas and gradients are declared so.
 ``"weighted_mean"``  ``sum_i n_i u_i / sum_i n_i`` with ``n_i`` the client's sample count
-``"mean"``         ``sum_i u_i / m``, uniform over the round's ``m`` kept updates
-                   (SCAFFOLD's control-variate deltas)
-``"sum"``          ``sum_i u_i``
-=================  ===============================================================
+``"mean"``           ``sum_i u_i / m``, uniform over the round's ``m`` kept updates
+                     (SCAFFOLD's control-variate deltas)
+``"sum"``            ``sum_i u_i``
+===================  ===============================================================
 """
 
 from __future__ import annotations

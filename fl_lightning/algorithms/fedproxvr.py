@@ -1,6 +1,6 @@
 """FedProxVR (Dinh et al., ICPP 2020): proximal SVRG / SARAH local updates.
 
-Round s, every client n (all clients by default), with ``eta`` the local step size:
+Round s, every client n (all clients by default), with ``eta`` the local step size::
 
     w_0 = global model;   v_0 = grad F_n(w_0)       (full local gradient, one pass over the data,
                                                      deterministic: the client module in eval mode)

@@ -254,8 +254,8 @@ class PeFLL(HypernetworkFederation):
         descriptor_standardize: ``v <- (v - m) / s`` with the scalars ``m, s`` (mean and std of
             the entries) of the first descriptor of the run, then frozen (the authors' code).
         lambda_v: L2 penalty ``lambda_v ||eta_v||^2`` on the embedding network.
-        hypernetwork_size, hypernetwork_width, relu_before_head, lambda_h, server_optimizer,
-        server_lr, server_momentum, server_clip, client_clip: see ``HypernetworkFederation``.
+        hypernetwork_size, hypernetwork_width, relu_before_head, lambda_h: see ``HypernetworkFederation``.
+        server_optimizer, server_lr, server_momentum, server_clip, client_clip: see ``HypernetworkFederation``.
         **kwargs: the ``FederatedModule`` arguments (paper: ``local_steps=50``, 5 % of clients per round).
     """
 

@@ -39,9 +39,10 @@ class PFedHN(HypernetworkFederation):
         new_client_rounds: rounds of embedding fitting for a client not seen in training.
         lambda_e: L2 penalty ``lambda_e ||E||^2`` on the client embedding table (reference: weight
             decay 1e-3 = ``lambda_e`` 5e-4, as on the hypernetwork).
-        hypernetwork_size, hypernetwork_width, relu_before_head, lambda_h, server_optimizer,
-        server_lr, server_momentum, server_clip, client_clip: see ``HypernetworkFederation``
-            (reference: SGD lr 1e-2, momentum 0.9, weight decay 1e-3 = ``lambda_h`` 5e-4).
+        hypernetwork_size, hypernetwork_width, relu_before_head, lambda_h: see ``HypernetworkFederation``
+            (reference: weight decay 1e-3 = ``lambda_h`` 5e-4).
+        server_optimizer, server_lr, server_momentum, server_clip, client_clip: see ``HypernetworkFederation``
+            (reference: SGD lr 1e-2, momentum 0.9).
         **kwargs: the ``FederatedModule`` arguments; ``clients_per_round`` is 1 (the reference's
             one client per server step) unless it or ``clients_fraction`` is given.
     """

@@ -2,12 +2,12 @@
 
 Client i keeps a control variate ``c_i`` (in the client state store, zeros before its first
 round); the server keeps ``c``. Each local step uses the corrected gradient
-``g(y) - c_i + c``. After K steps of learning rate eta:
+``g(y) - c_i + c``. After K steps of learning rate eta::
 
     c_i+ = c_i - c + (x - y) / (K eta)         (option II)
     uploads: delta = y - x,  control = c_i+ - c_i
 
-and the server applies (Algorithm 1, with ``eta_g = server_lr``)
+and the server applies (Algorithm 1, with ``eta_g = server_lr``)::
 
     x <- x + (eta_g / |S|) sum_{i in S} delta_i         (uniform over the round's clients S)
     c <- c + (1 / N) sum_{i in S} control_i             (= (|S| / N) * uniform mean)

@@ -38,6 +38,7 @@ from fl_lightning.datamodules.hf_datasets import import_datasets
 from fl_lightning.functional import partition as F
 from fl_lightning.validation import check_int
 
+#: the strings ``partition=`` takes in place of a partitioner (``docs/partitioners.md``: what each builds)
 SHORTCUTS: tuple[str, ...] = ("iid", "dirichlet", "shards", "classes", "natural")
 
 

@@ -29,6 +29,7 @@ CLASS_ASSIGNMENT_MODES: tuple[str, ...] = get_args(ClassAssignmentMode)
 #: the order in which a class's samples are cut: ``"dataset"`` (stored order, flwr-datasets') or
 #: ``"shuffled"`` (each class shuffled with the seed first: this library's draw before it matched Flower)
 SampleOrder = Literal["dataset", "shuffled"]
+#: the values of :data:`SampleOrder`
 SAMPLE_ORDERS: tuple[str, ...] = get_args(SampleOrder)
 
 Alpha = Union[float, Sequence[float]]
