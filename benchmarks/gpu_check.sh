@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of docs/performance.md ("Rounds at the GPU's speed"), in one command on a machine with
+# The GPU checks of docs/performance.md ("On a GPU"), in one command on a machine with
 # a CUDA device: the tests that need one, the frameworks benchmark's GPU run, and RAGA's paper config
 # through `fl-lightning fit`. Each stage runs under its own time limit (a stage that overruns is cut,
 # the next one still runs), prints the end of its output and writes everything under OUT_DIR:

@@ -144,7 +144,7 @@ def test_the_commands_of_a_page_work_as_written(page, tmp_path, monkeypatch):
 
 
 def test_every_page_is_collected_and_every_command_has_a_handler():
-    assert {"README.md", "guide.md", "engine.md"} <= {p.name for p in PAGES}
+    assert {"README.md", "federate_your_module.md", "your_dataset.md", "engine.md"} <= {p.name for p in PAGES}
     for page in PAGES:
         for lang, code in blocks(page):
             for command in commands(code) if lang == "bash" else []:

@@ -71,14 +71,14 @@ def test_the_partitioners_guide_configs_parse(tmp_path, monkeypatch):
 
 
 def test_the_guides_regression_federates_through_the_cli(tmp_path, monkeypatch):
-    """The guide's regression.py and regression.yaml, written to a folder, run as the guide says
+    """The dataset tutorial's regression.py and regression.yaml, written to a folder, run as it says
     (``PYTHONPATH=. fl-lightning fit --config regression.yaml``): the client's own validation and
     training metrics, FederatedEvaluation's per-client figures, and a partition.json that says what
     the targets are (``fl-lightning plot`` of such a run: tests/test_history.py)."""
     from fl_lightning.callbacks.history import read_history
     from fl_lightning.cli import main
 
-    section = (DOCS / "guide.md").read_text().split("## Regression and other targets", 1)[1].split("\n## ", 1)[0]
+    section = (DOCS / "tutorials" / "your_dataset.md").read_text().split("## Regression and other targets", 1)[1].split("\n## ", 1)[0]
     (tmp_path / "regression.py").write_text(python_blocks_of(section)[0])
     (tmp_path / "regression.yaml").write_text(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
     commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1).splitlines()

@@ -3,7 +3,8 @@
 The build is the one the docs describe, ``python -m sphinx -W -n -b html docs OUT``: warnings are
 errors and the references are checked (nitpicky), so a stale ``:class:`...``` in a docstring, a
 broken table or a link to a missing page fails here. It needs the ``[docs]`` extra (which ``[test]``
-holds); without it the build is skipped, saying so.
+holds); without it the build is skipped, saying so. The user pages carry no commit hash: provenance
+belongs to ``docs/results/`` and ``docs/dev/``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,32 @@ import fl_lightning
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 DOCS_PACKAGES = ("sphinx", "myst_parser", "furo")
+#: pages where commit hashes belong: the paper reproductions' provenance and the developers' notes
+PROVENANCE = (DOCS / "results", DOCS / "dev")
+#: a commit hash as the docs write one: 7 to 40 hexadecimal digits, with a digit and a letter
+COMMIT = re.compile(r"(?<![\w.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+
+
+def user_pages() -> list[Path]:
+    """The README and every Markdown page of docs/ outside docs/results/ and docs/dev/."""
+    pages = [p for p in DOCS.rglob("*.md") if not any(p.is_relative_to(folder) for folder in PROVENANCE)]
+    return [ROOT / "README.md", *sorted(pages)]
+
+
+def commit_hashes(text: str) -> list[str]:
+    return COMMIT.findall(text)
+
+
+def test_the_commit_pattern_finds_hashes_and_nothing_else():
+    assert commit_hashes("fixed in `d891250`; since 20a8acb, (commit 646989b)") == ["d891250", "20a8acb", "646989b"]
+    assert commit_hashes("1234567 rounds, deadbeef, 1e-5, 0x1f2e3d4c, sha256 ab12, crc-32, a3185ad-dirty") == []
+
+
+def test_no_user_page_names_a_commit():
+    found = {str(page.relative_to(ROOT)): commit_hashes(page.read_text()) for page in user_pages()}
+    assert {"README.md", "index.md"} <= {Path(name).name for name in found}
+    assert {page: hashes for page, hashes in found.items() if hashes} == {}, (
+        "commit hashes in user pages: move the provenance to docs/dev/ or docs/results/")
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from fl_lightning.datamodules import NaturalIdPartitioner
 from tests import helpers
 from tests.helpers import TWO_PROCESSES, synthetic, tiny_client, trainer
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "tutorials" / "your_dataset.md"
 
 
 # ------------------------------------------------------------------ summarize
