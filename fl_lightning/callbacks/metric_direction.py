@@ -14,7 +14,11 @@ LOWER_IS_BETTER_WORDS = frozenset({"loss", "mse", "mae", "rmse", "error", "err",
 
 def direction_from_name(name: str) -> Optional[bool]:
     """The direction the words of ``name`` tell (``top1_acc``: higher is better; ``val/mse``:
-    lower), or None when no word is known or the words disagree."""
+    lower), or None when no word is known or the words disagree.
+
+    >>> direction_from_name("val/acc"), direction_from_name("train/mse"), direction_from_name("lr")
+    (True, False, None)
+    """
     words = set(re.split(r"[^a-z0-9]+", name.lower()))
     higher, lower = bool(words & HIGHER_IS_BETTER_WORDS), bool(words & LOWER_IS_BETTER_WORDS)
     return higher if higher != lower else None

@@ -103,9 +103,13 @@ def labels_of(dataset: Dataset, key: str = "label") -> np.ndarray:
 
 
 def are_class_labels(targets: np.ndarray) -> bool:
-    """Whether ``targets`` are class labels: one integer (or bool) per sample, none negative."""
+    """Whether ``targets`` are class labels: one integer (or bool) per sample, none negative.
+
+    >>> [are_class_labels(np.array(targets)) for targets in ([0, 2, 1], [0.5, 1.0], [-1, 1])]
+    [True, False, False]
+    """
     integers = np.issubdtype(targets.dtype, np.integer) or targets.dtype == bool
-    return targets.ndim == 1 and integers and (len(targets) == 0 or targets.min() >= 0)
+    return targets.ndim == 1 and integers and (len(targets) == 0 or bool(targets.min() >= 0))
 
 
 def describe_targets(targets: np.ndarray) -> dict[str, Any]:

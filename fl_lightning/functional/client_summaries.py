@@ -39,6 +39,12 @@ def summarize(
     Returns:
         ``{"weighted", "mean", "worst", "best", "p10", ...}`` as floats (computed in float64);
         a NaN client value gives NaN figures.
+
+    Three clients' accuracies, the first with twice the others' samples:
+
+    >>> summarize(torch.tensor([1.0, 0.5, 0.75]), torch.tensor([2.0, 1.0, 1.0]), higher_is_better=True,
+    ...           percentiles=(50,))
+    {'weighted': 0.8125, 'mean': 0.75, 'worst': 0.5, 'best': 1.0, 'p50': 0.75}
     """
     if values.dim() != 1 or values.numel() == 0:
         raise ValueError(f"values must be a non-empty 1-D tensor, got shape {tuple(values.shape)}")

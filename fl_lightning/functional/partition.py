@@ -151,7 +151,11 @@ def iid(num_samples: int, num_partitions: int, seed: int = 0) -> list[np.ndarray
 
     flwr-datasets' ``IidPartitioner`` cuts the dataset in its stored order, which its
     ``FederatedDataset(shuffle=True, seed=seed)`` shuffles first with this same permutation: the
-    partitions are those of that pipeline."""
+    partitions are those of that pipeline.
+
+    >>> [part.tolist() for part in iid(10, 3, seed=0)]
+    [[2, 4, 6, 7], [3, 5, 9], [0, 1, 8]]
+    """
     check_partitions(num_samples, num_partitions)
     perm = np.random.default_rng(seed).permutation(num_samples)
     return _nonempty(list(np.array_split(perm, num_partitions)), "iid")

@@ -15,7 +15,11 @@ from fl_lightning.functional.norms import joint_norm
 
 
 def clip_update(tensors: dict[str, Tensor], clip_norm: float) -> dict[str, Tensor]:
-    """``tensors`` scaled so that their joint L2 norm is at most ``clip_norm``."""
+    """``tensors`` scaled so that their joint L2 norm is at most ``clip_norm``.
+
+    >>> clip_update({"w": torch.tensor([3.0, 4.0])}, clip_norm=1.0)
+    {'w': tensor([0.6000, 0.8000])}
+    """
     norm = float(joint_norm([t.double() for t in tensors.values()]))
     scale = min(1.0, clip_norm / norm) if norm > 0 else 1.0
     return {name: t * scale for name, t in tensors.items()}

@@ -48,6 +48,9 @@ def prox_step(x: Tensor, anchor: Tensor, lr: float, mu: float) -> Tensor:
 
     ``mu = 0`` returns ``x`` unchanged; the result lies on the segment from ``x`` to ``anchor``
     with ``||prox(x) - anchor|| = ||x - anchor|| / (1 + lr mu)``.
+
+    >>> prox_step(torch.tensor([2.0]), anchor=torch.tensor([0.0]), lr=0.5, mu=2.0)  # 2 / (1 + 0.5 * 2)
+    tensor([1.])
     """
     if mu == 0:
         return x

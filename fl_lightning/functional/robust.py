@@ -156,7 +156,13 @@ def geometric_median(
 
 
 def coordinate_median(points: Tensor) -> Tensor:
-    """Per coordinate, the median of the ``n`` values (the mean of the two middle ones if ``n`` is even)."""
+    """Per coordinate, the median of the ``n`` values (the mean of the two middle ones if ``n`` is even).
+
+    One outlier of four uploads moves the mean by far, the median not:
+
+    >>> coordinate_median(torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [100.0, -100.0]]))
+    tensor([ 2.5000, 15.0000], dtype=torch.float64)
+    """
     z, _ = _check_points(points, None)
     s = z.sort(dim=0).values
     n = s.shape[0]
@@ -174,6 +180,9 @@ def trim_count(num_points: int, trim_fraction: float) -> int:
     Args:
         num_points: ``n``, the number of values per coordinate.
         trim_fraction: ``beta``, in (0, 0.5).
+
+    >>> trim_count(20, 0.25), trim_count(10, 0.1), trim_count(5, 0.1)
+    (5, 1, 1)
     """
     if not 0 < trim_fraction < 0.5:
         raise ValueError(f"trim_fraction must be in (0, 0.5), got {trim_fraction}")
@@ -186,6 +195,9 @@ def trimmed_mean(points: Tensor, num_trimmed: int) -> Tensor:
     Args:
         points: ``[n, p]`` uploads.
         num_trimmed: values dropped at each end, ``0 <= 2 * num_trimmed < n``.
+
+    >>> trimmed_mean(torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [100.0, -100.0]]), num_trimmed=1)
+    tensor([ 2.5000, 15.0000], dtype=torch.float64)
     """
     z, _ = _check_points(points, None)
     n = z.shape[0]
