@@ -70,6 +70,11 @@ nitpick_ignore_regex = [
     (r"py:class", r"Tensor"),
 ]
 
+# a docstring's literal blocks are formulas and diagrams more often than Python (examples are >>> blocks)
+highlight_language = "none"
+# the page's table of contents names a class's members without the class
+toc_object_entries_show_parents = "hide"
+
 html_theme = "furo"
 html_title = f"fl_lightning {release}"
 html_static_path: list[str] = []
