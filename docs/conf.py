@@ -77,4 +77,5 @@ toc_object_entries_show_parents = "hide"
 
 html_theme = "furo"
 html_title = f"fl_lightning {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["wide.css"]

@@ -78,7 +78,8 @@ def test_the_guides_regression_federates_through_the_cli(tmp_path, monkeypatch):
     from fl_lightning.callbacks.history import read_history
     from fl_lightning.cli import main
 
-    section = (DOCS / "tutorials" / "your_dataset.md").read_text().split("## Regression and other targets", 1)[1].split("\n## ", 1)[0]
+    page = (DOCS / "tutorials" / "your_dataset.md").read_text()
+    section = page.split("## Regression and other targets", 1)[1].split("\n## ", 1)[0]
     (tmp_path / "regression.py").write_text(python_blocks_of(section)[0])
     (tmp_path / "regression.yaml").write_text(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
     commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1).splitlines()

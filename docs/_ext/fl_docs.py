@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import io
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -165,7 +166,7 @@ class CliHelp(SphinxDirective):
         argv = shlex.split(self.arguments[0])
         output = io.StringIO()
         columns = os.environ.get("COLUMNS")
-        os.environ["COLUMNS"] = "100"
+        os.environ["COLUMNS"] = "88"  # the width of the page's code blocks
         argv0, sys.argv = sys.argv, ["fl-lightning"]  # not sphinx-build's: LightningCLI warns of both
         try:
             with contextlib.redirect_stdout(output), contextlib.suppress(SystemExit):
@@ -176,7 +177,8 @@ class CliHelp(SphinxDirective):
                 os.environ.pop("COLUMNS")
             else:
                 os.environ["COLUMNS"] = columns
-        text = f"$ fl-lightning {shlex.join(argv)}\n{output.getvalue().rstrip()}"
+        printed = re.sub(".\x08", "", output.getvalue())  # a backspace erases the character before it
+        text = f"$ fl-lightning {shlex.join(argv)}\n{printed.rstrip()}"
         block = nodes.literal_block(text, text)
         block["language"] = "text"
         return [block]
