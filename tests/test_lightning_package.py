@@ -40,7 +40,7 @@ from tests.lightning_clients import LightningClient, LightningNoPredict, Pytorch
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = Path(fl_lightning.__file__).resolve().parent
-GUIDE = ROOT / "docs" / "guide.md"
+GUIDE = ROOT / "docs" / "tutorials" / "federate_your_module.md"
 
 
 def environment(**variables: str) -> dict[str, str]:
@@ -121,7 +121,7 @@ def test_importing_lightning_first_builds_on_it(tmp_path):
         import sys
         for name in [m for m in sys.modules if m.split(".")[0] in ("pytorch_lightning", "lightning_fabric")]:
             del sys.modules[name]
-        exec(compile({example!r}, "docs/guide.md", "exec"))
+        exec(compile({example!r}, "docs/tutorials/federate_your_module.md", "exec"))
         from fl_lightning.lightning_package import PACKAGE
         assert PACKAGE == "lightning", PACKAGE
         assert isinstance(model, L.LightningModule) and trainer.current_epoch == 3

@@ -184,7 +184,7 @@ class ClientContext:
 
     def taking_part(self, clients: list[int]) -> list[int]:
         """``clients`` (this process's clients of the round) but those their configuration drops from the
-        round (:attr:`~fl_lightning.client_config.ClientConfig.drop`): they do no local work and send nothing."""
+        round (``ClientConfig.drop``): they do no local work and send nothing."""
         if not self._config_callbacks:
             return clients
         return [c for c in clients if not self.client_config(c).drop]

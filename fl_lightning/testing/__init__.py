@@ -7,15 +7,15 @@ federation of an algorithm (6 generated Synthetic(1, 1) clients, a small MLP cli
 rounds; each overridable) and checks each promise, one function per property
 (:mod:`fl_lightning.testing.properties`):
 
-=====================  ==================================================================================
-``"client_state"``     no per-client state outside the declared entries (:func:`check_client_state`)
-``"batched"``          the batched backend gives the sequential backend's results (:func:`check_batched`)
-``"resume"``           a run stopped after a round and resumed from its checkpoint gives the uninterrupted
-                       run's results, bitwise (:func:`check_resume`)
-``"nonfinite_update"`` a client whose update holds NaN is left out and the round goes on with the others
-                       (:func:`check_nonfinite_update`)
-``"two_processes"``    two processes give the results of one (:func:`check_two_processes`)
-=====================  ==================================================================================
+=======================  ==================================================================================
+``"client_state"``       no per-client state outside the declared entries (:func:`check_client_state`)
+``"batched"``            the batched backend gives the sequential backend's results (:func:`check_batched`)
+``"resume"``             a run stopped after a round and resumed from its checkpoint gives the uninterrupted
+                         run's results, bitwise (:func:`check_resume`)
+``"nonfinite_update"``   a client whose update holds NaN is left out and the round goes on with the others
+                         (:func:`check_nonfinite_update`)
+``"two_processes"``      two processes give the results of one (:func:`check_two_processes`)
+=======================  ==================================================================================
 
 "Results" are a run's :func:`outcome` after every round: the global model and the module's other tensors, the
 server optimizer's state, a lock-step algorithm's shared value and every client's stored entries. A property
