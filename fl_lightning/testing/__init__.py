@@ -81,7 +81,8 @@ __all__ = [
 def check_algorithm(cls: type[FederatedModule], client: ClientSource = None, datamodule: DataSource = None, *,
                     rounds: int = 3, properties: Union[str, Sequence[str]] = ALL,
                     two_process_strategy: Union[str, Strategy] = "fl_ddp_spawn", **kwargs: Any) -> dict[str, str]:
-    """Run a small federation of ``cls`` and check that it keeps the engine's promises (:data:`PROPERTIES`).
+    """Run a small federation of ``cls`` and check that it keeps the engine's promises
+    (:data:`~fl_lightning.testing.PROPERTIES`).
 
     About a second a property on a CPU for a small client (one or two runs of ``rounds`` rounds each and a
     reference run they share), but the two-process check, whose ``"fl_ddp_spawn"`` starts two Python
@@ -96,12 +97,13 @@ def check_algorithm(cls: type[FederatedModule], client: ClientSource = None, dat
         datamodule: the data (copied for each run), or a function returning a new one; None: 6 generated
             clients (:func:`default_datamodule`).
         rounds: the rounds of each run (>= 2).
-        properties: the properties to check, one or some of :data:`PROPERTIES` (default: all).
+        properties: the properties to check, one or some of :data:`~fl_lightning.testing.PROPERTIES` (default: all).
         two_process_strategy: the two-process run's strategy (see :class:`AlgorithmCheck`).
         **kwargs: ``cls``'s arguments (``clients_per_round`` is 3 unless it or ``clients_fraction`` is given).
 
     Returns:
-        Each property checked, in :data:`PROPERTIES`' order, with ``"passed"`` or ``"skipped: <reason>"``.
+        Each property checked, in :data:`~fl_lightning.testing.PROPERTIES`' order, with ``"passed"`` or
+        ``"skipped: <reason>"``.
 
     Raises:
         AssertionError: a property does not hold; the message names it, what differed and the likely fix.
