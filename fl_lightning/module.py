@@ -37,6 +37,7 @@ from torch import Tensor
 from fl_lightning.aggregation import aggregate, find_aggregator
 from fl_lightning.backends import BACKENDS, BatchedBackend, ClientBackend, ClientContext
 from fl_lightning.backends.context import overrides_default
+from fl_lightning.broadcast import broadcast_tensors, check_broadcast_name, load_broadcast_tensors
 from fl_lightning.checkpoints import is_plain
 from fl_lightning.client_store import ClientStateStore, StateDefault, StateSpec, check_folder, run_folder
 from fl_lightning.cpu_threads import FitThreads
@@ -243,6 +244,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         self.update_specs: dict[str, UpdateSpec] = {}
         #: declared per-client state entries (:meth:`add_client_state`)
         self.state_specs: dict[str, StateSpec] = {}
+        self._broadcast: list[str] = []  # declared server state the clients' hooks read (add_broadcast)
         self.add_update("delta", self.global_model.dim)
         #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's.
         #: None: the mean ``WeightedMean(self.weighting)``, reduced with the other linear uploads
@@ -303,6 +305,36 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         """
         self.state_specs[name] = StateSpec(default)
 
+    def add_broadcast(self, name: str, value: Optional[Tensor | torch.nn.Module] = None) -> None:
+        """Declare server state that the clients' hooks read besides the start model (SCAFFOLD's control
+        variate): a backend that runs clients elsewhere sends :meth:`broadcast_state` with their work.
+
+        Args:
+            name: an attribute of this module: a tensor (a buffer or a parameter) or a submodule (its
+                tensors are sent), set now or later (in ``setup``).
+            value: a tensor to register as the buffer ``name``, or a module to set as ``name``; None: the
+                attribute is set elsewhere.
+
+        Raises:
+            ValueError: ``name`` is no attribute name, is declared already, or is the client module.
+        """
+        check_broadcast_name(self, name, self._broadcast)
+        if isinstance(value, Tensor):
+            self.register_buffer(name, value)
+        elif value is not None:
+            setattr(self, name, value)
+        self._broadcast.append(name)
+
+    def broadcast_state(self) -> dict[str, Tensor]:
+        """The declared broadcast state (:meth:`add_broadcast`) as tensors by name (a submodule's as
+        ``name.<key>``): what the clients' hooks read of the server besides the start model. The live
+        tensors: copy them before changing them."""
+        return broadcast_tensors(self, self._broadcast)
+
+    def load_broadcast(self, state: dict[str, Tensor]) -> None:
+        """Make ``state`` (another copy's :meth:`broadcast_state`) this module's broadcast state, in place."""
+        load_broadcast_tensors(self, self._broadcast, state)
+
     def round_start_model(self) -> Tensor:
         """The global model at the start of the round (a state default: the model of a client's first round)."""
         assert self.round_start is not None, "the round has not started"
@@ -319,6 +351,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
         prepare_trainer(self.trainer, self.client, stage)
+        self.broadcast_state()  # every declared broadcast is a tensor or a module by now
         if self.store.directory is None:
             self.store.directory = run_folder(self.trainer, self.client_state_dir)
         if stage != "fit" and not hasattr(getattr(self.trainer, "datamodule", None), "client_data"):

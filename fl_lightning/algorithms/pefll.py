@@ -153,8 +153,8 @@ class HypernetworkFederation(FederatedModule):
     def build_hypernetwork(self, input_dim: int) -> None:
         """Create the hypernetwork ``R^input_dim -> client parameters`` (subclasses call it in ``__init__``)."""
         shapes = [p.shape for p in self.global_model.params]
-        self.hypernetwork = HyperNetwork(input_dim, shapes, self.hypernetwork_size, self.hypernetwork_width,
-                                         self.relu_before_head)
+        self.add_broadcast("hypernetwork", HyperNetwork(input_dim, shapes, self.hypernetwork_size,
+                                                        self.hypernetwork_width, self.relu_before_head))
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -297,12 +297,12 @@ class PeFLL(HypernetworkFederation):
             client_clip=client_clip,
             **kwargs,
         )
-        self.embedding = embedding
+        self.add_broadcast("embedding", embedding)  # the clients compute their descriptors with it
         self.descriptor_batch_size = descriptor_batch_size
         self.descriptor_standardize = descriptor_standardize
         self.lambda_v = lambda_v
-        self.register_buffer("descriptor_shift", torch.tensor(0.0))
-        self.register_buffer("descriptor_scale", torch.tensor(1.0))
+        self.add_broadcast("descriptor_shift", torch.tensor(0.0))
+        self.add_broadcast("descriptor_scale", torch.tensor(1.0))
         self.register_buffer("descriptor_frozen", torch.tensor(False))
         self.build_hypernetwork(dim)
 

@@ -86,7 +86,8 @@ class PFedHN(HypernetworkFederation):
         self.embedding_dim = embedding_dim
         self.new_client_rounds = new_client_rounds
         self.lambda_e = lambda_e
-        self.client_embeddings: Optional[nn.Embedding] = None
+        self.client_embeddings: Optional[nn.Embedding] = None  # the table, made in setup; a client reads its row
+        self.add_broadcast("client_embeddings")
         self.build_hypernetwork(embedding_dim)
 
     def setup(self, stage: str) -> None:

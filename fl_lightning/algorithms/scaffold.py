@@ -54,7 +54,7 @@ class SCAFFOLD(FederatedModule):
     def __init__(self, client: pl.LightningModule, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         p = self.global_model.num_params
-        self.register_buffer("server_control", torch.zeros(p))
+        self.add_broadcast("server_control", torch.zeros(p))  # c: the clients' steps read it
         self.add_update("control", p, reduction="mean")
         self.add_client_state("control", torch.zeros(p))
 
