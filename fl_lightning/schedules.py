@@ -107,16 +107,8 @@ class LocalSchedule:
 
     def apply(self, optimizer: torch.optim.Optimizer) -> None:
         """Start ``optimizer`` (a fresh local optimizer) at this round's scheduled learning rates."""
-        if self.template is None:
-            return
-        lrs = self.lrs()
-        if len(lrs) != len(optimizer.param_groups):
-            raise ValueError(
-                f"the client's configure_optimizers returned {len(optimizer.param_groups)} parameter groups, "
-                f"its first call {len(lrs)}: it must build the same optimizer every time"
-            )
-        for group, lr in zip(optimizer.param_groups, lrs):
-            group["lr"] = lr
+        if self.template is not None:
+            set_lrs(optimizer, self.lrs())
 
     def step(self) -> None:
         """Advance the schedule by one round (the template optimizer itself is never stepped)."""
@@ -125,6 +117,21 @@ class LocalSchedule:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
+
+
+def set_lrs(optimizer: torch.optim.Optimizer, lrs: Sequence[float]) -> None:
+    """Set the learning rate of each of ``optimizer``'s parameter groups to ``lrs`` (one per group).
+
+    Raises:
+        ValueError: ``lrs`` does not have one rate per group.
+    """
+    if len(lrs) != len(optimizer.param_groups):
+        raise ValueError(
+            f"the client's configure_optimizers returned {len(optimizer.param_groups)} parameter groups, "
+            f"its first call {len(lrs)}: it must build the same optimizer every time"
+        )
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
 
 
 # ------------------------------------------------------------------ lr drops placed in epochs

@@ -27,7 +27,7 @@ def python_blocks_of(text: str) -> list[str]:
 
 
 def test_the_engine_guide_algorithm_runs_and_keeps_its_invariant(tmp_path, monkeypatch):
-    definition, usage, check = python_blocks(DOCS / "engine.md")
+    definition, usage, check = [block for block in python_blocks(DOCS / "engine.md") if "FedDyn" in block]
     namespace: dict = {}
     exec(compile(definition, "docs/engine.md", "exec"), namespace)
     FedDyn = namespace["FedDyn"]
@@ -43,6 +43,14 @@ def test_the_engine_guide_algorithm_runs_and_keeps_its_invariant(tmp_path, monke
     monkeypatch.chdir(tmp_path)  # the usage example writes lightning_logs/ where it runs
     exec(compile(usage, "docs/engine.md", "exec"), namespace)
     exec(compile(check, "docs/engine.md", "exec"), namespace)  # check_algorithm(FedDyn): every check passes
+
+
+def test_the_engine_guide_client_round_runs():
+    (block,) = [block for block in python_blocks(DOCS / "engine.md") if "run_client(" in block]
+    namespace: dict = {}
+    exec(compile(block, "docs/engine.md", "exec"), namespace)
+    result = namespace["result"]
+    assert sorted(result.uploads) == ["control", "delta"] and result.metrics["steps"] == 10
 
 
 def test_the_partitioners_guide_runs():

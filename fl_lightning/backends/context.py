@@ -15,23 +15,22 @@ seam for a ``LightningModule``: the client module runs in its own precision cont
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
-from functools import partial
 from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Protocol, TypeVar, cast
 
 import torch
 from torch import Tensor
 
+from fl_lightning.backends.client_round import (ClientBatches, ClientProgram, LocalSettings, ModuleView, checked_update,
+                                                local_setting)
 from fl_lightning.backends.stateless import StatelessClient
 from fl_lightning.client_config import ClientConfig
 from fl_lightning.client_store import ClientStateStore, StateSpec
-from fl_lightning.datamodules.client_data import ClientData, gather, prefetched, to_device
+from fl_lightning.datamodules.client_data import ClientData, gather, to_device
 from fl_lightning.hooks import FederatedCallback, Federation
-from fl_lightning.lightning_compat import routed_log
 from fl_lightning.lightning_package import pl
 from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.run import ClientRun, StepOutput
-from fl_lightning.seeding import generator, keyed_rngs
+from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate, UpdateSpec
 from fl_lightning.vectors import ModelVector
 
@@ -69,6 +68,8 @@ class Algorithm(Federation, Protocol):
 
     def local_optimizer(self) -> torch.optim.Optimizer: ...
 
+    def load_broadcast(self, state: dict[str, Tensor]) -> None: ...
+
     def client_init(self, run: ClientRun) -> None: ...
 
     def client_step(self, run: ClientRun, batch: Any) -> StepOutput: ...
@@ -88,10 +89,6 @@ class LockstepAlgorithm(Algorithm, Protocol):
     def client_share(self, run: ClientRun, batch: Any) -> Optional[Tensor]: ...
 
     def server_share(self, mean: Tensor) -> Tensor: ...
-
-
-def _drop_log(*args: Any, **kwargs: Any) -> None:
-    """Stands in for a client's ``self.log`` during local work inside an evaluation hook."""
 
 
 class ClientContext:
@@ -182,6 +179,11 @@ class ClientContext:
             raise ValueError(f"{given} {change}, and {name} moves its clients in lock-step: every client takes the "
                              f"round's {module.unit}={module.work}; leave its clients' local work as the module's")
 
+    def round_config(self, client_id: int) -> Optional[ClientConfig]:
+        """Client ``client_id``'s configuration of the round (:meth:`client_config`), or None where no callback
+        configures clients: every run then has the module's settings, and nothing is asked."""
+        return self.client_config(client_id) if self._config_callbacks else None
+
     def taking_part(self, clients: list[int]) -> list[int]:
         """``clients`` (this process's clients of the round) but those their configuration drops from the
         round (``ClientConfig.drop``): they do no local work and send nothing."""
@@ -249,8 +251,7 @@ class ClientContext:
         if start is None:
             assert algorithm.round_start is not None, "the round has not started"
             start = algorithm.round_start
-        # without a callback that configures clients, every run has the module's settings: nothing to ask
-        config = None if plain or not self._config_callbacks else self.client_config(client_id)
+        config = None if plain else self.round_config(client_id)
         run = run_class(
             *args,
             client_id=client_id,
@@ -269,19 +270,8 @@ class ClientContext:
 
     def finish(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> None:
         """Hand a finished run's uploads (checked against the declarations) and new state to the round."""
-        specs = self.algorithm.update_specs
-        if set(uploads) != set(specs):
-            raise ValueError(
-                f"{type(self.algorithm).__name__}.client_final returned uploads {sorted(uploads)}, "
-                f"but the declared uploads are {sorted(specs)} (see add_update)"
-            )
-        tensors = {}
-        for name, spec in specs.items():
-            value = uploads[name]
-            if value.numel() != spec.size:
-                raise ValueError(f"upload {name!r} has {value.numel()} entries, declared {spec.size}")
-            tensors[name] = value.reshape(-1).float()
-        self.algorithm.receive(ClientUpdate(run.client_id, run.num_samples, tensors, run.summary()), run.state)
+        update = checked_update(type(self.algorithm).__name__, self.algorithm.update_specs, run, uploads)
+        self.algorithm.receive(update, run.state)
 
     def is_forged(self, client_id: int) -> bool:
         """Whether a callback will replace ``client_id``'s upload without reading it (its local
@@ -305,12 +295,33 @@ class ClientContext:
         """The client's training split."""
         return self.algorithm.datamodule.client_data(client_id, "train")
 
-    def prepare_batch(self, client_id: int, batch: Any) -> Any:
-        """``batch`` on the device, after the callbacks' ``on_local_batch`` (data poisoning)."""
-        batch = to_device(batch, self.device)
+    def _on_local_batch(self, client_id: int, batch: Any) -> Any:
+        """``batch`` after the callbacks' ``on_local_batch`` (data poisoning)."""
         for cb in self._batch_callbacks:
             batch = cb.on_local_batch(self.trainer, self.algorithm, client_id, batch)
         return batch
+
+    def client_batches(self, client_id: int, round_idx: Optional[int] = None) -> ClientBatches:
+        """The client's batches of this round (or ``round_idx``), passed through the callbacks' ``on_local_batch``."""
+        return ClientBatches(self.client_data(client_id), client_id, self.round if round_idx is None else round_idx,
+                             self.algorithm.seed, self.device, self.algorithm.local_epochs,
+                             self._on_local_batch if self._batch_callbacks else None)
+
+    def client_program(self) -> ClientProgram:
+        """The round's client program: the algorithm's client hooks with the round's local settings (the
+        Trainer's precision plugin, the scheduled learning rates), its clients' logs buffered, their batches
+        passed through the callbacks' ``on_local_batch``."""
+        algorithm = self.algorithm
+        lrs = [group["lr"] for group in algorithm.local_optimizer().param_groups]
+        settings = LocalSettings(algorithm.local_steps, algorithm.local_epochs, lrs, self.trainer.precision_plugin,
+                                 self.device)
+        return ClientProgram(algorithm, self.round, settings, self.logs,
+                             self._on_local_batch if self._batch_callbacks else None)
+
+    def module_view(self) -> ModuleView:
+        """The client module's tensors and the Trainer's precision context, for a round's runs."""
+        model = self.global_model
+        return ModuleView.of(model.params, model.tensors, self.trainer.precision_plugin)
 
     def batch_order(self, client_id: int, stream: str = "batches", round_idx: Optional[int] = None) -> torch.Generator:
         """The generator of the client's batch order in ``stream`` this round (or ``round_idx``)."""
@@ -323,17 +334,7 @@ class ClientContext:
         ``local_epochs``). On a CUDA device, batches gathered on the host (a pool kept there) are copied
         from pinned memory one step ahead, while the previous step runs; batches of a pool on the
         device need no copy."""
-        data, g = self.client_data(client_id), self.batch_order(client_id, stream, round_idx)
-        if num_steps is not None:
-            batches = data.step_batches(num_steps, g)
-        else:
-            epochs = self.algorithm.local_epochs if epochs is None else epochs
-            assert epochs is not None
-            batches = data.epoch_batches(epochs, g)
-        if self.device.type == "cuda":
-            batches = prefetched(batches, partial(to_device, device=self.device, pinned=True))
-        for batch in batches:
-            yield self.prepare_batch(client_id, batch)
+        return self.client_batches(client_id).batches(num_steps, stream, round_idx, epochs)
 
     def epoch_indices(self, client_id: int, epochs: int, stream: str = "batches") -> Iterator[Tensor]:
         """The dataset indices of the batches of the client's ``epochs`` passes (:meth:`batches`' order),
@@ -346,12 +347,11 @@ class ClientContext:
 
     def fetch(self, client_id: int, positions: Tensor) -> Any:
         """The client's training samples at ``positions`` as one batch, ready for a step."""
-        return self.prepare_batch(client_id, self.client_data(client_id).fetch(positions))
+        return self.client_batches(client_id).fetch(positions)
 
     def epoch(self, client_id: int, batch_size: int) -> Iterator[Any]:
         """One pass over the client's training split in index order, in batches ready for a step."""
-        for batch in self.client_data(client_id).epoch_batches(1, batch_size=batch_size):
-            yield self.prepare_batch(client_id, batch)
+        return self.client_batches(client_id).epoch(batch_size)
 
     def gather(self, indices: Tensor) -> Any:
         """The samples of the dataset pool at ``indices`` (any shape, e.g. ``[clients, batch]``), on the
@@ -360,12 +360,7 @@ class ClientContext:
 
     def step_batches(self, run: ClientRun) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Each local step's batch and the batches of the extra streams, for ``run``."""
-        main = (iter(run.batches) if run.batches is not None
-                else self.batches(run.client_id, run.num_steps, epochs=run.local_epochs))
-        extras = {s: self.batches(run.client_id, run.num_steps, s, epochs=run.local_epochs)
-                  for s in self.algorithm.extra_batch_streams}
-        for batch in main:
-            yield batch, {name: next(it) for name, it in extras.items()}
+        return self.client_batches(run.client_id).step_batches(run, self.algorithm.extra_batch_streams)
 
     # ------------------------------------------------------------ the setting of local work
     def local_work(self, client_id: int, *keys: Any) -> ContextManager[Callable[..., None]]:
@@ -391,37 +386,14 @@ class ClientContext:
         block of small clients' steps costs its launch, not the setting's."""
         return self._setting(client_id, keys, seeded=False)
 
-    @contextmanager
-    def _setting(self, client_id: int, keys: tuple[Any, ...], seeded: bool) -> Iterator[Callable[..., None]]:
+    def _setting(self, client_id: int, keys: tuple[Any, ...], seeded: bool) -> ContextManager[Callable[..., None]]:
         """:meth:`local_work`'s setting (the RNG seeded from ``keys`` already with ``seeded``), which
-        yields :meth:`local_steps`' ``reseed``."""
+        yields :meth:`local_steps`' ``reseed`` (:func:`~fl_lightning.backends.client_round.local_setting`)."""
         training = self.trainer.training
-        client = self.client
-        was_training = client.training
         if self._integer_buffers is None or not training:
-            self._integer_buffers = [b for b in client.buffers() if not b.is_floating_point()]
-        counters = [(b, b.clone()) for b in self._integer_buffers]
-        logging_client, self.logs.client_id = self.logs.client_id, client_id
-        with ExitStack() as stack:
-            reseed = stack.enter_context(keyed_rngs(self.algorithm.seed, "client", client_id, *keys,
-                                                    device=self.device))
-            if seeded:
-                reseed()
-            stack.enter_context(routed_log(client, self.logs.log if training else _drop_log))
-            if not training:
-                stack.enter_context(torch.inference_mode(False))
-                stack.enter_context(torch.enable_grad())
-            if not was_training:
-                client.train()
-            try:
-                yield reseed
-            finally:
-                if not was_training:
-                    client.eval()
-                self.logs.batch, self.logs.client_id = None, logging_client
-                with torch.no_grad():
-                    for buffer, value in counters:
-                        buffer.copy_(value)
+            self._integer_buffers = [b for b in self.client.buffers() if not b.is_floating_point()]
+        return local_setting(self.client, self.logs, self.algorithm.seed, client_id, keys, self.device, training,
+                             self._integer_buffers, seeded)
 
 
 def overrides_default(obj: Any, name: str) -> bool:
