@@ -490,7 +490,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         if batch_idx < len(self._work):
-            self.backend.run_work_item(self.context, self._work[batch_idx])
+            for result in self.backend.run_work_item(self.context, self._work[batch_idx]):
+                self.receive(result.update, result.state)
         if batch_idx == self.num_work_items() - 1:
             with torch.autocast(self.device.type, enabled=False):
                 self.finish_round()

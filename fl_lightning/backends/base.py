@@ -2,8 +2,10 @@
 
 A round is a sequence of work items (the Trainer's "batches" of the epoch). A backend says how
 many there are, plans them when the round starts and runs them one by one, reading the engine
-only through the :class:`~fl_lightning.backends.context.ClientContext`; every finished client
-goes back through ``context.finish(run, uploads)``.
+only through the :class:`~fl_lightning.backends.context.ClientContext`. Every finished client is
+handed in (``context.finish(run, uploads)``, or ``context.hand_in(result)``) and comes back as one
+of the work item's results, which :meth:`ClientBackend.run_work_item` returns: a backend never
+hands a client's update to the module itself.
 
 A backend runs its clients in *groups* (one client in the sequential backend, a block of
 clients in the batched one). In an ordinary round a work item is one group's whole round
@@ -27,6 +29,7 @@ from typing import Any, Generic, Iterator, Optional, Sequence, TypeVar
 import torch
 from torch import Tensor
 
+from fl_lightning.backends.client_round import ClientRoundResult
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf, evaluate_in_module
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
@@ -89,16 +92,18 @@ class ClientBackend(ABC, Generic[Group]):
             return list(range(self.num_work_items(context, 0)))
         return groups
 
-    def run_work_item(self, context: ClientContext, item: Any) -> None:
-        """Run one work item: a group's round, or one lock-step step of every group."""
+    def run_work_item(self, context: ClientContext, item: Any) -> list[ClientRoundResult]:
+        """Run one work item, a group's round or one lock-step step of every group; returns the results of
+        the clients it finished, in the order they finished (none before a lock-step round's last step)."""
         if context.lockstep:
             self.lockstep_step(context, item)
         else:
             self.run_clients(context, item)
+        return context.take_results()
 
     @abstractmethod
     def run_clients(self, context: ClientContext, clients: list[int]) -> None:
-        """The whole round of ``clients`` (one group): their runs from ``client_init`` to ``finish``."""
+        """The whole round of ``clients`` (one group): their runs from ``client_init`` to ``context.finish``."""
 
     # ------------------------------------------------------------ evaluation
     def evaluate(self, context: ClientContext, client_ids: Sequence[int], state_of: StateOf, split: str,

@@ -71,7 +71,7 @@ class SequentialBackend(ClientBackend[_Parked]):
 
     def run_client(self, context: ClientContext, client_id: int) -> None:
         """One client's whole round: the round's client program run for it (``client_init``, its steps,
-        ``client_final``, in one local-work setting), its result handed to the round."""
+        ``client_final``, in one local-work setting), its result handed in."""
         if context.is_forged(client_id):
             context.skip_forged(client_id)
             return
@@ -80,7 +80,7 @@ class SequentialBackend(ClientBackend[_Parked]):
         assert algorithm.round_start is not None, "the round has not started"
         result = self._program.run(client_id, algorithm.round_start, context.load_client_state(client_id),
                                    context.client_data(client_id), context.round_config(client_id))
-        algorithm.receive(result.update, result.state)
+        context.hand_in(result)
 
     def train_clients_plainly(self, context: ClientContext, client_ids: list[int], start: Tensor, steps: Optional[int],
                               stream: str, round_idx: int) -> Iterator[tuple[int, Tensor]]:
