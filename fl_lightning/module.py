@@ -712,8 +712,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if self.global_model.dim > self.global_model.num_params:
-            new = self.global_model.flatten()
-            new[self.global_model.num_params :] += delta[self.global_model.num_params :]
+            new, buffers = self.global_model.flatten(), self.global_model.layout.buffers_of
+            buffers(new).add_(buffers(delta))
             self.global_model.load(new)
 
     # ------------------------------------------------------------ evaluation

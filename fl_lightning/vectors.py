@@ -52,6 +52,16 @@ class Layout:
         parts = vector[: self.num_params].split(self.numels[: self.num_param_tensors])
         return [part.view(shape) for part, shape in zip(parts, self._views)]
 
+    def params_of(self, vector: Tensor) -> Tensor:
+        """The parameters' entries of a state vector (length ``dim``, or ``[..., dim]`` rows): a view, its
+        first ``num_params`` entries (SCAFFOLD's control variates live on the parameters only)."""
+        return vector[..., : self.num_params]
+
+    def buffers_of(self, vector: Tensor) -> Tensor:
+        """The floating buffers' entries of a state vector (BatchNorm's statistics): a view, the entries
+        after the parameters'."""
+        return vector[..., self.num_params :]
+
     @staticmethod
     def flatten(tensors: Sequence[Tensor], dtype: torch.dtype = torch.float32) -> Tensor:
         """One new flat ``dtype`` vector of ``tensors`` (detached), in their order."""

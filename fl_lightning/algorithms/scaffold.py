@@ -72,8 +72,8 @@ class SCAFFOLD(FederatedModule):
         return loss
 
     def client_final(self, run: ClientRun) -> dict[str, Tensor]:
-        end, p = run.end(), self.global_model.num_params
-        control = scaffold_control_delta(run.start[:p], end[:p], self.server_control, run.steps_taken, run.lr)
+        end, params = run.end(), run.layout.params_of  # c lives on the parameters: their entries of the vectors
+        control = scaffold_control_delta(params(run.start), params(end), self.server_control, run.steps_taken, run.lr)
         run.state["control"] = run.state["control"] + control
         return {"delta": end - run.start, "control": control}
 
