@@ -5,13 +5,14 @@ Most algorithms' clients read nothing of the server but the round's start model.
 PeFLL's hypernetwork and embedding network) declare it with
 :meth:`~fl_lightning.module.FederatedModule.add_broadcast`. A backend that runs clients elsewhere
 (another process, a deployment node) then knows exactly what to send with the start model:
-:meth:`~fl_lightning.module.FederatedModule.broadcast_state` there, loaded into the node's copy of
-the algorithm with :meth:`~fl_lightning.module.FederatedModule.load_broadcast`. Server state that
+:func:`broadcast_state` there, loaded into the node's copy of the algorithm with
+:func:`load_broadcast`. Server state that
 only the server reads (an optimizer's moments, the defaults of client state entries, which the
 server reads when it loads a client's entries) is not declared.
 
 A declared name is an attribute of the federated module: a tensor (a buffer or a parameter) or a
-submodule, whose tensors are then sent by their dotted names (its ``state_dict``'s).
+submodule, whose tensors are then sent by their dotted names (its ``state_dict``'s). The module keeps
+its declarations in ``_broadcast`` (engine machinery, not a name of the author's surface).
 """
 
 from __future__ import annotations
@@ -37,39 +38,39 @@ def check_broadcast_name(owner: nn.Module, name: str, declared: Sequence[str]) -
                          "model; declare the server's other tensors only")
 
 
-def broadcast_tensors(owner: nn.Module, names: Sequence[str]) -> dict[str, Tensor]:
-    """The tensors of ``owner``'s broadcast declarations ``names``, by name: a tensor attribute under
-    its name, a submodule's tensors under ``name.<its state_dict key>``. They are the live tensors (copy
-    them before changing them).
+def broadcast_state(algorithm: nn.Module) -> dict[str, Tensor]:
+    """The declared broadcast state of ``algorithm`` (a ``FederatedModule``), by name: a tensor attribute
+    under its name, a submodule's tensors under ``name.<its state_dict key>``: what its clients' hooks read
+    of the server besides the start model. They are the live tensors (copy them before changing them).
 
     Raises:
         ValueError: a declared name is missing or neither a tensor nor a module.
     """
     out: dict[str, Tensor] = {}
-    for name in names:
-        value = getattr(owner, name, None)
+    for name in _declared(algorithm):
+        value = getattr(algorithm, name, None)
         if isinstance(value, Tensor):
             out[name] = value
         elif isinstance(value, nn.Module):
             out.update(value.state_dict(prefix=f"{name}.", keep_vars=True))
         else:
-            raise ValueError(f"add_broadcast({name!r}): {type(owner).__name__}.{name} is "
+            raise ValueError(f"add_broadcast({name!r}): {type(algorithm).__name__}.{name} is "
                              f"{'missing' if value is None else type(value).__name__}; a declared broadcast is a "
                              "tensor (a buffer or a parameter) or a submodule of the federated module")
     return out
 
 
-def load_broadcast_tensors(owner: nn.Module, names: Sequence[str], values: Mapping[str, Tensor]) -> None:
-    """Copy ``values`` (from :func:`broadcast_tensors` of another copy of the algorithm) into ``owner``'s
-    declared tensors, in place (their device and dtype are kept).
+def load_broadcast(algorithm: nn.Module, values: Mapping[str, Tensor]) -> None:
+    """Copy ``values`` (:func:`broadcast_state` of another copy of the algorithm, the server's) into
+    ``algorithm``'s declared tensors, in place (their device and dtype are kept).
 
     Raises:
         ValueError: the names or shapes of ``values`` are not those of the declarations.
     """
-    targets = broadcast_tensors(owner, names)
+    targets = broadcast_state(algorithm)
     if set(values) != set(targets):
         missing, unexpected = sorted(set(targets) - set(values)), sorted(set(values) - set(targets))
-        raise ValueError(f"the broadcast state does not match {type(owner).__name__}'s declarations: missing "
+        raise ValueError(f"the broadcast state does not match {type(algorithm).__name__}'s declarations: missing "
                          f"{missing}, unexpected {unexpected}")
     with torch.no_grad():
         for name, target in targets.items():
@@ -78,3 +79,8 @@ def load_broadcast_tensors(owner: nn.Module, names: Sequence[str], values: Mappi
                 raise ValueError(f"broadcast {name!r} has shape {tuple(value.shape)}, the declared tensor "
                                  f"{tuple(target.shape)}")
             target.copy_(value)
+
+
+def _declared(algorithm: nn.Module) -> Sequence[str]:
+    """The names ``algorithm`` declared with ``add_broadcast`` (none for a module that declares nothing)."""
+    return getattr(algorithm, "_broadcast", ())

@@ -37,7 +37,7 @@ from torch import Tensor
 from fl_lightning.aggregation import aggregate, find_aggregator
 from fl_lightning.backends import BACKENDS, BatchedBackend, ClientBackend, ClientContext
 from fl_lightning.backends.context import overrides_default
-from fl_lightning.broadcast import broadcast_tensors, check_broadcast_name, load_broadcast_tensors
+from fl_lightning.broadcast import broadcast_state, check_broadcast_name
 from fl_lightning.checkpoints import is_plain
 from fl_lightning.client_store import ClientStateStore, StateDefault, StateSpec, check_folder, run_folder
 from fl_lightning.cpu_threads import FitThreads
@@ -307,7 +307,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
 
     def add_broadcast(self, name: str, value: Optional[Tensor | torch.nn.Module] = None) -> None:
         """Declare server state that the clients' hooks read besides the start model (SCAFFOLD's control
-        variate): a backend that runs clients elsewhere sends :meth:`broadcast_state` with their work.
+        variate): a backend that runs clients elsewhere sends them with their work
+        (:func:`~fl_lightning.broadcast.broadcast_state`, :func:`~fl_lightning.broadcast.load_broadcast`).
 
         Args:
             name: an attribute of this module: a tensor (a buffer or a parameter) or a submodule (its
@@ -325,16 +326,6 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             setattr(self, name, value)
         self._broadcast.append(name)
 
-    def broadcast_state(self) -> dict[str, Tensor]:
-        """The declared broadcast state (:meth:`add_broadcast`) as tensors by name (a submodule's as
-        ``name.<key>``): what the clients' hooks read of the server besides the start model. The live
-        tensors: copy them before changing them."""
-        return broadcast_tensors(self, self._broadcast)
-
-    def load_broadcast(self, state: dict[str, Tensor]) -> None:
-        """Make ``state`` (another copy's :meth:`broadcast_state`) this module's broadcast state, in place."""
-        load_broadcast_tensors(self, self._broadcast, state)
-
     def round_start_model(self) -> Tensor:
         """The global model at the start of the round (a state default: the model of a client's first round)."""
         assert self.round_start is not None, "the round has not started"
@@ -351,7 +342,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
         prepare_trainer(self.trainer, self.client, stage)
-        self.broadcast_state()  # every declared broadcast is a tensor or a module by now
+        broadcast_state(self)  # every declared broadcast is a tensor or a module by now
         if self.store.directory is None:
             self.store.directory = run_folder(self.trainer, self.client_state_dir)
         if stage != "fit" and not hasattr(getattr(self.trainer, "datamodule", None), "client_data"):

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms import SCAFFOLD
+from fl_lightning.broadcast import broadcast_state, load_broadcast
 from fl_lightning.module import FederatedModule
 from fl_lightning.server_state import own_tensors
 from tests.helpers import global_vector, tiny_client, trainer
@@ -21,7 +22,7 @@ HOOKS = ("client_init", "client_step", "client_final", "client_share")
 
 def undeclared_server_tensors(module: FederatedModule) -> list[Tensor]:
     """The module's own tensors (not the client module's) that no broadcast declaration covers."""
-    declared = {id(t) for t in module.broadcast_state().values()}
+    declared = {id(t) for t in broadcast_state(module).values()}
     return [t for _, t in own_tensors(module, module.client) if id(t) not in declared]
 
 
@@ -94,16 +95,16 @@ def test_broadcast_state_moves_between_copies():
     """What a deployment node does: load the server's broadcast state into its own copy of the algorithm."""
     server, node = SCAFFOLD(tiny_client()), SCAFFOLD(tiny_client())
     server.server_control.normal_()
-    sent = {name: t.clone() for name, t in server.broadcast_state().items()}
+    sent = {name: t.clone() for name, t in broadcast_state(server).items()}
     assert list(sent) == ["server_control"]
-    node.load_broadcast(sent)
+    load_broadcast(node, sent)
     assert torch.equal(node.server_control, server.server_control)
 
 
 def test_a_submodule_is_sent_by_its_tensors():
     module = FederatedModule(tiny_client())
     module.add_broadcast("table", torch.nn.Embedding(3, 2))
-    assert sorted(module.broadcast_state()) == ["table.weight"]
+    assert sorted(broadcast_state(module)) == ["table.weight"]
 
 
 @pytest.mark.parametrize("name, value, message", [
@@ -129,6 +130,6 @@ def test_a_declaration_that_names_nothing_is_refused_at_setup():
 def test_loading_other_names_or_shapes_is_refused():
     module = SCAFFOLD(tiny_client())
     with pytest.raises(ValueError, match=r"missing \['server_control'\], unexpected \['c'\]"):
-        module.load_broadcast({"c": torch.zeros(1)})
+        load_broadcast(module, {"c": torch.zeros(1)})
     with pytest.raises(ValueError, match="has shape"):
-        module.load_broadcast({"server_control": torch.zeros(1)})
+        load_broadcast(module, {"server_control": torch.zeros(1)})

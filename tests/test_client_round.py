@@ -10,6 +10,7 @@ import torch
 
 from fl_lightning.algorithms import RAGA, SCAFFOLD, FedAvg, FedDRO, FedProx
 from fl_lightning.backends import LocalSettings, run_client
+from fl_lightning.broadcast import broadcast_state
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.hooks import FederatedCallback
 from fl_lightning.lightning_compat import attached_trainer
@@ -50,7 +51,7 @@ class RoundRecorder(FederatedCallback):
             return
         self.start = module.round_start.clone()
         self.lrs = [group["lr"] for group in module.local_optimizer().param_groups]  # the round's scheduled rates
-        self.broadcast = {name: t.clone() for name, t in module.broadcast_state().items()}
+        self.broadcast = {name: t.clone() for name, t in broadcast_state(module).items()}
         self.states = {c: {k: v.clone() for k, v in module.context.load_client_state(c).items()} for c in clients}
         receive = module.receive
 

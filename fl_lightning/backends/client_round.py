@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.backends.stateless import StatelessClient, training_loss
+from fl_lightning.broadcast import load_broadcast
 from fl_lightning.client_config import ClientConfig
 from fl_lightning.datamodules.client_data import ClientData, prefetched, to_device
 from fl_lightning.lightning_compat import routed_log
@@ -224,8 +225,6 @@ class ClientAlgorithm(Protocol):
     device: torch.device
 
     def to(self, device: torch.device) -> Any: ...
-
-    def load_broadcast(self, state: dict[str, Tensor]) -> None: ...
 
     def client_init(self, run: ClientRun) -> None: ...
 
@@ -517,8 +516,9 @@ def run_client(algorithm: ClientAlgorithm, client_id: int, round_idx: int, start
         state: the client's declared state entries (``add_client_state``; their defaults where it has none).
         settings: the round's local settings.
         data: the client's training split.
-        broadcast: the server state the algorithm declares its clients read (``broadcast_state()`` of the
-            server's copy), loaded into ``algorithm`` first; None: ``algorithm`` holds it already.
+        broadcast: the server state the algorithm declares its clients read (:func:`~fl_lightning.broadcast.
+            broadcast_state` of the server's copy), loaded into ``algorithm`` first; None: ``algorithm`` holds it
+            already.
 
     Returns:
         The client's uploads, new state entries and metrics.
@@ -534,6 +534,6 @@ def run_client(algorithm: ClientAlgorithm, client_id: int, round_idx: int, start
     if algorithm.device != device:
         algorithm.to(device)
     if broadcast is not None:
-        algorithm.load_broadcast(dict(broadcast))
+        load_broadcast(algorithm, broadcast)
     program = ClientProgram(algorithm, round_idx, settings)
     return program.run(client_id, start.to(device), {k: v.to(device) for k, v in state.items()}, data)
