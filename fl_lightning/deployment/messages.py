@@ -1,0 +1,184 @@
+"""What the server and a node say to each other, as Flower records.
+
+A round's job for one client is a ``train`` message (:func:`job_content`, read back by :func:`read_job`):
+the client, the round, the start model and the declared broadcast state (:class:`~flwr.app.ArrayRecord`),
+the round's local settings, which stored version of the client's state to start from and, at the client's
+first round, the default entries of its state. The node answers with the client's uploads, its sample
+count, its metrics and whether its new state is finite (:func:`reply_content`, read back and checked by
+:func:`read_reply`). Tensors travel as NumPy arrays: exactly their bits.
+
+A ``query.clients`` message asks a node which clients it holds (:func:`clients_content`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from torch import Tensor
+
+from fl_lightning.backends.client_round import LocalSettings
+from fl_lightning.update import ClientUpdate, UpdateSpec
+
+#: the message type of a client's round
+TRAIN = "train"
+#: the message type asking a node which clients it holds
+CLIENTS_QUERY = "query.clients"
+#: the state version of a client with no stored state (its entries are the defaults the job carries)
+NO_STATE = -1
+
+
+class ReplyError(ValueError):
+    """A node's reply that cannot be part of the round (malformed, from another node or for another job)."""
+
+
+def arrays(tensors: Mapping[str, Tensor]) -> ArrayRecord:
+    """``tensors`` as an ArrayRecord (CPU NumPy copies: the same bits)."""
+    return ArrayRecord({name: Array(t.detach().cpu().numpy()) for name, t in tensors.items()})
+
+
+def tensors_of(record: ArrayRecord) -> dict[str, Tensor]:
+    """The tensors of an ArrayRecord of :func:`arrays`."""
+    return {name: torch.from_numpy(np.array(array.numpy())) for name, array in record.items()}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One client's round as a node receives it.
+
+    Attributes:
+        client_id: the client.
+        round_idx: the round.
+        start: the start model (flat).
+        broadcast: the algorithm's declared broadcast state.
+        steps, epochs, lrs, precision: the round's local settings (:class:`LocalSettings` less the device).
+        state_version: the stored version of the client's state to start from (:data:`NO_STATE`: none yet).
+        defaults: the client's default state entries (sent with :data:`NO_STATE`).
+    """
+
+    client_id: int
+    round_idx: int
+    start: Tensor
+    broadcast: dict[str, Tensor]
+    steps: Optional[int]
+    epochs: Optional[int]
+    lrs: list[float]
+    precision: str
+    state_version: int
+    defaults: dict[str, Tensor] = field(default_factory=dict)
+
+    def settings(self, device: str) -> LocalSettings:
+        """The round's local settings on ``device``."""
+        return LocalSettings(self.steps, self.epochs, self.lrs, self.precision, device)
+
+
+def job_content(job: Job) -> RecordDict:
+    """The content of ``job``'s ``train`` message."""
+    config = ConfigRecord({"client": job.client_id, "round": job.round_idx, "lrs": [float(lr) for lr in job.lrs],
+                           "precision": job.precision, "state_version": job.state_version})
+    if job.steps is not None:
+        config["steps"] = job.steps
+    if job.epochs is not None:
+        config["epochs"] = job.epochs
+    return RecordDict({"job": config, "start": arrays({"start": job.start}), "broadcast": arrays(job.broadcast),
+                       "defaults": arrays(job.defaults)})
+
+
+def read_job(content: RecordDict) -> Job:
+    """The job of a ``train`` message's content.
+
+    Raises:
+        ValueError: a record or a field is missing or of the wrong kind.
+    """
+    try:
+        config = content.config_records["job"]
+        start = tensors_of(content.array_records["start"])["start"]
+        return Job(int(config["client"]), int(config["round"]), start, tensors_of(content.array_records["broadcast"]),
+                   _optional_int(config.get("steps")), _optional_int(config.get("epochs")),
+                   [float(lr) for lr in config["lrs"]], str(config["precision"]), int(config["state_version"]),
+                   tensors_of(content.array_records["defaults"]))
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"a train message lacks its job's {error}") from error
+
+
+def _optional_int(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def reply_content(round_idx: int, update: ClientUpdate, state_finite: bool) -> RecordDict:
+    """The content of the reply to a client's job: its uploads, sample count, metrics (floats) and whether
+    the new state it stored is finite."""
+    metrics = MetricRecord({name: float(value) for name, value in update.metrics.items()})
+    config = ConfigRecord({"client": update.client_id, "round": round_idx, "num_samples": update.num_samples,
+                           "state_finite": state_finite})
+    return RecordDict({"reply": config, "uploads": arrays(update.tensors), "metrics": metrics})
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A node's checked answer to a job: the client's update and whether its new stored state is finite."""
+
+    update: ClientUpdate
+    state_finite: bool
+
+
+def read_reply(content: RecordDict, client_id: int, round_idx: int, specs: Mapping[str, UpdateSpec],
+               num_samples: int) -> Reply:
+    """The reply to client ``client_id``'s job of round ``round_idx``, checked: it must name that client and
+    round, carry the declared uploads (``specs``: names and sizes) as finite-or-not fp32 vectors and the
+    client's sample count ``num_samples``.
+
+    Raises:
+        ReplyError: anything else (it is never aggregated).
+    """
+    try:
+        config = content.config_records["reply"]
+        uploads = tensors_of(content.array_records["uploads"])
+        metrics = dict(content.metric_records["metrics"])
+        said = (int(config["client"]), int(config["round"]))
+        samples, finite = int(config["num_samples"]), bool(config["state_finite"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ReplyError(f"a malformed reply for client {client_id} in round {round_idx}: no {error}") from error
+    if said != (client_id, round_idx):
+        raise ReplyError(f"a reply for client {said[0]} in round {said[1]} came for the job of client {client_id} in "
+                         f"round {round_idx}")
+    if set(uploads) != set(specs):
+        raise ReplyError(f"the reply of client {client_id} carries uploads {sorted(uploads)}, the declared ones are "
+                         f"{sorted(specs)}")
+    for name, spec in specs.items():
+        value = uploads[name]
+        if value.dtype != torch.float32 or value.dim() != 1 or value.numel() != spec.size:
+            raise ReplyError(f"the reply of client {client_id}: upload {name!r} is {value.dtype} of shape "
+                             f"{tuple(value.shape)}, declared float32 of shape ({spec.size},)")
+    if samples != num_samples:
+        raise ReplyError(f"the reply of client {client_id} counts {samples} training samples, the server "
+                         f"{num_samples}")
+    bad = [name for name, value in metrics.items() if not isinstance(value, (int, float))]
+    if bad:
+        raise ReplyError(f"the reply of client {client_id} has metrics that are not numbers: {bad}")
+    return Reply(ClientUpdate(client_id, samples, uploads, {k: float(v) for k, v in metrics.items()}), finite)
+
+
+def clients_content(clients: list[int]) -> RecordDict:
+    """A node's answer to :data:`CLIENTS_QUERY`: the clients it holds."""
+    return RecordDict({"clients": ConfigRecord({"clients": [int(c) for c in clients]})})
+
+
+def read_clients(content: RecordDict) -> list[int]:
+    """The clients of a :func:`clients_content` answer.
+
+    Raises:
+        ReplyError: a malformed answer.
+    """
+    try:
+        return [int(c) for c in content.config_records["clients"]["clients"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ReplyError(f"a malformed answer to {CLIENTS_QUERY}: no {error}") from error
+
+
+def is_finite(tensors: Mapping[str, Tensor]) -> bool:
+    """Whether every entry of ``tensors`` is finite."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors.values() if t.is_floating_point())

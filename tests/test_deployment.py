@@ -1,0 +1,230 @@
+"""Deployment on Flower's engine, in process (fl_lightning.deployment): the server's Trainer sends each client's
+round as a Flower message to the ``ClientApp`` of the node holding it (a :class:`LocalGrid` delivers them,
+as Flower's own tests call a ``ClientApp`` directly), and gets the simulation's bits; what cannot be
+deployed is refused before a round; replies that are malformed, from another node or for another round
+are never aggregated; an update the server drops does not advance the client's state on its node."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flwr.app import ConfigRecord, Message  # noqa: E402
+
+from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO, PeFLL  # noqa: E402
+from fl_lightning.callbacks import LabelFlipAttack  # noqa: E402
+from fl_lightning.deployment import (STATE_VERSION, ClientNode, LocalGrid, client_app, deploy,  # noqa: E402
+                                     node_clients)
+from fl_lightning.functional.dro import KLDRO  # noqa: E402
+from fl_lightning.models.hypernetwork import MLPEmbedding  # noqa: E402
+from fl_lightning.module import FederatedModule  # noqa: E402
+from tests.helpers import global_vector, scratch_folder, synthetic, tiny_client, trainer  # noqa: E402
+
+CLIENTS, PER_ROUND, ROUNDS = 6, 2, 3
+#: the seed whose sampling brings client 1 back in round 2 after a round away
+SEED = 5
+#: two nodes and the clients each holds (its node config)
+NODES = {11: {"clients": "0,2,4"}, 22: {"clients": "1,3,5"}}
+
+ALGORITHMS: dict[str, Callable[[], FederatedModule]] = {
+    "FedAvg": lambda: FedAvg(tiny_client(hidden=(8,)), clients_per_round=PER_ROUND, local_steps=2, seed=SEED),
+    "SCAFFOLD": lambda: SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=PER_ROUND, local_steps=2, seed=SEED),
+}
+
+
+def build(name: str) -> FederatedModule:
+    torch.manual_seed(0)
+    return ALGORITHMS[name]()
+
+
+def deployment(name: str, grid_class: type[LocalGrid] = LocalGrid) -> tuple[LocalGrid, dict[int, ClientNode]]:
+    """Two nodes, each with its own copy of the algorithm and its own clients' data, on a grid."""
+    folder = scratch_folder()
+
+    def node(context: Any) -> ClientNode:
+        data = synthetic(CLIENTS)
+        return ClientNode(build(name), data, node_clients(context.node_config["clients"]),
+                          f"{folder}/node_{context.node_id}")
+
+    nodes: dict[int, ClientNode] = {}
+    return grid_class({n: client_app(node, nodes) for n in NODES}, NODES), nodes
+
+
+def fit(module: FederatedModule, rounds: int = ROUNDS) -> FederatedModule:
+    trainer(rounds).fit(module, synthetic(CLIENTS))
+    return module
+
+
+def test_stateful_clients_are_sampled_in_rounds_that_are_not_consecutive():
+    module = fit(build("FedAvg"), 1)
+    rounds = [set(module.sample_round(r)) for r in range(ROUNDS)]
+    assert rounds[0] & rounds[2] - rounds[1], "no client comes back after a round away: the test would not see it"
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_a_deployment_gives_the_simulation_s_bits(name):
+    simulation = fit(build(name))
+    grid, nodes = deployment(name)
+    deployed = fit(deploy(build(name), grid))
+    assert torch.equal(global_vector(deployed), global_vector(simulation))
+    for key, value in simulation.broadcast_state().items():  # SCAFFOLD's server control variate
+        assert torch.equal(deployed.broadcast_state()[key], value), key
+    if not simulation.state_specs:
+        return
+    held = {c: node for node in nodes.values() for c in node.clients}
+    checked = 0
+    for client_id in range(CLIENTS):
+        version = deployed.store.get(client_id, STATE_VERSION)
+        for entry in simulation.state_specs:
+            expected = simulation.store.get(client_id, entry)
+            if expected is None:
+                assert version is None
+                continue
+            stored = held[client_id].store.load(client_id, int(version))
+            assert torch.equal(stored[entry], expected), (client_id, entry)
+            checked += 1
+    assert checked, "no client state compared"
+
+
+def test_the_server_sends_no_client_data_and_keeps_no_client_state():
+    grid, _ = deployment("SCAFFOLD")
+    deployed = fit(deploy(build("SCAFFOLD"), grid))
+    assert {name for _, name in deployed.store.entries()} == {STATE_VERSION}
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: FedDRO(tiny_client(), KLDRO(lam=2.0), local_steps=2, clients_per_round=2), "lock-step"),
+    (lambda: PeFLL(tiny_client(), MLPEmbedding(20, 10, 4, hidden=(8,)), hypernetwork_width=8, clients_per_round=2,
+                   local_steps=2), "server networks train on the clients' data"),
+])
+def test_what_cannot_be_deployed_is_refused_before_anything_starts(make, reason):
+    grid, _ = deployment("FedAvg")
+    with pytest.raises(ValueError, match=reason):
+        deploy(make(), grid)
+
+
+def test_a_callback_that_changes_local_batches_is_refused_at_setup():
+    grid, _ = deployment("FedAvg")
+    module = deploy(build("FedAvg"), grid)
+    with pytest.raises(ValueError, match="LabelFlipAttack changes the clients' local batches"):
+        trainer(ROUNDS, callbacks=[LabelFlipAttack(count=1)]).fit(module, synthetic(CLIENTS))
+    assert module.current_epoch == 0
+
+
+class TamperingGrid(LocalGrid):
+    """Replies of round ``ROUND`` changed by ``tamper(reply)`` (None: as they came)."""
+
+    ROUND = 1
+    tamper: Callable[[Message], Any] = staticmethod(lambda reply: None)
+
+    def send_and_receive(self, messages: Any, *, timeout: Any = None) -> Any:
+        messages = list(messages)
+        replies = list(super().send_and_receive(messages, timeout=timeout))
+        if messages and messages[0].metadata.group_id == str(self.ROUND):
+            for reply in replies:
+                type(self).tamper(reply)
+        return replies
+
+
+def _config(reply: Message) -> ConfigRecord:
+    return reply.content.config_records["reply"]
+
+
+def _drop_uploads(reply: Message) -> None:
+    del reply.content.array_records["uploads"]
+
+
+def _older_round(reply: Message) -> None:
+    _config(reply)["round"] = TamperingGrid.ROUND - 1
+
+
+def _other_node(reply: Message) -> None:
+    reply.metadata.__dict__["_src_node_id"] = 11 if reply.metadata.src_node_id == 22 else 22
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (_drop_uploads, "malformed reply"),
+    (_older_round, "in round 0 came for the job"),
+    (_other_node, "which was sent no job for it"),
+])
+def test_a_bad_reply_is_refused_and_never_aggregated(tamper, message):
+    class Grid(TamperingGrid):
+        pass
+
+    Grid.tamper = staticmethod(tamper)
+    grid, _ = deployment("FedAvg", Grid)
+    counts = []
+
+    module = deploy(build("FedAvg"), grid)
+    finish = module.finish_round
+
+    def counting() -> None:
+        finish()
+        counts.append(module.round_num_updates)
+
+    module.finish_round = counting  # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match=message):
+        fit(module)
+    assert counts == [PER_ROUND, 0, PER_ROUND]  # round 1 kept no reply; the run went on
+
+
+def test_a_node_that_does_not_answer_has_its_clients_left_out_and_the_run_goes_on():
+    grid, _ = deployment("SCAFFOLD")
+    module = deploy(build("SCAFFOLD"), grid)
+    versions: list[dict[int, Any]] = []
+    finish = module.finish_round
+
+    def down_in_round_one() -> None:
+        finish()
+        versions.append({c: module.store.get(c, STATE_VERSION) for c in range(CLIENTS)})
+        grid.down = {22} if module.current_epoch == 0 else set()
+
+    module.finish_round = down_in_round_one  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(module)
+    left = [str(w.message) for w in caught if "left out" in str(w.message)]
+    round_one = module.sample_round(1)
+    assert left == [f"round 1: client {c} is left out of the round: no node holds it now" for c in round_one
+                    if c % 2 == 1]
+    for c in round_one:
+        if c % 2 == 1:  # its state did not advance in round 1
+            assert versions[1][c] is None or versions[1][c] == versions[0][c]
+
+
+def test_an_update_the_server_drops_does_not_advance_the_client_s_state():
+    class Grid(TamperingGrid):
+        tamper = staticmethod(lambda reply: _config(reply).__setitem__("state_finite", False))
+
+    grid, nodes = deployment("SCAFFOLD", Grid)
+    module = deploy(build("SCAFFOLD"), grid)
+    before: dict[int, Any] = {}
+    finish = module.finish_round
+
+    def record() -> None:
+        if module.current_epoch == Grid.ROUND:
+            before.update({c: module.store.get(c, STATE_VERSION) for c in range(CLIENTS)})
+        finish()
+
+    module.finish_round = record  # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match="contains NaN or Inf"):
+        fit(module, Grid.ROUND + 1)
+    for c in module.sample_round(Grid.ROUND):
+        after = module.store.get(c, STATE_VERSION)
+        assert (after is None and before[c] is None) or torch.equal(after, before[c])
+
+
+def test_a_node_refuses_a_client_it_does_not_hold():
+    grid, nodes = deployment("FedAvg")
+    module = deploy(build("FedAvg"), grid)
+    fit(module, 1)
+    node = nodes[11]
+    from fl_lightning.deployment.messages import TRAIN, Job, job_content
+    job = Job(1, 0, module.global_model.flatten(), {}, 2, None, [0.1], "32-true", -1)
+    reply = node.handle(Message(job_content(job), 11, TRAIN))
+    assert reply.has_error() and "client 1 is not held by this node" in reply.error.reason
