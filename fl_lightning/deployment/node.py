@@ -20,7 +20,7 @@ import re
 from typing import Callable, Mapping, Optional, Sequence
 
 import torch
-from flwr.app import Context, Error, Message
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import Tensor
 
@@ -113,15 +113,15 @@ class ClientNode:
         cannot serve (nothing is stored then)."""
         try:
             if message.metadata.message_type == CLIENTS_QUERY:
-                return message.create_reply(clients_content(self.clients))
+                return Message(clients_content(self.clients), reply_to=message)
             if message.metadata.message_type != TRAIN:
                 raise ValueError(f"the node serves {TRAIN!r} and {CLIENTS_QUERY!r} messages, got "
                                  f"{message.metadata.message_type!r}")
-            return message.create_reply(self.train(read_job(message.content)))
+            return Message(self.train(read_job(message.content)), reply_to=message)
         except ValueError as error:
-            return message.create_error_reply(Error(REFUSED_JOB, str(error)))
+            return Message(Error(REFUSED_JOB, str(error)), reply_to=message)
 
-    def train(self, job: Job) -> object:
+    def train(self, job: Job) -> RecordDict:
         """Run ``job``'s round; store the client's new state as the round's version; the reply's content.
 
         Raises:
