@@ -6,7 +6,9 @@ are never aggregated; an update the server drops does not advance the client's s
 
 from __future__ import annotations
 
+import runpy
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -14,12 +16,15 @@ import torch
 
 pytest.importorskip("flwr")
 
-from flwr.app import ConfigRecord, Message  # noqa: E402
+from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO, PeFLL  # noqa: E402
 from fl_lightning.callbacks import LabelFlipAttack  # noqa: E402
+from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
+from fl_lightning.cli import main  # noqa: E402
 from fl_lightning.deployment import (STATE_VERSION, ClientNode, LocalGrid, client_app, deploy,  # noqa: E402
                                      node_clients)
+from fl_lightning.deployment.app import build_node, cli_args, round_timeout  # noqa: E402
 from fl_lightning.functional.dro import KLDRO  # noqa: E402
 from fl_lightning.models.hypernetwork import MLPEmbedding  # noqa: E402
 from fl_lightning.module import FederatedModule  # noqa: E402
@@ -228,3 +233,72 @@ def test_a_node_refuses_a_client_it_does_not_hold():
     job = Job(1, 0, module.global_model.flatten(), {}, 2, None, [0.1], "32-true", -1)
     reply = node.handle(Message(job_content(job), 11, TRAIN))
     assert reply.has_error() and "client 1 is not held by this node" in reply.error.reason
+
+
+APP = Path(__file__).resolve().parents[1] / "configs" / "deployment"
+
+
+def final_state(root: str) -> dict[str, torch.Tensor]:
+    """The model's state in the last round checkpoint of the run under ``root``."""
+    (path,) = Path(root).glob("lightning_logs/version_*/checkpoints/last.ckpt")
+    return load_checkpoint(path)["state_dict"]
+
+
+def test_the_flower_app_runs_the_fit_yaml_with_the_simulation_s_bits():
+    simulated, deployed = scratch_folder(), scratch_folder()
+    main(["fit", "--config", str(APP / "scaffold.yaml"), f"--trainer.default_root_dir={simulated}"])
+    app = runpy.run_path(str(APP / "app.py"))
+    state = scratch_folder()
+    nodes = {11: {"clients": "0,2", "state-dir": f"{state}/a"}, 22: {"clients": "1,3", "state-dir": f"{state}/b"}}
+    run_config = {"config": "scaffold.yaml", "args": f"--trainer.default_root_dir={deployed}", "timeout": 0}
+    grid = LocalGrid({n: app["client"] for n in nodes}, nodes, run_config)
+    app["server"](grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    expected, got = final_state(simulated), final_state(deployed)
+    assert expected.keys() == got.keys() and expected
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key
+
+
+def test_a_node_without_its_node_config_says_what_it_lacks():
+    with pytest.raises(ValueError, match=r"--node-config lacks \['state-dir'\]"):
+        build_node(str(APP), Context(run_id=1, node_id=3, node_config={"clients": "0"}, state=RecordDict(),
+                                     run_config={"config": "scaffold.yaml"}))
+
+
+def test_the_run_config_needs_the_yaml_and_a_timeout_in_seconds():
+    with pytest.raises(ValueError, match="the run config needs 'config'"):
+        cli_args(str(APP), {"args": "--trainer.max_epochs=1"})
+    with pytest.raises(ValueError, match="'timeout' must be seconds >= 0"):
+        round_timeout({"timeout": -1})
+    assert round_timeout({"timeout": 0}) is None and round_timeout({"timeout": 2.5}) == 2.5
+
+
+def test_a_node_runs_the_round_on_the_server_fit_s_cpu_threads(monkeypatch):
+    """The simulation's bits on a node whose torch starts with more threads than the fit runs."""
+    grid, nodes = deployment("FedAvg")
+    module = deploy(build("FedAvg"), grid)
+    seen: list[tuple[int, int]] = []
+    import fl_lightning.deployment.node as node_module
+    run = node_module.run_client
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append((torch.get_num_threads(), job_threads[-1]))
+        return run(*args, **kwargs)
+
+    job_threads: list[int] = []
+    read = node_module.read_job
+
+    def reading(content: Any) -> Any:
+        job = read(content)
+        job_threads.append(job.threads)
+        torch.set_num_threads(job.threads + 1)  # the node's own count differs from the server fit's
+        return job
+
+    monkeypatch.setattr(node_module, "run_client", recording)
+    monkeypatch.setattr(node_module, "read_job", reading)
+    threads = torch.get_num_threads()
+    try:
+        fit(module, 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen and all(running == sent for running, sent in seen), seen

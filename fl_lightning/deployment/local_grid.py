@@ -19,15 +19,17 @@ class LocalGrid(Grid):
     Args:
         apps: each node's id and its ``ClientApp``.
         node_configs: each node's ``node_config`` (its ``Context``'s).
+        run_config: the run's config (every ``Context``'s ``run_config``).
 
     Attributes:
         down: the nodes that do not answer now (their messages get no reply, as a node that is gone).
     """
 
-    def __init__(self, apps: dict[int, ClientApp], node_configs: dict[int, dict]) -> None:
+    def __init__(self, apps: dict[int, ClientApp], node_configs: dict[int, dict],
+                 run_config: Optional[dict] = None) -> None:
         self.apps = apps
         self.contexts = {node: Context(run_id=1, node_id=node, node_config=dict(node_configs[node]),
-                                       state=RecordDict(), run_config={}) for node in apps}
+                                       state=RecordDict(), run_config=dict(run_config or {})) for node in apps}
         self.down: set[int] = set()
         self._run: Optional[Run] = None
         self._sent = 0

@@ -57,6 +57,9 @@ class Job:
         steps, epochs, lrs, precision: the round's local settings (:class:`LocalSettings` less the device).
         state_version: the stored version of the client's state to start from (:data:`NO_STATE`: none yet).
         defaults: the client's default state entries (sent with :data:`NO_STATE`).
+        threads: the CPU intra-op threads of the server's fit, which the node's round runs with: the same
+            arithmetic as the simulation's (the fit runs one thread for a small client,
+            :mod:`fl_lightning.cpu_threads`; torch's reductions give other bits on more threads).
     """
 
     client_id: int
@@ -69,6 +72,7 @@ class Job:
     precision: str
     state_version: int
     defaults: dict[str, Tensor] = field(default_factory=dict)
+    threads: int = 1
 
     def settings(self, device: str) -> LocalSettings:
         """The round's local settings on ``device``."""
@@ -78,7 +82,7 @@ class Job:
 def job_content(job: Job) -> RecordDict:
     """The content of ``job``'s ``train`` message."""
     config = ConfigRecord({"client": job.client_id, "round": job.round_idx, "lrs": [float(lr) for lr in job.lrs],
-                           "precision": job.precision, "state_version": job.state_version})
+                           "precision": job.precision, "state_version": job.state_version, "threads": job.threads})
     if job.steps is not None:
         config["steps"] = job.steps
     if job.epochs is not None:
@@ -99,7 +103,7 @@ def read_job(content: RecordDict) -> Job:
         return Job(int(config["client"]), int(config["round"]), start, tensors_of(content.array_records["broadcast"]),
                    _optional_int(config.get("steps")), _optional_int(config.get("epochs")),
                    [float(lr) for lr in config["lrs"]], str(config["precision"]), int(config["state_version"]),
-                   tensors_of(content.array_records["defaults"]))
+                   tensors_of(content.array_records["defaults"]), int(config["threads"]))
     except (KeyError, TypeError) as error:
         raise ValueError(f"a train message lacks its job's {error}") from error
 

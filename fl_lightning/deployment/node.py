@@ -122,7 +122,8 @@ class ClientNode:
             return Message(Error(REFUSED_JOB, str(error)), reply_to=message)
 
     def train(self, job: Job) -> RecordDict:
-        """Run ``job``'s round; store the client's new state as the round's version; the reply's content.
+        """Run ``job``'s round (on the job's CPU threads); store the client's new state as the round's version; the
+        reply's content.
 
         Raises:
             ValueError: a client this node does not hold, a state version it does not hold, or settings and
@@ -138,8 +139,13 @@ class ClientNode:
         if not getattr(self.datamodule, "splits", None):
             setup("fit")
         data = self.datamodule.client_data(job.client_id, "train")  # type: ignore[attr-defined]
-        result = run_client(self.algorithm, job.client_id, job.round_idx, job.start, state,
-                            job.settings(self.device), data, broadcast=job.broadcast)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(job.threads)  # the simulation's arithmetic (Job.threads)
+        try:
+            result = run_client(self.algorithm, job.client_id, job.round_idx, job.start, state,
+                                job.settings(self.device), data, broadcast=job.broadcast)
+        finally:
+            torch.set_num_threads(threads)
         if result.state:
             self.store.save(job.client_id, job.round_idx, result.state)
             self.store.keep(job.client_id, [v for v in (job.state_version, job.round_idx) if v != NO_STATE])

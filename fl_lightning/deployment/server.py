@@ -154,7 +154,7 @@ class DeploymentBackend(ClientBackend[None]):
             version = self._state_version(algorithm, client_id)
             defaults = context.load_client_state(client_id) if version == NO_STATE else {}
             job = Job(client_id, round_idx, start, broadcast, algorithm.local_steps, algorithm.local_epochs, lrs,
-                      precision, version, defaults)
+                      precision, version, defaults, torch.get_num_threads())
             messages.append(Message(job_content(job), node, TRAIN, group_id=str(round_idx)))
             sent[client_id] = node
         updates = {}
