@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 pytest.importorskip("flwr")
@@ -22,7 +23,7 @@ from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO, PeFLL  # noqa: E40
 from fl_lightning.callbacks import LabelFlipAttack  # noqa: E402
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
-from fl_lightning.deployment import (STATE_VERSION, ClientNode, LocalGrid, client_app, deploy,  # noqa: E402
+from fl_lightning.deployment import (LEFT_OUT, STATE_VERSION, ClientNode, LocalGrid, client_app, deploy,  # noqa: E402
                                      node_clients)
 from fl_lightning.deployment.app import build_node, cli_args, round_timeout  # noqa: E402
 from fl_lightning.functional.dro import KLDRO  # noqa: E402
@@ -190,13 +191,20 @@ def test_a_node_that_does_not_answer_has_its_clients_left_out_and_the_run_goes_o
         grid.down = {22} if module.current_epoch == 0 else set()
 
     module.finish_round = down_in_round_one  # type: ignore[method-assign]
+    counted: list[float] = []
+
+    class Count(pl.Callback):
+        def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            counted.append(float(trainer.callback_metrics[LEFT_OUT]))
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fit(module)
+        trainer(ROUNDS, callbacks=[Count()]).fit(module, synthetic(CLIENTS))
     left = [str(w.message) for w in caught if "left out" in str(w.message)]
     round_one = module.sample_round(1)
     assert left == [f"round 1: client {c} is left out of the round: no node holds it now" for c in round_one
                     if c % 2 == 1]
+    assert counted == [0.0, float(len(left)), 0.0] and left
     for c in round_one:
         if c % 2 == 1:  # its state did not advance in round 1
             assert versions[1][c] is None or versions[1][c] == versions[0][c]

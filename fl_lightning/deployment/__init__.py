@@ -17,8 +17,8 @@ except ImportError as error:  # pragma: no cover - the extra is installed in the
 from fl_lightning.deployment.local_grid import LocalGrid
 from fl_lightning.deployment.messages import Job, ReplyError
 from fl_lightning.deployment.node import ClientNode, NodeStateStore, client_app, node_clients
-from fl_lightning.deployment.server import (STATE_VERSION, DeploymentBackend, check_deployable, deploy,
+from fl_lightning.deployment.server import (LEFT_OUT, STATE_VERSION, DeploymentBackend, check_deployable, deploy,
                                             deployment_refusals)
 
-__all__ = ["STATE_VERSION", "ClientNode", "DeploymentBackend", "Job", "LocalGrid", "NodeStateStore", "ReplyError",
-           "check_deployable", "client_app", "deploy", "deployment_refusals", "node_clients"]
+__all__ = ["LEFT_OUT", "STATE_VERSION", "ClientNode", "DeploymentBackend", "Job", "LocalGrid", "NodeStateStore",
+           "ReplyError", "check_deployable", "client_app", "deploy", "deployment_refusals", "node_clients"]

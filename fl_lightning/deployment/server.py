@@ -7,7 +7,8 @@ backend runs a round as one work item: one ``train`` message per sampled client 
 then the replies, each checked (:func:`~fl_lightning.deployment.messages.read_reply`), handed to the round
 as the clients' updates. A reply that is malformed, from a node other than the client's, or for another
 client or round is refused with a warning and never aggregated; a client whose node does not answer
-within ``timeout`` is left out of the round with a warning, and the run goes on.
+within ``timeout`` is left out of the round with a warning and counted (:data:`LEFT_OUT`, logged every round),
+and the run goes on.
 
 The clients' state stays on their nodes. The server keeps, per client, only which round's state the
 client has (a scalar entry of the client state store, :data:`STATE_VERSION`, stored as the engine stores
@@ -32,8 +33,12 @@ from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.deployment.messages import (CLIENTS_QUERY, NO_STATE, TRAIN, Job, ReplyError, clients_content,
                                               job_content, read_clients, read_reply)
 from fl_lightning.hooks import FederatedCallback
+from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.module import FederatedModule
 from fl_lightning.validation import check_number
+
+#: the metric of the clients left out of a round (their node gave no valid reply, or none holds them now)
+LEFT_OUT = "round/left_out"
 
 #: the client state store's entry in which the server keeps the round of a client's state on its node
 STATE_VERSION = "deployment_state_version"
@@ -180,6 +185,7 @@ class DeploymentBackend(ClientBackend[None]):
             if client_id not in updates:
                 self._leave_out(round_idx, client_id, f"node {sent[client_id]} gave no valid reply"
                                 f"{'' if self.timeout is None else f' within {self.timeout} s'}")
+        log_agreed(algorithm, LEFT_OUT, float(len(self.left_out)), on_step=False, on_epoch=True, batch_size=1)
         for client_id in clients:  # in the round's order, as the sequential backend hands them over
             if client_id in updates:
                 got = updates[client_id]
