@@ -20,6 +20,7 @@ pytest.importorskip("flwr")
 from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO, PeFLL  # noqa: E402
+from fl_lightning.broadcast import broadcast_state  # noqa: E402
 from fl_lightning.callbacks import LabelFlipAttack  # noqa: E402
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
@@ -78,8 +79,8 @@ def test_a_deployment_gives_the_simulation_s_bits(name):
     grid, nodes = deployment(name)
     deployed = fit(deploy(build(name), grid))
     assert torch.equal(global_vector(deployed), global_vector(simulation))
-    for key, value in simulation.broadcast_state().items():  # SCAFFOLD's server control variate
-        assert torch.equal(deployed.broadcast_state()[key], value), key
+    for key, value in broadcast_state(simulation).items():  # SCAFFOLD's server control variate
+        assert torch.equal(broadcast_state(deployed)[key], value), key
     if not simulation.state_specs:
         return
     held = {c: node for node in nodes.values() for c in node.clients}

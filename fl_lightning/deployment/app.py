@@ -102,8 +102,8 @@ def server_app(directory: str) -> ServerApp:
 
 
 def build_node(directory: str, context: Context) -> ClientNode:
-    """A SuperNode's :class:`ClientNode`: the run config's algorithm and datamodule (no Trainer run), the clients
-    and state folder of its node config (``clients``, ``state-dir``).
+    """A SuperNode's :class:`~fl_lightning.deployment.node.ClientNode`: the run config's algorithm and
+    datamodule (no Trainer run), the clients and state folder of its node config (``clients``, ``state-dir``).
 
     Raises:
         ValueError: the node config lacks them.

@@ -30,6 +30,7 @@ from fl_lightning.algorithms.pefll import HypernetworkFederation
 from fl_lightning.backends.base import ClientBackend
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.sequential import train_one_by_one
+from fl_lightning.broadcast import broadcast_state
 from fl_lightning.deployment.messages import (CLIENTS_QUERY, NO_STATE, TRAIN, Job, ReplyError, clients_content,
                                               job_content, read_clients, read_reply)
 from fl_lightning.hooks import FederatedCallback
@@ -142,7 +143,7 @@ class DeploymentBackend(ClientBackend[None]):
         round_idx = context.round
         lrs = [group["lr"] for group in algorithm.local_optimizer().param_groups]
         precision = str(context.trainer.precision)
-        broadcast = algorithm.broadcast_state()
+        broadcast = broadcast_state(algorithm)
         assert algorithm.round_start is not None, "the round has not started"
         start = algorithm.round_start
         sent: dict[int, int] = {}
