@@ -31,7 +31,7 @@ import fl_lightning
 from fl_lightning import SCAFFOLD, FedAvg
 from fl_lightning.callbacks import FederatedEvaluation
 from fl_lightning.checkpoints import load_checkpoint
-from fl_lightning.cli import FederatedCLI, main
+from fl_lightning.cli import main
 from fl_lightning.lightning_compat import TESTED_LIGHTNING
 from fl_lightning.lightning_package import PACKAGE, VARIABLE, choose_package
 from tests.fresh_python import run_python
@@ -206,9 +206,10 @@ def test_federated_evaluation_refuses_a_hook_a_lightning_client_lacks():
 
 
 # ------------------------------------------------------------------ a process built on lightning
-def test_a_process_built_on_lightning_fits_as_this_one(tmp_path):
+def test_a_process_built_on_lightning_fits_as_a_pytorch_lightning_one(tmp_path):
     """With ``FL_LIGHTNING_PACKAGE=lightning``, an ``L.Trainer`` fits the federation of an ``L`` client, and
-    of a ``pytorch_lightning`` one: the model of this process's ``pytorch_lightning`` run of the same client;
+    of a ``pytorch_lightning`` one: the model of a ``pytorch_lightning`` process's run of the same client (a
+    fresh process too, so that nothing another test left in this one's torch can tell them apart);
     ``fl_ddp`` is a strategy of ``L.Trainer``."""
     code = f"""if True:
         import lightning.pytorch as L, torch
@@ -233,10 +234,22 @@ def test_a_process_built_on_lightning_fits_as_this_one(tmp_path):
         """
     done = run_python(["-c", code], cwd=ROOT, env=environment(**{VARIABLE: "lightning"}))
     assert done.returncode == 0, done.stderr
-    ours = FedAvg(PytorchLightningClient(), clients_per_round=3, local_steps=3)
-    trainer(3).fit(ours, synthetic())
-    theirs = torch.load(tmp_path / "models.pt")
-    assert len(theirs) == 2 and all(torch.equal(model, global_vector(ours)) for model in theirs)
+    reference = f"""if True:
+        import pytorch_lightning as pl, torch
+        torch.set_num_threads(1)
+        from fl_lightning import FedAvg
+        from fl_lightning.lightning_package import PACKAGE
+        from tests.helpers import global_vector, synthetic, trainer
+        from tests.lightning_clients import PytorchLightningClient
+        assert PACKAGE == "pytorch_lightning", PACKAGE
+        ours = FedAvg(PytorchLightningClient(), clients_per_round=3, local_steps=3)
+        trainer(3).fit(ours, synthetic())
+        torch.save(global_vector(ours), {str(tmp_path / "ours.pt")!r})
+        """
+    done = run_python(["-c", reference], cwd=tmp_path, env=environment())
+    assert done.returncode == 0, done.stderr
+    theirs, ours = torch.load(tmp_path / "models.pt"), torch.load(tmp_path / "ours.pt")
+    assert len(theirs) == 2 and all(torch.equal(model, ours) for model in theirs)
 
 
 def guide_command(client: str, folder: Path) -> tuple[dict[str, str], list[str]]:
@@ -254,10 +267,10 @@ def guide_command(client: str, folder: Path) -> tuple[dict[str, str], list[str]]
                          "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(folder)]
 
 
-def test_the_command_runs_the_quickstart_of_a_lightning_client_as_this_process(tmp_path, monkeypatch):
+def test_the_command_runs_the_quickstart_of_a_lightning_client_as_a_pytorch_lightning_process(tmp_path):
     """The guide's ``FL_LIGHTNING_PACKAGE=lightning fl-lightning fit --config configs/quickstart.yaml``, with a
-    client written with ``lightning.pytorch``: the run's checkpoint and history hold what this process's
-    command gives with the same client written with ``pytorch_lightning``."""
+    client written with ``lightning.pytorch``: the run's checkpoint and history hold what the command gives in a
+    process built on ``pytorch_lightning`` with the same client written for it."""
     theirs, ours = tmp_path / "lightning", tmp_path / "pytorch_lightning"
     assignments, command = guide_command("LightningClient", theirs)
     assert assignments == {VARIABLE: "lightning"}
@@ -271,8 +284,16 @@ def test_the_command_runs_the_quickstart_of_a_lightning_client_as_this_process(t
         """
     done = run_python(["-c", code], cwd=ROOT, env=environment(**assignments))
     assert done.returncode == 0, done.stderr
-    monkeypatch.setattr("sys.argv", ["fl-lightning"])
-    FederatedCLI(args=guide_command("PytorchLightningClient", ours)[1])
+    reference = f"""if True:
+        import torch
+        torch.set_num_threads(1)
+        from fl_lightning.cli import FederatedCLI
+        from fl_lightning.lightning_package import PACKAGE
+        assert PACKAGE == "pytorch_lightning", PACKAGE
+        FederatedCLI(args={guide_command("PytorchLightningClient", ours)[1]!r})
+        """
+    done = run_python(["-c", reference], cwd=ROOT, env=environment())
+    assert done.returncode == 0, done.stderr
     their_model, our_model = (load_checkpoint(next(f.rglob("last.ckpt")))["state_dict"] for f in (theirs, ours))
     assert their_model.keys() == our_model.keys() and all(torch.equal(their_model[k], our_model[k]) for k in our_model)
     history = [json.loads(next(folder.rglob("history.json")).read_text()) for folder in (theirs, ours)]
