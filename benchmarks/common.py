@@ -4,8 +4,10 @@ and the process's memory figures (Linux)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
+import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
@@ -69,3 +71,16 @@ def status_kib(field: str) -> int:
     """A figure of ``/proc/self/status`` in KiB: ``VmRSS`` (resident now), ``VmHWM`` (its peak)."""
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+class RoundTimes(pl.Callback):
+    """The wall time of every round."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.seconds.append(time.perf_counter() - self.start)

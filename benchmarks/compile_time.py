@@ -13,28 +13,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import pytorch_lightning as pl
 import torch
 from torch._dynamo.utils import counters
 
+from common import RoundTimes
+
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.datamodules import SyntheticFederated
 from fl_lightning.models import LogisticRegression
-
-
-class RoundTimes(pl.Callback):
-    """The wall time of every round."""
-
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.start = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.seconds.append(time.perf_counter() - self.start)
 
 
 def main() -> None:

@@ -27,13 +27,12 @@ import argparse
 import json
 import os
 import statistics
-import time
 from typing import Any, Callable
 
 import pytorch_lightning as pl
 import torch
 
-from common import QuietLogisticRegression, QuietMLP, mnist_or_random
+from common import QuietLogisticRegression, QuietMLP, RoundTimes, mnist_or_random
 
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.datamodules import FederatedDataModule, IidPartitioner, SyntheticFederated
@@ -65,19 +64,6 @@ def workloads(mnist: str) -> dict[str, Callable[[], tuple[pl.LightningModule, Fe
         "cnn": lambda: (QuietCNN(lr=0.05), mnist_data(64), 10),
         "cnn-b512": lambda: (QuietCNN(lr=0.05), mnist_data(512), 5),
     }
-
-
-class RoundTimes(pl.Callback):
-    """The wall time of every round."""
-
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.start = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.seconds.append(time.perf_counter() - self.start)
 
 
 def median_round(make: Callable[[], tuple[pl.LightningModule, FederatedDataModule, int]], backend: str, threads: int,
