@@ -1,8 +1,9 @@
 """The names an algorithm author meets: what ``FederatedModule`` (and a ``ClientRun``) add to Lightning's.
 
 Counts the public names a subclass of ``FederatedModule`` sees beyond ``pl.LightningModule``'s (class
-attributes, methods, properties, and the attributes ``__init__`` sets), split into the author's
-surface (hooks, declarations, switches) and the rest, and the public names of ``ClientRun``. Run it
+attributes, methods, properties, and the attributes ``__init__`` sets): the constructor's arguments set
+apart, the others (the author's surface) split into hooks and declarations and the rest; and the public
+names of ``ClientRun``. Run it
 in two trees to compare (``PYTHONPATH=<tree> python benchmarks/author_surface.py``).
 """
 
@@ -35,12 +36,15 @@ def public(names: set[str]) -> list[str]:
 def main() -> None:
     lightning = set(dir(pl.LightningModule)) | set(vars(pl.LightningModule()))
     module = FedAvg(_Tiny())
-    names = public((set(dir(type(module))) | set(vars(module))) - lightning)
+    every = public((set(dir(type(module))) | set(vars(module))) - lightning)
+    arguments = set(inspect.signature(FederatedModule.__init__).parameters) - {"self", "client"}
+    names = [n for n in every if n not in arguments]
     hooks = [n for n in names if inspect.isfunction(getattr(FederatedModule, n, None))
              and n.startswith(("client_", "server_", "local_lr_scheduler", "configure_server", "add_", "remove_"))]
     run_names = public(set(dir(ClientRun)) | set(vars(ClientRun(0, 0, 1, None, torch.zeros(1), {}, 1))))  # type: ignore[arg-type]
     print(f"fl_lightning at {fl_lightning.__file__}")
-    print(f"FederatedModule: {len(names)} public names beyond LightningModule's")
+    print(f"FederatedModule: {len(every)} public names beyond LightningModule's: {len(every) - len(names)} constructor "
+          f"arguments ({', '.join(n for n in every if n in arguments)}) and {len(names)} others (the author's surface)")
     print(f"  hooks and declarations ({len(hooks)}): {', '.join(hooks)}")
     print(f"  the rest ({len(names) - len(hooks)}): {', '.join(n for n in names if n not in hooks)}")
     print(f"ClientRun: {len(run_names)} public names: {', '.join(run_names)}")

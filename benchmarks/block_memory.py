@@ -115,11 +115,11 @@ def block_peaks(name: str, block: int, accelerator: str) -> dict[str, int]:
     assert round_peak.peak is not None and round_peak.peak.bytes is not None
     evaluation = Peak(module.device)
     evaluation.start()
-    module.evaluate_clients(list(range(block)), "train")
-    activations = activation_bytes(module.context)
+    module.engine.evaluate_clients(list(range(block)), "train")
+    activations = activation_bytes(module.engine.context)
     return {"train": round_peak.peak.bytes, "evaluate": evaluation.stop(),
-            "train_estimate": module.client_bytes() + activations.step,
-            "evaluate_estimate": module.client_bytes() + activations.evaluation}
+            "train_estimate": module.engine.client_bytes() + activations.step,
+            "evaluate_estimate": module.engine.client_bytes() + activations.evaluation}
 
 
 def measured(name: str, block: int, accelerator: str) -> dict[str, int]:

@@ -8,7 +8,7 @@ data-poisoning attack and a client with BatchNorm. Each case records
 
 * ``model``: sha256 of the client module's ``state_dict()`` (names, dtypes, shapes and bytes of
   its floating tensors, in key order): the global model between rounds;
-* ``store``: sha256 of every stored client-state entry (``module.store``), read through the
+* ``store``: sha256 of every stored client-state entry (``module.engine.store``), read through the
   store's ``get``, in sorted ``(client, name)`` order;
 * ``metrics``: ``trainer.callback_metrics`` as floats (with ``ClientMetrics``' per-client test accuracy);
 * ``server_params``: sha256 of the sorted digests of the federated module's parameters that are
@@ -20,7 +20,7 @@ data-poisoning attack and a client with BatchNorm. Each case records
   is reported without failing the comparison.
 
 Only stable public names are used (algorithm classes, models, datamodules, callbacks,
-``module.client``, ``module.store``), so the same script runs on the code before and after a
+``module.client``, ``module.engine.store`` or, before the engine, ``module.store``), so the same script runs on the code before and after a
 refactor::
 
     PYTHONPATH=<before tree> python benchmarks/engine_equivalence.py --out before.json
@@ -257,7 +257,7 @@ def run_case(build: Callable[[], pl.LightningModule], callbacks: Callable[[], li
                              num_sanity_val_steps=0, default_root_dir=root,
                              callbacks=[*callbacks(), ClientMetrics(split="test")])
         trainer.fit(module, data(1 if isinstance(module, PDSGD) else NUM_CLIENTS))
-        store, entries = store_hash(module.store)
+        store, entries = store_hash(getattr(module, "engine", module).store)  # the store before and after Engine v4
         return {
             "model": model_hash(module.client),
             "store": store,

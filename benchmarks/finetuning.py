@@ -2,7 +2,7 @@
 against blocks of clients with their steps vectorized (the batched client backend).
 
 A FedAvg federation on MNIST (or random MNIST-shaped data where it is not at hand) trains one round
-with the batched backend; then ``module.train_clients_locally`` finetunes ``--clients`` clients for
+with the batched backend; then ``module.engine.train_clients_locally`` finetunes ``--clients`` clients for
 ``--steps`` steps from the global model, one after another (``train_one_by_one``, what the
 sequential backend does) and in blocks (the batched backend, block ``--block``: the default is what
 a quarter of the free memory holds), interleaved ``--repeats`` times in one process; the best of each
@@ -43,16 +43,16 @@ class Timing(pl.Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, module: FedAvg) -> None:
         start = module.global_model.flatten().clone()
         ways = {
-            "one after another": lambda: train_one_by_one(module.context, self.clients, start, self.steps, "finetune",
+            "one after another": lambda: train_one_by_one(module.engine.context, self.clients, start, self.steps, "finetune",
                                                           0),
-            "batched blocks": lambda: module.train_clients_locally(self.clients, steps=self.steps, stream="finetune",
+            "batched blocks": lambda: module.engine.train_clients_locally(self.clients, steps=self.steps, stream="finetune",
                                                                    round_idx=0),
         }
         for _ in range(self.repeats):
             for name, way in ways.items():
                 seconds, self.models[name] = timed(way)
                 self.seconds.setdefault(name, []).append(seconds)
-        self.block = module.backend._plain_block(module.context, len(self.clients))
+        self.block = module.engine.backend._plain_block(module.engine.context, len(self.clients))
 
 
 def federation(model: str, clients: int, block: Optional[int], accelerator: str, root: str, timing: Timing) -> str:

@@ -224,7 +224,7 @@ def fl_lightning(w: Workload, dm: FederatedDataModule, rounds: int, backend: str
     if compile_step:
         torch.compiler.reset()  # compile anew: the earlier runs' modules count against the recompile limit
         counters.clear()
-        module.backend = BatchedBackend(block, compile_step=True)
+        module.engine.backend = BatchedBackend(block, compile_step=True)
     timer = _Timer(2 if compile_step else 1)
     trainer = pl.Trainer(max_epochs=rounds + timer.warmup, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[timer, *callbacks],

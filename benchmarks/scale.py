@@ -69,11 +69,11 @@ class Probe(pl.Callback):
         if done in CHECKPOINTS:
             self.rss[done] = rss_mib() - self.base
             if self.checkpoint:  # (this callback runs after RoundCheckpoint wrote the round's)
-                folder = pl_module.store.directory
+                folder = pl_module.engine.store.directory
                 self.files[done] = {
                     "ckpt_kib": os.path.getsize(os.path.join(self.checkpoint, "last.ckpt")) / 1024,
                     "state_on_disk_mib": sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 2**20,
-                    "inline_mib": pl_module.store.nbytes() / 2**20,
+                    "inline_mib": pl_module.engine.store.nbytes() / 2**20,
                 }
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -109,9 +109,9 @@ def _run(algorithm: str, num_clients: int, rounds: int, budget: int, checkpoint:
         pl.Trainer(max_epochs=rounds, logger=False, enable_checkpointing=checkpoint, enable_progress_bar=False,
                    enable_model_summary=False, limit_val_batches=0, callbacks=callbacks, accelerator="cpu",
                    default_root_dir=folder).fit(module, dm)
-        state = module.store.directory
+        state = module.engine.store.directory
         return {"ms_per_round": probe.per_round * 1e3, "rss_mib": probe.rss, "peak_rss_mib": probe.peak,
-                "clients_stored": len(module.store), "ram_mib": module.store.nbytes() / 2**20, "files": probe.files,
+                "clients_stored": len(module.engine.store), "ram_mib": module.engine.store.nbytes() / 2**20, "files": probe.files,
                 "files_on_disk": len(os.listdir(state)) if os.path.isdir(state) else 0}
 
 

@@ -53,7 +53,7 @@ class FitThreads(pl.Callback):
         self.before: Optional[int] = None
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        self.choose(pl_module.context)
+        self.choose(pl_module.engine.context)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.restore()

@@ -97,7 +97,7 @@ def check_client_takes_data(context: ClientContext) -> None:
             what the batch holds and what the model expects. Other errors pass unchanged; the
             step's result is not read (the engine checks the loss at the first step).
     """
-    data = context.algorithm.datamodule
+    data = context.algorithm.engine.datamodule
     client_id = largest_client(data)
     if client_id is None:
         return

@@ -1,14 +1,14 @@
 """The federated hooks: the base classes of callbacks that take part in rounds.
 
-The engine (``FederatedModule``) calls these hooks; the callbacks of ``fl_lightning.callbacks``
+The engine (:class:`~fl_lightning.engine.FederationEngine`, in the round) calls these hooks; the callbacks of ``fl_lightning.callbacks``
 (aggregators, attacks, privacy, metrics), which re-exports both classes, implement them. They
 live beside the engine so that it needs nothing from the callbacks package.
 
-The hooks receive the engine as a :class:`Federation`: the protocol that says what a callback
-may use of it (the datamodule, the round's clients, the declared uploads, plain local training,
-the clients' evaluation, the client module and the global model...). ``FederatedModule``
-satisfies it structurally, so the hooks and the callbacks depend on this protocol, not on the
-engine's module.
+The hooks receive the module as a :class:`Federation`: the protocol that says what a callback
+may use of it (the client module, the global model, the run's settings and its ``engine``: the
+datamodule, the round's clients, the declared uploads, plain local training, the clients'
+evaluation). ``FederatedModule`` satisfies it structurally, so the hooks and the callbacks depend on
+this protocol, not on the module's class.
 
 A ``FederatedCallback`` is an ordinary Lightning callback (it can use every ``pl.Callback``
 hook and keeps its state in ``state_dict``) plus hooks the engine calls each round:
@@ -38,28 +38,27 @@ Trainer has one (``RoundHistory``: the run's history and summary, where the Trai
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 from torch import Tensor
 
 from fl_lightning.client_config import ClientConfig
-from fl_lightning.datamodules.client_data import Split
 from fl_lightning.lightning_package import pl
-from fl_lightning.update import ClientResult, ClientUpdate, LinearReduction, UpdateSpec
+from fl_lightning.update import ClientUpdate, LinearReduction
 from fl_lightning.vectors import ModelVector
 
-if TYPE_CHECKING:
-    from fl_lightning.datamodules.base import FederatedDataModule
 
 
 class Federation(Protocol):
-    """What a federated callback may use of the engine that calls its hooks (``FederatedModule``
-    satisfies it): read-only views of the run and the round, and the engine's services."""
+    """What a federated callback may use of the module that calls its hooks (``FederatedModule``
+    satisfies it): the run's settings, the client module and the global model, and the run's
+    machinery, :attr:`engine` (the datamodule, the round's clients and kept updates, the declared
+    uploads, plain local training, the clients' evaluation)."""
 
     @property
-    def datamodule(self) -> "FederatedDataModule":
-        """The run's datamodule: clients, their splits, the global test set."""
+    def engine(self) -> Any:
+        """The run's machinery (:class:`~fl_lightning.engine.FederationEngine`)."""
 
     @property
     def device(self) -> torch.device:
@@ -89,62 +88,8 @@ class Federation(Protocol):
     def clients_per_round(self) -> int:
         """How many clients a round samples."""
 
-    @property
-    def round_clients(self) -> list[int]:
-        """The current round's clients, over all processes."""
-
-    @property
-    def round_num_updates(self) -> int:
-        """The number of updates the round kept, over all processes (known from the aggregation on)."""
-
-    @property
-    def update_specs(self) -> Mapping[str, UpdateSpec]:
-        """The declared uploads: their sizes and reductions, by name."""
-
-    @property
-    def aggregator_reduction(self) -> Optional[LinearReduction]:
-        """The linear reduction that combines the ``"aggregator"`` uploads (None: a non-linear aggregator)."""
-
-    def aggregated_sizes(self) -> dict[str, int]:
-        """The sizes of the uploads an aggregator combines (reduction ``"aggregator"``), by name."""
-
-    def upload_sizes(self) -> dict[str, int]:
-        """The sizes of all declared uploads, by name."""
-
     def client_eval_state(self, client_id: int) -> Optional[Tensor]:
         """The state vector client ``client_id`` is evaluated with (None: the global model)."""
-
-    def train_locally(
-        self,
-        client_id: int,
-        start: Optional[Tensor] = None,
-        steps: Optional[int] = None,
-        stream: str = "batches",
-        round_idx: Optional[int] = None,
-    ) -> Tensor:
-        """Plain local training of ``client_id`` from ``start`` (default: the global model); the trained state vector."""
-
-    def train_clients_locally(
-        self,
-        client_ids: Sequence[int],
-        start: Optional[Tensor] = None,
-        steps: Optional[int] = None,
-        stream: str = "batches",
-        round_idx: Optional[int] = None,
-    ) -> Iterator[tuple[int, Tensor]]:
-        """:meth:`train_locally` of each of ``client_ids``: ``(client, trained state vector)`` as
-        each is trained (the run's client backend may train many at once)."""
-
-    def evaluate_clients(
-        self,
-        client_ids: Sequence[int],
-        split: Split,
-        hook: Literal["validation_step", "test_step"] = "validation_step",
-        personalized: bool = True,
-    ) -> list[ClientResult]:
-        """This process's evaluation of ``client_ids`` by the client module's own ``hook`` on each
-        one's ``split``, each with its own model (``client_eval_state`` when ``personalized``);
-        clients whose split is empty are left out."""
 
     def log(
         self,
@@ -220,7 +165,7 @@ class FederatedCallback(pl.Callback):
 
 class Aggregator(FederatedCallback):
     """A callback that combines the uploads an algorithm declares with reduction ``"aggregator"``
-    (``module.aggregated_sizes()``: model deltas, gradients) into one tensor per name.
+    (``module.engine.aggregated_sizes()``: model deltas, gradients) into one tensor per name.
 
     An aggregator sees only this process's updates and is responsible for its own
     cross-process communication (``fl_lightning.distributed``), so that its result is the
@@ -237,7 +182,7 @@ class Aggregator(FederatedCallback):
     def aggregate(
         self, trainer: pl.Trainer, module: Federation, updates: list[ClientUpdate]
     ) -> Optional[dict[str, Tensor]]:
-        """Combine the ``module.aggregated_sizes()`` tensors of ``updates`` (this process's,
+        """Combine the ``module.engine.aggregated_sizes()`` tensors of ``updates`` (this process's,
         sorted by client id); None if there is nothing to combine."""
         raise NotImplementedError
 

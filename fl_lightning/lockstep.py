@@ -17,9 +17,25 @@ from torch import Tensor
 
 from fl_lightning.checkpoints import CheckpointError
 from fl_lightning.distributed import rank_and_world
+from fl_lightning.engine import FederationEngine
 from fl_lightning.module import FederatedModule
 from fl_lightning.run import ClientRun
 from fl_lightning.update import all_finite
+
+
+class LockstepEngine(FederationEngine):
+    """The engine of a :class:`LockstepModule`: the server's state as a refused round puts it back holds
+    the ``shared`` value the round started from (a refused round's estimate, made of its clients' refused
+    trajectories, is not kept)."""
+
+    module: "LockstepModule"
+
+    def server_state(self) -> dict[str, Any]:
+        return {**super().server_state(), "shared": self.module._shared_at_start}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        super().load_server_state(state)
+        self.module.shared = state["shared"]
 
 
 class LockstepModule(FederatedModule):
@@ -27,6 +43,7 @@ class LockstepModule(FederatedModule):
     between their steps. Needs at least one client per process and a fixed ``local_steps``."""
 
     lockstep: ClassVar[bool] = True
+    _engine_class = LockstepEngine
     #: the server's latest ``server_share`` reply (kept across rounds, checkpointed); None before the first
     shared: Optional[Tensor] = None
     #: ``shared`` as the round started (put back when the round is refused)
@@ -46,15 +63,6 @@ class LockstepModule(FederatedModule):
     def on_train_epoch_start(self) -> None:
         self._shared_at_start = self.shared  # replaced at each step, never changed in place
         super().on_train_epoch_start()
-
-    def server_state(self) -> dict[str, Any]:
-        """The server's state (:meth:`FederatedModule.server_state`) and the ``shared`` value the round
-        started from: a refused round's estimate, made of its clients' refused trajectories, is not kept."""
-        return {**super().server_state(), "shared": self._shared_at_start}
-
-    def load_server_state(self, state: dict[str, Any]) -> None:
-        super().load_server_state(state)
-        self.shared = state["shared"]
 
     def setup(self, stage: str) -> None:
         super().setup(stage)

@@ -26,7 +26,7 @@ from fl_lightning.client_store import ClientStateStore
 from fl_lightning.file_arguments import AllowedClasses, Kind, allowed_class, build_arguments, build_checked
 from fl_lightning.lightning_compat import attached_trainer, default_map_location
 from fl_lightning.lightning_package import pl, rank_zero_warn
-from fl_lightning.vectors import ModelVector
+
 
 ModuleT = TypeVar("ModuleT", bound="FederatedCheckpointing")
 
@@ -157,13 +157,12 @@ def _tuples_as_lists(value: Any) -> Any:
 
 class FederatedCheckpointing(pl.LightningModule):
     """The checkpoint hooks of a ``FederatedModule``: the ``"federated"`` entry written and checked,
-    and ``load_from_checkpoint`` reading with ``weights_only=True`` and rebuilding the client."""
+    ``load_from_checkpoint`` reading with ``weights_only=True`` and rebuilding the client, and the
+    hyperparameters the loggers record."""
 
     client: pl.LightningModule
-    global_model: ModelVector
-    store: ClientStateStore
-    seed: int
-    datamodule: Any
+    #: the run's machinery (:class:`~fl_lightning.engine.FederationEngine`; not imported: it imports this module)
+    engine: Any
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
@@ -210,21 +209,17 @@ class FederatedCheckpointing(pl.LightningModule):
             kwargs["client"] = build_client(recipe, allowed_classes, where)
         return build_checked(cls, checkpoint, hparams_file, strict, allowed_classes, where, **kwargs)
 
-    def fingerprint(self) -> dict[str, Any]:
-        """What a checkpoint must match to be resumed by this run."""
-        dm = self.datamodule
-        return {
-            "algorithm": type(self).__qualname__,
-            "state_dim": self.global_model.dim,
-            "num_clients": dm.num_clients,
-            "partition": dm.partition_hash(),
-            "seed": self.seed,
-        }
+    @property
+    def hparams_initial(self) -> Any:
+        """What the loggers record as the run's hyperparameters (TensorBoard's ``hparams.yaml``):
+        the module's, the client module's under ``client`` and the datamodule's under ``data``
+        (:func:`~fl_lightning.module_checkpoint.logged_hparams`). Checkpoints keep the module's own ``hparams``."""
+        return logged_hparams(super().hparams_initial, self.client, getattr(attached_trainer(self), "datamodule", None))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["federated"] = {
-            "store": self.store.state_dict(),
-            "fingerprint": self.fingerprint(),
+            "store": self.engine.store.state_dict(),
+            "fingerprint": self.engine.fingerprint(),
             "client": client_recipe(self.client),
         }
 
@@ -235,7 +230,7 @@ class FederatedCheckpointing(pl.LightningModule):
         saved = federated_entry(checkpoint)
         trainer = attached_trainer(self)
         if trainer is not None and getattr(trainer, "datamodule", None) is not None:
-            check_fingerprint(saved["fingerprint"], self.fingerprint())
-            warn_changed_settings(checkpoint, self.hparams, self.client, getattr(self.datamodule, "hparams", {}))
+            check_fingerprint(saved["fingerprint"], self.engine.fingerprint())
+            warn_changed_settings(checkpoint, self.hparams, self.client, getattr(self.engine.datamodule, "hparams", {}))
         resuming = trainer is not None and trainer.state.fn == "fit"
-        self.store = restore_store(saved["store"], self.store, resuming, getattr(trainer, "ckpt_path", None))
+        self.engine.store = restore_store(saved["store"], self.engine.store, resuming, getattr(trainer, "ckpt_path", None))

@@ -34,7 +34,8 @@ def work_unit(module: Any) -> str:
         return "step"
     if getattr(module, "client_backend", "sequential") == "batched":
         return "block"
-    return "block" if getattr(getattr(module, "backend", None), "clients_per_block", 1) > 1 else "client"
+    backend = getattr(getattr(module, "engine", None), "backend", None)
+    return "block" if getattr(backend, "clients_per_block", 1) > 1 else "client"
 
 
 class RoundProgressBar(TQDMProgressBar):

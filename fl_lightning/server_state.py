@@ -1,6 +1,6 @@
 """The server's state besides the global model, copied before a round's aggregation and put back
-when the round's result is refused (:meth:`FederatedModule.finish_round
-<fl_lightning.module.FederatedModule.finish_round>`), so that a refused round leaves the server
+when the round's result is refused (:meth:`FederationEngine.round
+<fl_lightning.engine.FederationEngine.round>`), so that a refused round leaves the server
 exactly as it was: the federated module's own tensors (server networks, buffers such as SCAFFOLD's
 control variate), the server optimizer's state (momentum, Adam's moments, step counts) and an
 aggregator callback's state (``CenteredClipping``'s centre).

@@ -32,14 +32,16 @@ def test_attack_refuses_a_byzantine_majority_of_the_data():
         GaussianAttack(fraction=0.5)
     GaussianAttack(fraction=0.6, allow_majority=True)
     attack = GaussianAttack(count=6)
-    module = SimpleNamespace(seed=0, datamodule=SimpleNamespace(train_clients=list(range(8)), num_samples=lambda c: 10))
+    module = SimpleNamespace(seed=0, engine=SimpleNamespace(datamodule=SimpleNamespace(train_clients=list(range(8)),
+                                                                                  num_samples=lambda c: 10)))
     with pytest.raises(ValueError, match="allow_majority"):
         attack.choose(module)
     assert len(GaussianAttack(count=3).choose(module)) == 3
 
 
 def _fake_module(round_idx=2):
-    return SimpleNamespace(seed=5, current_epoch=round_idx, device=torch.device("cpu"), upload_sizes=lambda: {"d": 3})
+    return SimpleNamespace(seed=5, current_epoch=round_idx, device=torch.device("cpu"),
+                           engine=SimpleNamespace(upload_sizes=lambda: {"d": 3}))
 
 
 def _round(attack, byzantine, updates):

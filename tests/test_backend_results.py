@@ -1,5 +1,5 @@
-"""A backend returns each work item's results (the clients it finished) and never hands an update to the
-module itself: the module takes them from ``run_work_item`` and passes them through the callbacks."""
+"""A backend returns each work item's results (the clients it finished) and never hands an update on
+itself: the engine's round takes them from ``run_work_item`` and passes them through the callbacks."""
 
 from __future__ import annotations
 
@@ -15,26 +15,35 @@ from fl_lightning.module import FederatedModule
 from tests.helpers import synthetic, tiny_client, trainer
 
 
-def record_work_items(module: FederatedModule) -> list[tuple[Any, Any]]:
-    """Every work item ``module``'s backend runs, with what it returned; the backend may not call
-    ``module.receive`` while it runs one."""
-    items: list[tuple[Any, Any]] = []
-    run_work_item = module.backend.run_work_item
+class NoUpdateWhileRunning(FederatedCallback):
+    """Fails if an update reaches the callbacks while the backend runs a work item (``running``)."""
 
-    def refused(*args: Any) -> None:
-        raise AssertionError("the backend handed an update to the module")
+    running = False
+
+    def on_client_update(self, trainer: Any, module: Any, update: Any) -> Any:
+        if self.running:
+            raise AssertionError("the backend handed an update on while it ran a work item")
+        return update
+
+
+def record_work_items(module: FederatedModule) -> tuple[list[tuple[Any, Any]], NoUpdateWhileRunning]:
+    """Every work item ``module``'s backend runs, with what it returned, and a callback (for the
+    Trainer) that fails if an update reaches the callbacks while the backend runs one."""
+    items: list[tuple[Any, Any]] = []
+    run_work_item = module.engine.backend.run_work_item
+    guard = NoUpdateWhileRunning()
 
     def recording(context: Any, item: Any) -> Any:
-        module.receive = refused
+        guard.running = True
         try:
             results = run_work_item(context, item)
         finally:
-            del module.receive
+            guard.running = False
         items.append((item, results))
         return results
 
-    module.backend.run_work_item = recording
-    return items
+    module.engine.backend.run_work_item = recording
+    return items, guard
 
 
 @pytest.mark.parametrize("backend", ["sequential", "batched"])
@@ -43,9 +52,9 @@ def test_a_work_item_returns_its_clients_results(backend, per_block):
     torch.manual_seed(0)
     module = SCAFFOLD(tiny_client(), clients_per_round=4, local_steps=2, client_backend=backend,
                       clients_per_block=per_block)
-    items = record_work_items(module)
-    trainer(2, callbacks=[GaussianAttack(count=1, std=0.1)]).fit(module, synthetic(6))  # a forged client too
-    assert len(items) == 2 * module.num_work_items()
+    items, guard = record_work_items(module)
+    trainer(2, callbacks=[GaussianAttack(count=1, std=0.1), guard]).fit(module, synthetic(6))  # a forged client too
+    assert len(items) == 2 * module.engine.num_work_items()
     for clients, results in items:
         assert sorted(r.update.client_id for r in results) == sorted(clients)  # forged ones may come first
         for r in results:
@@ -56,17 +65,17 @@ def test_a_work_item_returns_its_clients_results(backend, per_block):
 def test_a_lockstep_round_returns_its_results_at_its_last_step():
     torch.manual_seed(0)
     module = FedDRO(tiny_client(), KLDRO(lam=2.0), local_steps=3, clients_per_round=6)
-    items = record_work_items(module)
-    trainer(1).fit(module, synthetic(6))
+    items, guard = record_work_items(module)
+    trainer(1, callbacks=[guard]).fit(module, synthetic(6))
     assert [item for item, _ in items] == [0, 1, 2]
     assert [len(results) for _, results in items] == [0, 0, 6]
-    assert sorted(r.update.client_id for r in items[-1][1]) == sorted(module.round_clients)
+    assert sorted(r.update.client_id for r in items[-1][1]) == sorted(module.engine.round_clients)
 
 
 def test_the_results_reach_the_callbacks():
     torch.manual_seed(0)
     module = FedAvg(tiny_client(), clients_per_round=3, local_steps=2)
-    items = record_work_items(module)
+    items, guard = record_work_items(module)
     seen: list[int] = []
 
     class Seen(FederatedCallback):
@@ -74,5 +83,5 @@ def test_the_results_reach_the_callbacks():
             seen.append(update.client_id)
             return update
 
-    trainer(1, callbacks=[Seen()]).fit(module, synthetic(6))
+    trainer(1, callbacks=[Seen(), guard]).fit(module, synthetic(6))
     assert seen == [r.update.client_id for _, results in items for r in results]

@@ -107,7 +107,7 @@ def test_batched_equals_sequential(name):
     client's state and the logged metrics equal the sequential backend's to 1e-5 (fp32, CPU)."""
     sequential, logged = fitted(SUPPORTED[name], "sequential")
     batched, logged_batched = fitted(SUPPORTED[name], "batched")
-    assert isinstance(batched.backend, BatchedBackend)
+    assert isinstance(batched.engine.backend, BatchedBackend)
     assert_close(outcome(sequential), outcome(batched), atol=1e-5)
     # the client's logs too, those of client_init's and client_final's eager work included (FedProxVR's
     # full gradient)
@@ -178,7 +178,7 @@ def test_a_client_final_that_cannot_be_vectorized_runs_per_client_with_a_reason(
     make = lambda b, k: Drawing(mlp(), clients_per_round=5, **common(b, k))  # noqa: E731
     with pytest.warns(UserWarning, match=r"Drawing.client_final runs once per client: it cannot be vectorized"):
         batched, _ = fitted(make, "batched")
-    assert batched.backend._eager_final is not None
+    assert batched.engine.backend._eager_final is not None
     assert_close(outcome(fitted(make, "sequential")[0]), outcome(batched), atol=1e-5)
 
     calls = []
@@ -226,7 +226,7 @@ def test_default_uploads_are_computed_per_block(name, monkeypatch):
     final = FederatedModule.client_final
     monkeypatch.setattr(FederatedModule, "client_final", lambda self, run: calls.append(run) or final(self, run))
     module, _ = fitted(SUPPORTED[name], "batched", batch_size=64)
-    assert calls == [] and module.round_num_updates == 5
+    assert calls == [] and module.engine.round_num_updates == 5
     monkeypatch.undo()
     reference, _ = fitted(SUPPORTED[name], "sequential", batch_size=64)
     assert_close(outcome(reference), outcome(module), atol=1e-5)
@@ -274,8 +274,8 @@ def test_a_frozen_first_layer_in_both_backends(algorithm, how):
     for module in (seq, bat):
         assert torch.equal(module.client.net[1].weight, mlp().net[1].weight)
         assert (module.client.net[-1].weight - mlp().net[-1].weight).abs().max() > 1e-3
-        for cid in module.store.clients():
-            for name, value in module.context.load_client_state(cid).items():
+        for cid in module.engine.store.clients():
+            for name, value in module.engine.context.load_client_state(cid).items():
                 frozen_part = x0[:first] if name == "personal" else torch.zeros(first)
                 assert torch.equal(value[:first].cpu(), frozen_part), name
     assert_close(outcome(seq), outcome(bat), atol=1e-5)
@@ -395,10 +395,10 @@ def test_dropout_draws_are_independent_per_client():
     from fl_lightning.backends.batched.backend import Block
     from fl_lightning.backends.batched.batches import BatchGroup
 
-    backend = module.backend
+    backend = module.engine.backend
     module.on_train_epoch_start()
-    block = Block([backend.new_run(module.context, cid) for cid in (0, 1)], iter([]))
-    backend._advance(module.context, block, [BatchGroup([0, 1], [(batch, {}), (batch, {})])], 0, "step")
+    block = Block([backend.new_run(module.engine.context, cid) for cid in (0, 1)], iter([]))
+    backend._advance(module.engine.context, block, [BatchGroup([0, 1], [(batch, {}), (batch, {})])], 0, "step")
     block.unstack()
     assert not torch.equal(block.runs[0].end(), block.runs[1].end())
 
@@ -496,9 +496,9 @@ def test_blocks_bound_the_stacked_clients():
             return super()._call(context, block, tensors, items, step, phase)
 
     module = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", clients_per_block=2)
-    module.backend = Recording(2)
+    module.engine.backend = Recording(2)
     trainer(1).fit(module, synthetic(6))
-    assert max(sizes) == 2 and module.num_work_items() == 3
+    assert max(sizes) == 2 and module.engine.num_work_items() == 3
 
 
 def test_the_default_block_is_the_round_within_a_share_of_free_memory(monkeypatch):
@@ -509,27 +509,27 @@ def test_the_default_block_is_the_round_within_a_share_of_free_memory(monkeypatc
 
     module = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched")
     trainer(1).fit(module, synthetic(6))
-    assert module.backend.clients_per_block == 6 and module.num_work_items() == 1
-    assert module.backend.evaluation_block(40) == 40  # evaluating more clients than a round: all at once
+    assert module.engine.backend.clients_per_block == 6 and module.engine.num_work_items() == 1
+    assert module.engine.backend.evaluation_block(40) == 40  # evaluating more clients than a round: all at once
     model = sum(p.numel() * 4 for p in module.client.parameters())
-    assert module.client_bytes() == 4 * model + 4 * module.global_model.dim  # four copies and the upload
-    activations = activation_bytes(module.context)
-    per_client = module.client_bytes() + activations.step  # the run's tensors and its step's activations
-    assert activations.step > 0 and module.backend._memory[0] == module.client_bytes() + activations.evaluation
+    assert module.engine.client_bytes() == 4 * model + 4 * module.global_model.dim  # four copies and the upload
+    activations = activation_bytes(module.engine.context)
+    per_client = module.engine.client_bytes() + activations.step  # the run's tensors and its step's activations
+    assert activations.step > 0 and module.engine.backend._memory[0] == module.engine.client_bytes() + activations.evaluation
 
     monkeypatch.setattr(batched, "free_memory", lambda device: 4 * 2 * per_client + 3)  # a quarter holds 2
     auto = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", seed=1)
     trainer(1).fit(auto, synthetic(6))
-    assert auto.backend.clients_per_block == 2 and auto.num_work_items() == 3
-    evaluation = auto.backend._memory[0]  # an evaluation's client: the eval batch's activations, not a step's
-    assert evaluation > per_client and auto.backend.evaluation_block(40) == max(1, (2 * per_client) // evaluation)
+    assert auto.engine.backend.clients_per_block == 2 and auto.engine.num_work_items() == 3
+    evaluation = auto.engine.backend._memory[0]  # an evaluation's client: the eval batch's activations, not a step's
+    assert evaluation > per_client and auto.engine.backend.evaluation_block(40) == max(1, (2 * per_client) // evaluation)
     explicit = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched", clients_per_block=2, seed=1)
     trainer(1).fit(explicit, synthetic(6))
     assert torch.equal(auto.global_model.flatten(), explicit.global_model.flatten())
     monkeypatch.setattr(batched, "free_memory", lambda device: 0)
     tiny = FedAvg(mlp(), clients_per_round=6, local_steps=2, client_backend="batched")
     trainer(1).fit(tiny, synthetic(6))
-    assert tiny.backend.clients_per_block == 1
+    assert tiny.engine.backend.clients_per_block == 1
 
 
 @pytest.mark.parametrize("name, where", [("FedAvg", "step"), ("SCAFFOLD", "final")])
@@ -565,7 +565,7 @@ def test_a_default_block_out_of_memory_steps_again_in_halves(name, where, monkey
     with pytest.warns(UserWarning, match="ran out of memory in training, in a block of 5 clients") as warned:
         halved, _ = fitted(SUPPORTED[name], "batched", block=None)
     assert sum("ran out of memory" in str(w.message) for w in warned) == 1
-    assert halved.backend.clients_per_block == 5 and halved.backend._fitting == {"training": 2}  # 5 -> 3 + 2 -> 2 + 1 + 2
+    assert halved.engine.backend.clients_per_block == 5 and halved.engine.backend._fitting == {"training": 2}  # 5 -> 3 + 2 -> 2 + 1 + 2
     assert_close(outcome(sequential), outcome(halved), atol=1e-5)
     logged_halved = fitted(SUPPORTED[name], "batched", block=None, rounds=1)[1]
     assert_close(dict(logged.callback_metrics), dict(logged_halved.callback_metrics), atol=1e-5)
@@ -582,19 +582,19 @@ def test_a_lockstep_default_block_counts_every_runs_tensors_and_raises_out_of_me
 
     make = SUPPORTED["FedDRO"]
     probe, _ = fitted(make, "batched", block=None, rounds=1)
-    tensors, step = probe.client_bytes(), activation_bytes(probe.context).step
-    assert probe.backend.clients_per_block == 6
+    tensors, step = probe.engine.client_bytes(), activation_bytes(probe.engine.context).step
+    assert probe.engine.backend.clients_per_block == 6
     # a quarter of the free memory holds the six runs and two clients' activations (a block counted as in other
     # rounds, its own clients' runs and activations, would be larger)
     monkeypatch.setattr(batched, "free_memory", lambda device: 4 * (6 * tensors + 2 * step) + 3)
     auto, _ = fitted(make, "batched", block=None)
-    assert auto.backend.clients_per_block == 2 and auto.num_work_items() == auto.local_steps
+    assert auto.engine.backend.clients_per_block == 2 and auto.engine.num_work_items() == auto.local_steps
     explicit, _ = fitted(make, "batched", block=2)
     assert_close(outcome(auto), outcome(explicit), atol=0)
     monkeypatch.setattr(batched, "free_memory", lambda device: 4 * 5 * tensors)
     with pytest.warns(UserWarning, match="lock-step round holds all of a process's 6 clients"):
         tight, _ = fitted(make, "batched", block=None, rounds=1)
-    assert tight.backend.clients_per_block == 1
+    assert tight.engine.backend.clients_per_block == 1
 
     def failing_advance(self, context, block, groups, step, phase, reseed=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
@@ -618,7 +618,7 @@ def test_a_steps_activations_grow_with_its_batch_and_leave_the_run_as_it_was():
         module = FedAvg(mlp(), clients_per_round=2, local_steps=1, client_backend="batched", clients_per_block=1)
         trainer(1).fit(module, synthetic(3, batch_size=batch_size, eval_batch_size=eval_batch_size))
         model, rng = module.global_model.flatten(), torch.get_rng_state()
-        estimates.append(activation_bytes(module.context))
+        estimates.append(activation_bytes(module.engine.context))
         assert torch.equal(torch.get_rng_state(), rng) and torch.equal(module.global_model.flatten(), model)
     steps = [a.step for a in estimates[:3]]
     per_4 = steps[1] - steps[0]
@@ -717,7 +717,7 @@ def test_a_block_copies_and_checks_its_clients_with_operations_that_do_not_grow_
 
 
 def _finetuned(module: pl.LightningModule, clients: list[int], steps: int = 4) -> dict[int, torch.Tensor]:
-    return dict(module.train_clients_locally(clients, steps=steps, stream="finetune", round_idx=0))
+    return dict(module.engine.train_clients_locally(clients, steps=steps, stream="finetune", round_idx=0))
 
 
 @pytest.mark.parametrize("name", ["FedAvg", "FedAvg-momentum-wd", "FedProx", "SCAFFOLD"])
@@ -728,12 +728,12 @@ def test_plain_training_of_many_clients_equals_one_by_one(name, block, monkeypat
     weight decay included; clients with fewer samples than the batch in blocks of their own): the
     sequential backend's models to 1e-5, from the same global model, the client module left as it was."""
     module, _ = fitted(SUPPORTED[name], "batched", block=4, rounds=1, batch_size=64)
-    module.backend.requested_block = block  # the asked-for block, or (None) what memory holds
+    module.engine.backend.requested_block = block  # the asked-for block, or (None) what memory holds
     if block is not None:
-        module.backend.clients_per_block = block
+        module.engine.backend.clients_per_block = block
     clients = list(range(6))
     before = module.global_model.flatten().clone()
-    one_by_one = dict(train_one_by_one(module.context, clients, before, 4, "finetune", 0))
+    one_by_one = dict(train_one_by_one(module.engine.context, clients, before, 4, "finetune", 0))
     assert torch.equal(module.global_model.flatten(), before)
     calls = []
     advance = BatchedBackend._advance
@@ -755,7 +755,7 @@ def test_plain_training_keeps_each_clients_batches_and_its_stream():
     module, _ = fitted(SUPPORTED["FedAvg"], "batched", rounds=1)
     alone = _finetuned(module, [2])[2]
     assert_close({2: alone}, {2: _finetuned(module, [0, 1, 2, 5])[2]}, atol=1e-6)
-    other = dict(module.train_clients_locally([2], steps=4, stream="batches", round_idx=0))[2]
+    other = dict(module.engine.train_clients_locally([2], steps=4, stream="batches", round_idx=0))[2]
     assert float((other - alone).abs().max()) > 1e-4
 
 
@@ -794,10 +794,10 @@ def test_plain_training_out_of_memory_goes_again_in_halves(monkeypatch):
     more than 2 clients, at its second step) trains again in halves from the start, with one warning,
     and gives the same models; a block size the user chose raises the error."""
     module, _ = fitted(SUPPORTED["FedAvg-momentum-wd"], "batched", rounds=1)
-    module.backend.requested_block = None
-    module.backend._memory = (1, torch.device("cpu"))  # sized by memory: all 6 clients fit
+    module.engine.backend.requested_block = None
+    module.engine.backend._memory = (1, torch.device("cpu"))  # sized by memory: all 6 clients fit
     start = module.global_model.flatten().clone()
-    expected = dict(train_one_by_one(module.context, list(range(6)), start, 4, "finetune", 0))
+    expected = dict(train_one_by_one(module.engine.context, list(range(6)), start, 4, "finetune", 0))
     advance = BatchedBackend._advance
 
     def failing_advance(self, context, block, groups, step, phase, reseed=None):
@@ -808,9 +808,9 @@ def test_plain_training_out_of_memory_goes_again_in_halves(monkeypatch):
     monkeypatch.setattr(BatchedBackend, "_advance", failing_advance)
     with pytest.warns(UserWarning, match="ran out of memory in training, in a block of 6 clients"):
         halved = _finetuned(module, list(range(6)))
-    assert module.backend._fitting == {"training": 2}  # 6 -> 3 -> 2
+    assert module.engine.backend._fitting == {"training": 2}  # 6 -> 3 -> 2
     assert list(halved) == list(range(6))
     assert_close(expected, halved, atol=1e-5)
-    module.backend.requested_block = module.backend.clients_per_block = 4
+    module.engine.backend.requested_block = module.engine.backend.clients_per_block = 4
     with pytest.raises(torch.cuda.OutOfMemoryError):
         _finetuned(module, list(range(6)))

@@ -29,7 +29,7 @@ class GatherCount:
         original = ClientContext.gather
 
         def gather(context: ClientContext, indices: torch.Tensor):
-            if context.trainer.training and context.algorithm.round_start is not None:
+            if context.trainer.training and context.algorithm.engine.round_start is not None:
                 self.calls += 1
             return original(context, indices)
 
@@ -104,7 +104,7 @@ def test_a_blocks_steps_in_one_setting_draw_as_in_a_setting_each():
     steps each in a setting of their own (the lock-step rounds' way, ``_advance`` alone)."""
     module = FedAvg(DropoutClient(), clients_per_round=2, local_steps=3, client_backend="batched")
     trainer(1).fit(module, synthetic(2))  # attaches the Trainer
-    backend, context = module.backend, module.context
+    backend, context = module.engine.backend, module.engine.context
     module.on_train_epoch_start()
     steps = [(torch.randn(8, 20), torch.randint(0, 10, (8,))) for _ in range(3)]
 

@@ -33,10 +33,7 @@ def updates():
 
 class _Module:
     device = torch.device("cpu")
-
-    @staticmethod
-    def aggregated_sizes():
-        return {"delta": 2}
+    engine = SimpleNamespace(aggregated_sizes=lambda: {"delta": 2})
 
 
 def test_weighted_mean_by_samples_and_uniform():
@@ -140,14 +137,14 @@ def test_client_metrics_on_several_splits_equal_one_callback_per_split_and_make_
         module = FedAvg(tiny_client(), clients_per_round=6, local_steps=3)
         global_model = module.client_eval_state
         module.client_eval_state = lambda cid: made.append(("global", cid)) or global_model(cid)
-        finetune = module.train_clients_locally
+        finetune = module.engine.train_clients_locally
 
         def finetuned(ids, *args, **kwargs):
             for cid, state in finetune(ids, *args, **kwargs):
                 made.append(("finetuned", cid))
                 yield cid, state
 
-        module.train_clients_locally = finetuned
+        module.engine.train_clients_locally = finetuned
         t = trainer(2, callbacks=callbacks, check_val_every_n_epoch=2)
         t.fit(module, synthetic(6, val_fraction=0.2, test_fraction=0.3))
         return {k: float(v) for k, v in t.callback_metrics.items() if k.startswith(("clients_", "finetuned_"))}, made
@@ -200,4 +197,4 @@ def test_accuracy_callbacks_refuse_samples_that_are_not_inputs_and_labels():
     with pytest.raises(ValueError, match=r"ClientMetrics reads a batch as \(inputs, labels, ...\), but DictData's "
                                          r"samples are dicts with keys \['x', 'label'\]: evaluate the clients with "
                                          r"FederatedEvaluation"):
-        ClientMetrics().setup(trainer(1), SimpleNamespace(datamodule=dm), "fit")
+        ClientMetrics().setup(trainer(1), SimpleNamespace(engine=SimpleNamespace(datamodule=dm)), "fit")

@@ -172,7 +172,7 @@ class MomentumOnAnAttribute(FedAvg):
 
     def server_update(self, aggregate):
         self.velocity = 0.9 * self.velocity + aggregate["delta"]
-        self.global_model.load(self.round_start + self.velocity)
+        self.global_model.load(self.engine.round_start + self.velocity)
 
 
 class MomentumInABuffer(MomentumOnAnAttribute):
@@ -235,7 +235,7 @@ class AveragesWhatItSaw(FedAvg):
         return uploads
 
     def server_update(self, aggregate):
-        self.global_model.load(self.round_start + torch.stack(self.deltas).mean(0))
+        self.global_model.load(self.engine.round_start + torch.stack(self.deltas).mean(0))
         self.deltas = []
 
 

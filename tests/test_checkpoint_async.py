@@ -134,9 +134,9 @@ def test_a_checkpoint_written_while_training_went_on_resumes_bitwise(tmp_path):
     trainer(4, default_root_dir=str(tmp_path)).fit(resumed, synthetic(6), ckpt_path=round2)
     assert torch.equal(global_vector(straight), global_vector(resumed))
     assert torch.equal(straight.server_control, resumed.server_control)
-    assert sorted(straight.store.clients()) == sorted(resumed.store.clients())
-    for cid in straight.store.clients():
-        assert torch.equal(straight.store.get(cid, "control"), resumed.store.get(cid, "control"))
+    assert sorted(straight.engine.store.clients()) == sorted(resumed.engine.store.clients())
+    for cid in straight.engine.store.clients():
+        assert torch.equal(straight.engine.store.get(cid, "control"), resumed.engine.store.get(cid, "control"))
 
 
 def test_asynchronous_must_be_a_bool():

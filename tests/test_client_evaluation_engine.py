@@ -103,7 +103,7 @@ def test_a_regression_clients_figures_are_its_own_on_its_val_split():
     module = FedAvg(Regression(), clients_per_round=3, local_steps=2, seed=1)
     trainer(1).fit(module, dm)
     clients = [4, 0, 2]
-    results = module.evaluate_clients(clients, "val")
+    results = module.engine.evaluate_clients(clients, "val")
     expected = {cid: hand_regression(module.client, *dm.client_data(cid, "val").full()) for cid in clients}
     check_results(results, expected, dm)
     assert all(r.higher_is_better == {} for r in results)
@@ -116,7 +116,7 @@ def test_a_logged_metric_is_computed_per_client_and_the_modules_metric_is_left_a
     accuracy = module.client.accuracy
     accuracy.update(torch.randn(5, 10), torch.arange(5))  # the module's own accumulated state
     before = metric_snapshot(accuracy)
-    results = module.evaluate_clients(range(6), "val")
+    results = module.engine.evaluate_clients(range(6), "val")
     after = metric_snapshot(accuracy)
     for name in ("tp", "fp", "tn", "fn"):
         torch.testing.assert_close(after["states"][name], before["states"][name])
@@ -136,14 +136,14 @@ def test_personalized_clients_are_evaluated_with_their_own_models():
     trainer(2).fit(module, dm)
     personal = {cid: module.client_eval_state(cid) for cid in range(6)}
     assert not torch.equal(personal[0], personal[1])
-    results = module.evaluate_clients(range(6), "val")
+    results = module.engine.evaluate_clients(range(6), "val")
     expected = {}
     for cid in range(6):
         model = Regression()
         torch.nn.utils.vector_to_parameters(personal[cid], model.parameters())
         expected[cid] = hand_regression(model, *dm.client_data(cid, "val").full())
     check_results(results, expected, dm)
-    global_results = module.evaluate_clients(range(6), "val", personalized=False)
+    global_results = module.engine.evaluate_clients(range(6), "val", personalized=False)
     expected = {cid: hand_regression(module.client, *dm.client_data(cid, "val").full()) for cid in range(6)}
     check_results(global_results, expected, dm)
 
@@ -153,7 +153,7 @@ def test_an_empty_split_is_left_out():
     module = FedAvg(Regression(), clients_per_round=3, local_steps=1, seed=1)
     trainer(1).fit(module, dm)
     dm.splits["val"][2] = np.array([], dtype=np.int64)
-    assert [r.client_id for r in module.evaluate_clients([1, 2, 3], "val")] == [1, 3]
+    assert [r.client_id for r in module.engine.evaluate_clients([1, 2, 3], "val")] == [1, 3]
 
 
 def test_a_split_or_hook_it_does_not_take_is_refused():
@@ -161,9 +161,9 @@ def test_a_split_or_hook_it_does_not_take_is_refused():
     module = FedAvg(Regression(), clients_per_round=3, local_steps=1, seed=1)
     trainer(1).fit(module, dm)
     with pytest.raises(ValueError, match="split must be one of"):
-        module.evaluate_clients([0], "holdout")  # type: ignore[arg-type]
+        module.engine.evaluate_clients([0], "holdout")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="hook='test_step'.*does not implement test_step"):
-        module.evaluate_clients([0], "val", hook="test_step")
+        module.engine.evaluate_clients([0], "val", hook="test_step")
 
 
 def batched_and_sequential(client: type, **kwargs: Any):
@@ -186,8 +186,8 @@ def test_batched_evaluation_equals_sequential():
     clients = [5, 1, 3, 0, 2, 4]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback
-        batched = modules["batched"].evaluate_clients(clients, "val")
-    sequential = modules["sequential"].evaluate_clients(clients, "val")
+        batched = modules["batched"].engine.evaluate_clients(clients, "val")
+    sequential = modules["sequential"].engine.evaluate_clients(clients, "val")
     assert [r.client_id for r in batched] == [r.client_id for r in sequential] == clients
     for b, s in zip(batched, sequential):
         assert (b.num_samples, b.higher_is_better) == (s.num_samples, s.higher_is_better)
@@ -221,11 +221,11 @@ def test_a_default_evaluation_block_out_of_memory_evaluates_again_in_halves(monk
     monkeypatch.setattr(batched, "evaluate_vectorized", failing)
     clients = [5, 1, 3, 0, 2, 4]
     with pytest.warns(UserWarning, match="ran out of memory in evaluation, in a block of 6 clients") as warned:
-        halved = modules["batched"].evaluate_clients(clients, "val")
-        again = modules["batched"].evaluate_clients(clients, "val")
+        halved = modules["batched"].engine.evaluate_clients(clients, "val")
+        again = modules["batched"].engine.evaluate_clients(clients, "val")
     assert sum("ran out of memory" in str(w.message) for w in warned) == 1
     assert blocks == [6, 3, 2, 2]
-    sequential = modules["sequential"].evaluate_clients(clients, "val")
+    sequential = modules["sequential"].engine.evaluate_clients(clients, "val")
     for results in (halved, again):
         assert [r.client_id for r in results] == clients
         for b, s in zip(results, sequential):
@@ -235,15 +235,15 @@ def test_a_default_evaluation_block_out_of_memory_evaluates_again_in_halves(monk
                       clients_per_block=3)
     trainer(1).fit(explicit, dm)
     with pytest.raises(torch.cuda.OutOfMemoryError):
-        explicit.evaluate_clients(clients, "val")
+        explicit.engine.evaluate_clients(clients, "val")
 
 
 def test_a_logged_metric_falls_back_to_sequential_evaluation_with_the_reason():
     dm, modules = batched_and_sequential(Classifier)
     before = metric_snapshot(modules["batched"].client.accuracy)
     with pytest.warns(UserWarning, match="one after another: the client's validation_step .*torchmetrics Metric"):
-        batched = modules["batched"].evaluate_clients(range(6), "val")
-    sequential = modules["sequential"].evaluate_clients(range(6), "val")
+        batched = modules["batched"].engine.evaluate_clients(range(6), "val")
+    sequential = modules["sequential"].engine.evaluate_clients(range(6), "val")
     identities = [[(r.client_id, r.higher_is_better) for r in results] for results in (batched, sequential)]
     assert identities[0] == identities[1]
     for b, s in zip(batched, sequential):
@@ -253,7 +253,7 @@ def test_a_logged_metric_falls_back_to_sequential_evaluation_with_the_reason():
     torch.testing.assert_close(after["states"], before["states"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once: the next evaluation goes straight to the sequential one
-        modules["batched"].evaluate_clients([0], "val")
+        modules["batched"].engine.evaluate_clients([0], "val")
 
 
 class EvaluateClients(pl.Callback):
@@ -263,7 +263,7 @@ class EvaluateClients(pl.Callback):
         self.results: list[list[ClientResult]] = []
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        self.results.append(pl_module.evaluate_clients(range(6), "val"))
+        self.results.append(pl_module.engine.evaluate_clients(range(6), "val"))
 
 
 @pytest.mark.parametrize("backend, client", [("sequential", Classifier), ("batched", Classifier),

@@ -49,21 +49,24 @@ class RoundRecorder(FederatedCallback):
     def on_round_start(self, trainer: Any, module: Any, round_idx: int, clients: list[int]) -> None:
         if round_idx != ROUND:
             return
-        self.start = module.round_start.clone()
-        self.lrs = [group["lr"] for group in module.local_optimizer().param_groups]  # the round's scheduled rates
+        self.start = module.engine.round_start.clone()
+        self.lrs = [group["lr"] for group in module.engine.local_optimizer().param_groups]  # the round's scheduled rates
         self.broadcast = {name: t.clone() for name, t in broadcast_state(module).items()}
-        self.states = {c: {k: v.clone() for k, v in module.context.load_client_state(c).items()} for c in clients}
-        receive = module.receive
+        self.states = {c: {k: v.clone() for k, v in module.engine.context.load_client_state(c).items()} for c in clients}
+        run_work_item = module.engine.backend.run_work_item
 
-        def recording(update: Any, state: Any) -> None:
-            self.results[update.client_id] = (update, {k: v.clone() for k, v in (state or {}).items()})
-            receive(update, state)
+        def recording(context: Any, item: Any) -> Any:
+            results = run_work_item(context, item)
+            for result in results:
+                self.results[result.update.client_id] = (result.update,
+                                                         {k: v.clone() for k, v in (result.state or {}).items()})
+            return results
 
-        module.receive = recording
+        module.engine.backend.run_work_item = recording
 
     def on_round_end(self, trainer: Any, module: Any, round_idx: int, aggregate: Any) -> None:
         if round_idx == ROUND:
-            del module.receive  # the class's method again
+            del module.engine.backend.run_work_item  # the class's method again
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -183,7 +183,7 @@ def scaffold(tmp_path, budget: int) -> SCAFFOLD:
 
 
 def outcome(module) -> dict:
-    return {cid: module.store.get(cid, "control").clone() for cid in module.store.clients()}
+    return {cid: module.engine.store.get(cid, "control").clone() for cid in module.engine.store.clients()}
 
 
 def test_a_small_budget_spills_to_disk_and_changes_nothing(tmp_path):
@@ -191,7 +191,7 @@ def test_a_small_budget_spills_to_disk_and_changes_nothing(tmp_path):
     trainer(6).fit(straight, synthetic(8))
     bounded = scaffold(tmp_path / "b", 3 * ENTRY)
     trainer(6).fit(bounded, synthetic(8))
-    assert bounded.store.nbytes() <= 3 * ENTRY < 8 * ENTRY
+    assert bounded.engine.store.nbytes() <= 3 * ENTRY < 8 * ENTRY
     assert len(list((tmp_path / "b" / "state").rglob("*.pt"))) >= 2  # spilled entries live in files (the run's folder)
     assert torch.equal(global_vector(straight), global_vector(bounded))
     a, b = outcome(straight), outcome(bounded)
@@ -206,7 +206,7 @@ def test_a_checkpoint_names_the_files_and_resumes_exactly(tmp_path):
     trainer(3, callbacks=[ckpt], enable_checkpointing=True).fit(first, synthetic(8))
     store = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["federated"]["store"]
     assert set(store) == {"directory", "names", "shapes", "folders"}
-    assert sorted(read_manifest(store).versions) == list(first.store.clients())
+    assert sorted(read_manifest(store).versions) == list(first.engine.store.clients())
     assert all(t.dtype == torch.int64 for c in store["names"].values() for t in c.values())  # names only
     resumed = scaffold(tmp_path / "other", 3 * ENTRY)  # the checkpoint says where the files are
     trainer(6).fit(resumed, synthetic(8), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
@@ -435,7 +435,7 @@ def test_a_version_no_checkpoint_names_is_removed_at_the_round_end(tmp_path, kee
 def test_a_run_without_checkpoints_keeps_a_file_per_entry_at_most(tmp_path):
     module = scaffold(tmp_path, 0)
     trainer(6).fit(module, synthetic(8))
-    assert len(list((tmp_path / "state").rglob("*.pt"))) < len(module.store)  # (the latest client's is in RAM)
+    assert len(list((tmp_path / "state").rglob("*.pt"))) < len(module.engine.store)  # (the latest client's is in RAM)
 
 
 glibc = pytest.mark.skipif(malloc_trim() is None or resident_bytes() is None,

@@ -46,9 +46,9 @@ def fitted(make, compiler: Optional[str], rounds: int = 3):
     rounds of the batched backend, its step eager (``compiler`` None) or compiled by torch.compile's
     ``compiler`` backend (``"inductor"``: what ``compile_step=True`` runs)."""
     module = make("batched", 8)
-    module.backend = BatchedBackend(8, compile_step=compiler is not None)
+    module.engine.backend = BatchedBackend(8, compile_step=compiler is not None)
     if compiler not in (None, "inductor"):
-        module.backend._vectorized = CompiledStep(vectorized_hook, backend=compiler)
+        module.engine.backend._vectorized = CompiledStep(vectorized_hook, backend=compiler)
     graphs = GraphsPerRound()
     t = trainer(rounds, callbacks=[graphs])
     t.fit(module, synthetic(6))
@@ -75,7 +75,7 @@ def test_captured_step_equals_eager(name):
     assert eager_graphs == [0, 0, 0]
     compiled, compiled_trainer, graphs = fitted(SUPPORTED[name], "aot_eager")
     assert graphs == [CAPTURED[name]] * 3, graphs
-    assert compiled.backend._vectorized.compiles == CAPTURED[name]
+    assert compiled.engine.backend._vectorized.compiles == CAPTURED[name]
     assert_close(outcome(eager), outcome(compiled), atol=1e-5)
     logged = {k: v for k, v in eager_trainer.callback_metrics.items() if "loss" in k}
     assert logged, "the client logs a training loss"
@@ -113,8 +113,8 @@ def test_each_backend_compiles_its_own_step():
         for _ in range(2):
             before = counters["stats"]["unique_graphs"]
             module = SUPPORTED["FedAvg"]("batched", 8)
-            module.backend = BatchedBackend(8, compile_step=True)
-            module.backend._vectorized = CompiledStep(vectorized_hook, backend="aot_eager")
+            module.engine.backend = BatchedBackend(8, compile_step=True)
+            module.engine.backend._vectorized = CompiledStep(vectorized_hook, backend="aot_eager")
             trainer(1).fit(module, synthetic(6))
             assert counters["stats"]["unique_graphs"] > before
     finally:
@@ -123,9 +123,9 @@ def test_each_backend_compiles_its_own_step():
 
 def test_the_module_argument_compiles_the_batched_step():
     module = FedAvg(MLP(in_features=20, hidden=(8,), num_classes=10), client_backend="batched", compile_step=True)
-    assert isinstance(module.backend, BatchedBackend) and module.backend.compile_step
-    assert module.backend._vectorized is not vectorized_hook
-    assert FedAvg(MLP(in_features=20, hidden=(8,), num_classes=10), client_backend="batched").backend._vectorized \
+    assert isinstance(module.engine.backend, BatchedBackend) and module.engine.backend.compile_step
+    assert module.engine.backend._vectorized is not vectorized_hook
+    assert FedAvg(MLP(in_features=20, hidden=(8,), num_classes=10), client_backend="batched").engine.backend._vectorized \
         is vectorized_hook
 
 
@@ -149,10 +149,10 @@ def test_a_step_torch_cannot_compile_runs_eagerly_with_a_warning():
 
     eager, _, _ = fitted(SUPPORTED["SCAFFOLD"], None)
     module = SUPPORTED["SCAFFOLD"]("batched", 8)
-    module.backend = BatchedBackend(8, compile_step=True)
-    module.backend._vectorized = failing
+    module.engine.backend = BatchedBackend(8, compile_step=True)
+    module.engine.backend._vectorized = failing
     with pytest.warns(UserWarning, match="compile_step: the batched step could not be compiled, it runs eagerly: no "
                                          "compiler for this step"):
         trainer(3).fit(module, synthetic(6))
-    assert len(calls) == 1 and module.backend._vectorized is vectorized_hook
+    assert len(calls) == 1 and module.engine.backend._vectorized is vectorized_hook
     assert_close(outcome(eager), outcome(module), atol=0.0)

@@ -89,9 +89,9 @@ def data():
 def outcome(module: FederatedModule) -> dict[str, torch.Tensor]:
     """Everything a run produced: the module's tensors and every stored client entry."""
     out = {f"module.{k}": v.detach().cpu().float() for k, v in module.state_dict().items() if v.is_floating_point()}
-    for cid in module.store.clients():
-        for name in module.state_specs:
-            value = module.store.get(cid, name)
+    for cid in module.engine.store.clients():
+        for name in module.engine.state_specs:
+            value = module.engine.store.get(cid, name)
             if value is not None:
                 out[f"store.{cid}.{name}"] = value
     return out

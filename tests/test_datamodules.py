@@ -53,7 +53,7 @@ def test_unseen_clients_are_held_out_and_never_sampled():
     assert len(dm.unseen_clients) == 3 and not set(dm.unseen_clients) & set(dm.train_clients)
     module = FedAvg(tiny_client(), clients_per_round=7, local_steps=1)
     trainer(2).fit(module, dm)
-    assert sorted(module.round_clients) == dm.train_clients
+    assert sorted(module.engine.round_clients) == dm.train_clients
 
 
 def test_same_seed_same_partition():

@@ -38,8 +38,8 @@ class CheckRoundWork(FederatedCallback):
 
     def on_round_end(self, trainer, module, round_idx, aggregate):
         everyone = [c for part in all_gather_object(self.seen) for c in part]
-        if sorted(everyone) != sorted(module.round_clients) or len(set(everyone)) != len(everyone):
-            raise AssertionError(f"round {round_idx}: ran {sorted(everyone)}, sampled {module.round_clients}")
+        if sorted(everyone) != sorted(module.engine.round_clients) or len(set(everyone)) != len(everyone):
+            raise AssertionError(f"round {round_idx}: ran {sorted(everyone)}, sampled {module.engine.round_clients}")
 
 
 class FailOnRank(pl.Callback):

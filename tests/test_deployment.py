@@ -9,7 +9,7 @@ from __future__ import annotations
 import runpy
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 import pytorch_lightning as pl
@@ -21,7 +21,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO, PeFLL  # noqa: E402
 from fl_lightning.broadcast import broadcast_state  # noqa: E402
-from fl_lightning.callbacks import LabelFlipAttack  # noqa: E402
+from fl_lightning.callbacks import FederatedCallback, LabelFlipAttack  # noqa: E402
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
 from fl_lightning.deployment import (LEFT_OUT, STATE_VERSION, ClientNode, LocalGrid, client_app, deploy,  # noqa: E402
@@ -62,14 +62,24 @@ def deployment(name: str, grid_class: type[LocalGrid] = LocalGrid) -> tuple[Loca
     return grid_class({n: client_app(node, nodes) for n in NODES}, NODES), nodes
 
 
-def fit(module: FederatedModule, rounds: int = ROUNDS) -> FederatedModule:
-    trainer(rounds).fit(module, synthetic(CLIENTS))
+def fit(module: FederatedModule, rounds: int = ROUNDS, callbacks: Optional[list] = None) -> FederatedModule:
+    trainer(rounds, callbacks=callbacks).fit(module, synthetic(CLIENTS))
     return module
+
+
+class AtRoundEnd(FederatedCallback):
+    """Calls ``function(module, round_idx)`` at the end of every round (its server update and stored state done)."""
+
+    def __init__(self, function: Callable[[Any, int], None]) -> None:
+        self.function = function
+
+    def on_round_end(self, trainer: Any, module: Any, round_idx: int, aggregate: Any) -> None:
+        self.function(module, round_idx)
 
 
 def test_stateful_clients_are_sampled_in_rounds_that_are_not_consecutive():
     module = fit(build("FedAvg"), 1)
-    rounds = [set(module.sample_round(r)) for r in range(ROUNDS)]
+    rounds = [set(module.engine.sample_round(r)) for r in range(ROUNDS)]
     assert rounds[0] & rounds[2] - rounds[1], "no client comes back after a round away: the test would not see it"
 
 
@@ -81,14 +91,14 @@ def test_a_deployment_gives_the_simulation_s_bits(name):
     assert torch.equal(global_vector(deployed), global_vector(simulation))
     for key, value in broadcast_state(simulation).items():  # SCAFFOLD's server control variate
         assert torch.equal(broadcast_state(deployed)[key], value), key
-    if not simulation.state_specs:
+    if not simulation.engine.state_specs:
         return
     held = {c: node for node in nodes.values() for c in node.clients}
     checked = 0
     for client_id in range(CLIENTS):
-        version = deployed.store.get(client_id, STATE_VERSION)
-        for entry in simulation.state_specs:
-            expected = simulation.store.get(client_id, entry)
+        version = deployed.engine.store.get(client_id, STATE_VERSION)
+        for entry in simulation.engine.state_specs:
+            expected = simulation.engine.store.get(client_id, entry)
             if expected is None:
                 assert version is None
                 continue
@@ -101,7 +111,7 @@ def test_a_deployment_gives_the_simulation_s_bits(name):
 def test_the_server_sends_no_client_data_and_keeps_no_client_state():
     grid, _ = deployment("SCAFFOLD")
     deployed = fit(deploy(build("SCAFFOLD"), grid))
-    assert {name for _, name in deployed.store.entries()} == {STATE_VERSION}
+    assert {name for _, name in deployed.engine.store.entries()} == {STATE_VERSION}
 
 
 @pytest.mark.parametrize("make, reason", [
@@ -168,15 +178,8 @@ def test_a_bad_reply_is_refused_and_never_aggregated(tamper, message):
     counts = []
 
     module = deploy(build("FedAvg"), grid)
-    finish = module.finish_round
-
-    def counting() -> None:
-        finish()
-        counts.append(module.round_num_updates)
-
-    module.finish_round = counting  # type: ignore[method-assign]
     with pytest.warns(RuntimeWarning, match=message):
-        fit(module)
+        fit(module, callbacks=[AtRoundEnd(lambda m, r: counts.append(m.engine.round_num_updates))])
     assert counts == [PER_ROUND, 0, PER_ROUND]  # round 1 kept no reply; the run went on
 
 
@@ -184,14 +187,11 @@ def test_a_node_that_does_not_answer_has_its_clients_left_out_and_the_run_goes_o
     grid, _ = deployment("SCAFFOLD")
     module = deploy(build("SCAFFOLD"), grid)
     versions: list[dict[int, Any]] = []
-    finish = module.finish_round
 
-    def down_in_round_one() -> None:
-        finish()
-        versions.append({c: module.store.get(c, STATE_VERSION) for c in range(CLIENTS)})
-        grid.down = {22} if module.current_epoch == 0 else set()
+    def down_in_round_one(module: Any, round_idx: int) -> None:
+        versions.append({c: module.engine.store.get(c, STATE_VERSION) for c in range(CLIENTS)})
+        grid.down = {22} if round_idx == 0 else set()
 
-    module.finish_round = down_in_round_one  # type: ignore[method-assign]
     counted: list[float] = []
 
     class Count(pl.Callback):
@@ -200,9 +200,9 @@ def test_a_node_that_does_not_answer_has_its_clients_left_out_and_the_run_goes_o
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer(ROUNDS, callbacks=[Count()]).fit(module, synthetic(CLIENTS))
+        trainer(ROUNDS, callbacks=[AtRoundEnd(down_in_round_one), Count()]).fit(module, synthetic(CLIENTS))
     left = [str(w.message) for w in caught if "left out" in str(w.message)]
-    round_one = module.sample_round(1)
+    round_one = module.engine.sample_round(1)
     assert left == [f"round 1: client {c} is left out of the round: no node holds it now" for c in round_one
                     if c % 2 == 1]
     assert counted == [0.0, float(len(left)), 0.0] and left
@@ -218,18 +218,15 @@ def test_an_update_the_server_drops_does_not_advance_the_client_s_state():
     grid, nodes = deployment("SCAFFOLD", Grid)
     module = deploy(build("SCAFFOLD"), grid)
     before: dict[int, Any] = {}
-    finish = module.finish_round
 
-    def record() -> None:
-        if module.current_epoch == Grid.ROUND:
-            before.update({c: module.store.get(c, STATE_VERSION) for c in range(CLIENTS)})
-        finish()
+    def record(module: Any, round_idx: int) -> None:  # the versions before the round (after the one before it)
+        if round_idx == Grid.ROUND - 1:
+            before.update({c: module.engine.store.get(c, STATE_VERSION) for c in range(CLIENTS)})
 
-    module.finish_round = record  # type: ignore[method-assign]
     with pytest.warns(RuntimeWarning, match="contains NaN or Inf"):
-        fit(module, Grid.ROUND + 1)
-    for c in module.sample_round(Grid.ROUND):
-        after = module.store.get(c, STATE_VERSION)
+        fit(module, Grid.ROUND + 1, callbacks=[AtRoundEnd(record)])
+    for c in module.engine.sample_round(Grid.ROUND):
+        after = module.engine.store.get(c, STATE_VERSION)
         assert (after is None and before[c] is None) or torch.equal(after, before[c])
 
 

@@ -38,7 +38,7 @@ def test_the_engine_guide_algorithm_runs_and_keeps_its_invariant(tmp_path, monke
     t.fit(module, dm)
     assert t.validate(module, dm, verbose=False)[0]["val_acc"] > before
     # h accumulates alpha/N of every client's drift, the clients' linear terms alpha of their own
-    linear = sum(module.store.get(c, "linear") for c in module.store.clients())
+    linear = sum(module.engine.store.get(c, "linear") for c in module.engine.store.clients())
     assert module.h.norm() > 0 and torch.allclose(module.h, linear / 6, atol=1e-6)
     monkeypatch.chdir(tmp_path)  # the usage example writes lightning_logs/ where it runs
     exec(compile(usage, "docs/engine.md", "exec"), namespace)

@@ -144,7 +144,7 @@ def test_pdsgd_takes_the_primal_and_dual_steps_of_its_docstring():
         estimate = torch.zeros(n, dtype=torch.float64).index_add_(0, pos, losses.detach().double() * (n / b))
         log_q = kl_dual_step(log_q, estimate, lam, dual_lr)
     torch.testing.assert_close(global_vector(module), torch.cat([p.detach().reshape(-1) for p in reference.parameters()]))
-    stored = module.store.get(0, "log_dual")
+    stored = module.engine.store.get(0, "log_dual")
     torch.testing.assert_close(stored.to(log_q.dtype), log_q)
     assert float(stored.exp().sum()) == pytest.approx(1.0)
 
@@ -155,7 +155,7 @@ def test_pdsgd_resumes_exactly_with_its_duals(tmp_path):
 
     straight, resumed = straight_and_resumed(build, lambda: synthetic(1), 3, 2, tmp_path)
     assert torch.equal(global_vector(straight), global_vector(resumed))
-    assert torch.equal(straight.store.get(0, "log_dual"), resumed.store.get(0, "log_dual"))
+    assert torch.equal(straight.engine.store.get(0, "log_dual"), resumed.engine.store.get(0, "log_dual"))
     assert isinstance(pickle.loads(pickle.dumps(build())), PDSGD)
 
 

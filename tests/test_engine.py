@@ -88,7 +88,7 @@ class ReversedOrder(SequentialBackend):
 
 def test_result_does_not_depend_on_client_order():
     a, b = FedAvg(tiny_client(), clients_per_round=5, local_steps=3), FedAvg(tiny_client(), clients_per_round=5, local_steps=3)
-    b.backend = ReversedOrder()
+    b.engine.backend = ReversedOrder()
     trainer(3).fit(a, synthetic(8))
     trainer(3).fit(b, synthetic(8))
     assert torch.equal(global_vector(a), global_vector(b))
@@ -214,7 +214,7 @@ def test_local_losses_stay_on_the_device_until_the_round_reads_them_together():
 
 class Poison(FederatedCallback):
     def on_client_update(self, trainer, module, update):
-        if update.client_id == module.round_clients[0]:
+        if update.client_id == module.engine.round_clients[0]:
             update.tensors["delta"][0] = float("nan")
         return update
 
@@ -345,7 +345,7 @@ def test_second_model_steps_are_plain_steps_of_its_own_loss():
     dm = synthetic(4)
     x0 = global_vector(module)
     trainer(1).fit(module, dm)
-    (cid,) = module.round_clients
+    (cid,) = module.engine.round_clients
     reference = PlainClassifier()
     ModelVector(reference).load(x0)
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)

@@ -41,8 +41,8 @@ class Recorder(FederatedCallback):
         self.rounds = []
 
     def on_round_start(self, trainer, module, round_idx, clients):
-        before = {c: module.personal_model(c).cpu().clone() for c in module.datamodule.train_clients}
-        self.rounds.append({"start": module.round_start.cpu().clone(), "uploads": {}, "before": before})
+        before = {c: module.personal_model(c).cpu().clone() for c in module.engine.datamodule.train_clients}
+        self.rounds.append({"start": module.engine.round_start.cpu().clone(), "uploads": {}, "before": before})
 
     def on_client_update(self, trainer, module, update):
         self.rounds[-1]["uploads"][update.client_id] = update.tensors["delta"].cpu().clone()
@@ -123,13 +123,13 @@ def test_one_round_matches_the_equations():
     x0 = global_vector(module)
     dm = synthetic(4)
     trainer(1).fit(module, dm)
-    (cid,) = module.round_clients
+    (cid,) = module.engine.round_clients
 
     y, v = x0.clone(), x0.clone()
     for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 0, cid)):
         y, v = y - lr * tiny_grad(y, batch) - rho * (v + y - 2 * x0), v - lr * tiny_grad(v, batch)
     assert torch.allclose(global_vector(module), y, atol=1e-6)
-    assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+    assert torch.allclose(module.engine.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
 
 
 def test_gauss_seidel_order_uses_the_stepped_personal_model():
@@ -140,14 +140,14 @@ def test_gauss_seidel_order_uses_the_stepped_personal_model():
     x0 = global_vector(module)
     dm = synthetic(4)
     trainer(1).fit(module, dm)
-    (cid,) = module.round_clients
+    (cid,) = module.engine.round_clients
 
     y, v = x0.clone(), x0.clone()
     for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 0, cid)):
         v = v - lr * tiny_grad(v, batch)
         y = y - lr * tiny_grad(y, batch) - rho * (v + y - 2 * x0)
     assert torch.allclose(global_vector(module), y, atol=1e-6)
-    assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+    assert torch.allclose(module.engine.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
 
 
 def test_independent_batches_step_v_on_its_own_stream():
@@ -158,7 +158,7 @@ def test_independent_batches_step_v_on_its_own_stream():
     x0 = global_vector(module)
     dm = synthetic(4)
     trainer(1).fit(module, dm)
-    (cid,) = module.round_clients
+    (cid,) = module.engine.round_clients
 
     data = dm.client_data(cid, "train")
     y_batches = data.step_batches(2, generator(seed, "batches", 0, cid))
@@ -168,7 +168,7 @@ def test_independent_batches_step_v_on_its_own_stream():
         assert not torch.equal(by[1], bv[1])  # the two streams differ
         y, v = y - lr * tiny_grad(y, by) - rho * (v + y - 2 * x0), v - lr * tiny_grad(v, bv)
     assert torch.allclose(global_vector(module), y, atol=1e-6)
-    assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+    assert torch.allclose(module.engine.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
 
 
 def test_reset_personal_starts_v_from_the_global_model():
@@ -183,14 +183,14 @@ def test_reset_personal_starts_v_from_the_global_model():
                           reset_personal=reset)
         dm = synthetic(1)
         trainer(2, callbacks=[recorder]).fit(module, dm)
-        x1, (cid,) = recorder.rounds[1]["start"], module.round_clients
+        x1, (cid,) = recorder.rounds[1]["start"], module.engine.round_clients
         stored_before = recorder.rounds[1]["before"][cid]
         assert not torch.equal(stored_before, x1)  # the first round left a personal model of its own
         y, v = x1.clone(), (x1 if reset else stored_before).clone()
         for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 1, cid)):
             y, v = y - lr * tiny_grad(y, batch) - rho * (v + y - 2 * x1), v - lr * tiny_grad(v, batch)
         assert torch.allclose(global_vector(module), y, atol=1e-6)
-        assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+        assert torch.allclose(module.engine.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
         ends[reset] = global_vector(module)
     assert not torch.allclose(ends[True], ends[False], atol=1e-4)
 
@@ -215,7 +215,7 @@ def test_personal_init_first_round_starts_a_new_client_from_that_rounds_global_m
         for batch in dm.client_data(cid, "train").step_batches(2, generator(seed, "batches", 1, cid)):
             y, v = y - lr * tiny_grad(y, batch) - rho * (v + y - 2 * x1), v - lr * tiny_grad(v, batch)
         assert torch.allclose(global_vector(module), y, atol=1e-6)
-        assert torch.allclose(module.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
+        assert torch.allclose(module.engine.store.get(cid, "personal"), (1 - lam) * v + lam * y, atol=1e-6)
         ends[init] = global_vector(module)
     assert not torch.allclose(ends["first_round"], ends["x0"], atol=1e-4)
 
@@ -231,23 +231,23 @@ def test_lam_one_restarts_personal_from_upload_and_others_keep_theirs():
     x0 = global_vector(module)
     trainer(3, callbacks=[recorder]).fit(module, synthetic(6))
     last = recorder.rounds[-1]
-    for cid in module.datamodule.train_clients:
+    for cid in module.engine.datamodule.train_clients:
         stored = module.personal_model(cid).cpu()
         if cid in last["uploads"]:
             assert torch.allclose(stored, last["start"] + last["uploads"][cid], atol=1e-6)
         else:
             assert torch.equal(stored, last["before"][cid])
-    never = [c for c in module.datamodule.train_clients if all(c not in r["uploads"] for r in recorder.rounds)]
+    never = [c for c in module.engine.datamodule.train_clients if all(c not in r["uploads"] for r in recorder.rounds)]
     for cid in never:
-        assert cid not in module.store and torch.equal(module.personal_model(cid).cpu(), x0)
+        assert cid not in module.engine.store and torch.equal(module.personal_model(cid).cpu(), x0)
 
 
 def test_personal_models_live_in_the_store_on_cpu():
     module = make()
     trainer(1).fit(module, synthetic(6))
-    assert sorted(module.store.clients()) == module.round_clients  # lazily created
-    assert all(module.store.get(c, "personal").device.type == "cpu" for c in module.store.clients())
-    assert module.store.nbytes() == 3 * module.global_model.dim * 4
+    assert sorted(module.engine.store.clients()) == module.engine.round_clients  # lazily created
+    assert all(module.engine.store.get(c, "personal").device.type == "cpu" for c in module.engine.store.clients())
+    assert module.engine.store.nbytes() == 3 * module.global_model.dim * 4
 
 
 # ------------------------------------------------------------------ resume and DDP
@@ -255,9 +255,9 @@ def test_resume_is_exact_with_personal_models(tmp_path):
     straight, resumed = straight_and_resumed(make, lambda: synthetic(6), 4, 2, tmp_path)
     assert torch.equal(global_vector(straight), global_vector(resumed))
     assert torch.equal(straight.initial_state, resumed.initial_state)
-    assert sorted(straight.store.clients()) == sorted(resumed.store.clients())
-    for cid in straight.store.clients():
-        assert torch.equal(straight.store.get(cid, "personal"), resumed.store.get(cid, "personal"))
+    assert sorted(straight.engine.store.clients()) == sorted(resumed.engine.store.clients())
+    for cid in straight.engine.store.clients():
+        assert torch.equal(straight.engine.store.get(cid, "personal"), resumed.engine.store.get(cid, "personal"))
 
 
 @pytest.mark.slow

@@ -50,14 +50,14 @@ class RecordingFedDRO(FedDRO):
     """Records ``(y_bar, sum_k w_k g_k(x_k; full data))`` at every step."""
 
     def client_share(self, run, batch):
-        full = self.datamodule.client_data(run.client_id).full()
+        full = self.engine.datamodule.client_data(run.client_id).full()
         self.truth[run.client_id] = self.inner_mean(run, full)  # g_k at the client's current model x_k^t
         return super().client_share(run, batch)
 
     def server_share(self, mean):
         y_bar = super().server_share(mean)
-        total = sum(self.datamodule.num_samples(c) for c in self.truth)
-        truth = sum(self.datamodule.num_samples(c) / total * g for c, g in self.truth.items())
+        total = sum(self.engine.datamodule.num_samples(c) for c in self.truth)
+        truth = sum(self.engine.datamodule.num_samples(c) / total * g for c, g in self.truth.items())
         self.trace.append((float(y_bar[0]), float(truth[0])))
         return y_bar
 
@@ -124,7 +124,7 @@ class LocalRates(FederatedCallback):
         self.rates: list[float] = []
 
     def on_round_start(self, trainer, module, round_idx, clients):
-        self.rates.append(module.local_lr)
+        self.rates.append(module.engine.local_lr)
 
 
 def test_lr_drop_epochs_become_rounds_from_the_training_split():

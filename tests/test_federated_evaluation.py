@@ -96,7 +96,7 @@ def federation(num_clients: int = 20, seed: int = 0) -> SimpleNamespace:
     """What ``cohort_of`` reads of the engine."""
     dm = SimpleNamespace(train_clients=list(range(num_clients - 4)),
                          unseen_clients=list(range(num_clients - 4, num_clients)), num_clients=num_clients)
-    return SimpleNamespace(datamodule=dm, seed=seed)
+    return SimpleNamespace(engine=SimpleNamespace(datamodule=dm), seed=seed)
 
 
 def test_a_sampled_cohort_is_reproducible_and_changes_with_the_round():
@@ -375,7 +375,7 @@ def test_pefll_clients_are_evaluated_with_their_generated_models():
     t.fit(module, dm)
     figures = logged(t, "")
     assert figures["own/loss_mean"] != pytest.approx(figures["global/loss_mean"], rel=1e-4)
-    (result,) = module.evaluate_clients([0], "val")
+    (result,) = module.engine.evaluate_clients([0], "val")
     personal = copy.deepcopy(module.client)
     ModelVector(personal).load(module.client_eval_state(0))
     (x, y), = dm.client_data(0, "val").epoch_batches(1, batch_size=len(dm.client_data(0, "val")))

@@ -247,7 +247,7 @@ def test_the_server_takes_the_sample_weighted_mean_of_the_client_models():
 
     class Collect(FederatedCallback):
         def on_round_start(self, trainer, module, round_idx, clients):
-            self.start = module.round_start.clone()
+            self.start = module.engine.round_start.clone()
 
         def on_client_update(self, trainer, module, update):
             models.append(self.start + update.tensors["delta"])

@@ -220,7 +220,7 @@ def test_the_instantiator_and_class_path_a_file_names_do_not_run(tmp_path):
     # the server optimizer as the CLI records it: fl_lightning's or torch's, built with its arguments
     adam = {"class_path": "fl_lightning.optim.FedAdam", "init_args": {"lr": 0.05}}
     loaded = FedAvg.load_from_checkpoint(crafted(tmp_path, "fedavg", "hyper_parameters", {"server_optimizer": adam}))
-    made = loaded.make_server_optimizer(loaded.client.parameters())
+    made = loaded.configure_server_optimizer()
     assert type(made) is optim.FedAdam and made.defaults["lr"] == 0.05
 
 

@@ -47,12 +47,12 @@ def test_gpu_run_equals_cpu_run_and_keeps_client_state_on_cpu(algorithm, kwargs)
     cpu = _fit(algorithm, "cpu", **kwargs)
     gpu = _fit(algorithm, "gpu", **kwargs)
     assert torch.allclose(global_vector(gpu), global_vector(cpu), atol=1e-4, rtol=1e-4)
-    for client_id in gpu.store.clients():
+    for client_id in gpu.engine.store.clients():
         for name in ("control", "personal"):
-            value = gpu.store.get(client_id, name)
+            value = gpu.engine.store.get(client_id, name)
             if value is not None:
                 assert value.device.type == "cpu"  # invariant 6: stored state is off the accelerator
-                assert torch.allclose(value, cpu.store.get(client_id, name), atol=1e-4, rtol=1e-4)
+                assert torch.allclose(value, cpu.engine.store.get(client_id, name), atol=1e-4, rtol=1e-4)
 
 
 def test_geometric_median_runs_in_float64_on_the_device_of_the_updates():
@@ -80,7 +80,7 @@ def test_bf16_mixed_on_gpu_is_close_to_fp32_and_keeps_state_fp32():
         t = trainer(5, precision=precision, accelerator="gpu")
         t.fit(module, dm)
         assert global_vector(module).dtype == torch.float32
-        assert all(module.store.get(i, "control").dtype == torch.float32 for i in module.store.clients())
+        assert all(module.engine.store.get(i, "control").dtype == torch.float32 for i in module.engine.store.clients())
         acc[precision] = t.validate(module, dm, verbose=False)[0]["val_acc"]
     assert acc["32-true"] > 0.5
     assert abs(acc["32-true"] - acc["bf16-mixed"]) <= 0.05

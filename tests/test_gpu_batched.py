@@ -42,7 +42,7 @@ def fitted_outcome(name: str, backend: str, device: str, precision: str = "32-tr
     batched backend anew with those arguments."""
     module = SUPPORTED[name](backend, BLOCK)
     if backend_options:
-        module.backend = BatchedBackend(BLOCK, **backend_options)
+        module.engine.backend = BatchedBackend(BLOCK, **backend_options)
     accelerator = "gpu" if device == "cuda" else "cpu"
     trainer(3, accelerator=accelerator, precision=precision).fit(module, synthetic(6))
     return outcome(module)

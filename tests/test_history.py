@@ -29,7 +29,7 @@ class PoisonRound2(FederatedCallback):
         self.validated: dict[int, float] = {}
 
     def on_client_update(self, trainer, module, update):
-        if module.current_epoch == 1 and update.client_id == module.round_clients[0]:
+        if module.current_epoch == 1 and update.client_id == module.engine.round_clients[0]:
             update.tensors["delta"] = update.tensors["delta"] * float("nan")
         return update
 

@@ -170,7 +170,7 @@ def test_a_lightning_client_federates_as_the_same_pytorch_lightning_client(algor
     assert their_logs.keys() == our_logs.keys()
     assert all(torch.equal(their_logs[k], our_logs[k]) for k in our_logs), (their_logs, our_logs)
     assert their_validation == our_validation
-    assert theirs.local_lr == ours.local_lr == 0.1 * 0.5 ** 3
+    assert theirs.engine.local_lr == ours.engine.local_lr == 0.1 * 0.5 ** 3
 
 
 def test_a_lightning_client_resumes_and_loads(tmp_path):

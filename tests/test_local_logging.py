@@ -80,7 +80,7 @@ class NaNBatches(FederatedCallback):
     are NaN, and the round excludes it."""
 
     def on_local_batch(self, trainer, module, client_id, batch):
-        return (batch[0] * float("nan"), batch[1]) if client_id == module.round_clients[0] else batch
+        return (batch[0] * float("nan"), batch[1]) if client_id == module.engine.round_clients[0] else batch
 
 
 def test_the_steps_of_an_excluded_client_are_left_out_of_the_client_logs():

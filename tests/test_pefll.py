@@ -197,8 +197,8 @@ def test_standardisation_is_frozen_and_clients_are_stateless():
     module, shift = pefll(), _Shift()
     trainer(3, callbacks=[shift]).fit(module, data(8))
     assert len(set(shift.values)) == 1 and shift.values[0] != (0.0, 1.0)
-    assert len(module.store) == 0  # nothing per client
-    assert module.upload_sizes() == {
+    assert len(module.engine.store) == 0  # nothing per client
+    assert module.engine.upload_sizes() == {
         "hyper": sum(p.numel() for p in module.hypernetwork.parameters()),
         "embed": sum(p.numel() for p in module.embedding.parameters()),
     }
@@ -333,9 +333,9 @@ def test_pfedhn_defaults_are_the_reference_codes():
     assert (module.clients_per_round, module.lambda_e, module.lambda_h) == (1, 5e-4, 5e-4)
     assert PFedHN(tiny_client(hidden=(8,)), embedding_dim=4, clients_fraction=0.5).clients_fraction == 0.5
     trainer(1).fit(module, data(10))
-    assert len(module.round_clients) == 1
+    assert len(module.engine.round_clients) == 1
     before = torch.randn(10, 4, generator=generator(0, "pfedhn-embeddings"))
-    untouched = [c for c in range(10) if c not in module.round_clients]
+    untouched = [c for c in range(10) if c not in module.engine.round_clients]
     torch.testing.assert_close(module.client_embeddings.weight.detach()[untouched],
                                before[untouched] * (1 - 2 * module.server_lr * 5e-4))
 
@@ -345,11 +345,11 @@ def test_local_only_trains_each_client_alone():
     dm = data(10, unseen_fraction=0.2)
     tr = trainer(1, callbacks=[ClientMetrics(), ClientMetrics(clients="unseen")])
     tr.fit(module, dm)
-    assert sorted(module.store.clients()) == list(dm.train_clients)
+    assert sorted(module.engine.store.clients()) == list(dm.train_clients)
     initial = ModelVector(tiny_client(hidden=(8,))).flatten()
     torch.testing.assert_close(module.global_model.flatten(), initial)  # no global model is trained
     unseen = module.client_eval_state(dm.unseen_clients[0])
-    assert (unseen - initial).abs().max() > 0 and dm.unseen_clients[0] not in module.store
+    assert (unseen - initial).abs().max() > 0 and dm.unseen_clients[0] not in module.engine.store
     assert {"clients_test/acc_mean", "clients_unseen_test/acc_mean"} <= set(tr.callback_metrics)
 
 
@@ -432,10 +432,10 @@ def test_pfedhn_gives_each_sampled_client_its_own_embedding_update_under_any_agg
     module = PFedHN(tiny_client(hidden=(8,)), embedding_dim=4, clients_per_round=3, local_steps=2,
                     hypernetwork_width=16, server_clip=None, lambda_e=0.0, server_lr=0.5)
     trainer(1, callbacks=[Record(), CoordinateMedian()]).fit(module, data(10))
-    assert module.update_specs["codes"].reduction == "sum"
+    assert module.engine.update_specs["codes"].reduction == "sum"
     before = torch.randn(10, 4, generator=generator(0, "pfedhn-embeddings"))
     after = module.client_embeddings.weight.detach()
-    assert sorted(rows) == sorted(module.round_clients)
+    assert sorted(rows) == sorted(module.engine.round_clients)
     for cid in range(10):
         expected = before[cid] + 0.5 * rows[cid] if cid in rows else before[cid]
         torch.testing.assert_close(after[cid], expected)

@@ -147,7 +147,7 @@ class _Devices(pl.Callback):
     """The devices of the pool, a client's index tables and its gathered batch during a round."""
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module: Any) -> None:
-        dm, context = trainer.datamodule, module.context
+        dm, context = trainer.datamodule, module.engine.context
         table = context.index_table(0, 3)
         self.seen = {
             "pool": {t.device.type for t in dm.pool.tensors},

@@ -60,9 +60,9 @@ def test_scaffold_equals_the_hand_written_algorithm(weighting):
     assert (x - other).abs().max() > 1e-3  # the two weightings differ on these clients
     assert torch.allclose(global_vector(module), x, atol=1e-5)
     assert torch.allclose(module.server_control.cpu(), c, atol=1e-5)
-    assert sorted(module.store.clients()) == sorted(ci)
+    assert sorted(module.engine.store.clients()) == sorted(ci)
     for i, value in ci.items():
-        assert torch.allclose(module.store.get(i, "control"), value, atol=1e-5)
+        assert torch.allclose(module.engine.store.get(i, "control"), value, atol=1e-5)
 
 
 def test_scaffold_server_control_is_the_mean_of_all_client_controls():
@@ -72,8 +72,8 @@ def test_scaffold_server_control_is_the_mean_of_all_client_controls():
     assert len({dm.num_samples(c) for c in range(8)}) > 4  # unequal sizes
     module = SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=2, local_steps=4, seed=0)
     trainer(5).fit(module, dm)
-    total = sum((module.store.get(i, "control") for i in module.store.clients()), torch.zeros(module.global_model.num_params))
-    assert len(list(module.store.clients())) < 8  # some clients never ran
+    total = sum((module.engine.store.get(i, "control") for i in module.engine.store.clients()), torch.zeros(module.global_model.num_params))
+    assert len(list(module.engine.store.clients())) < 8  # some clients never ran
     assert module.server_control.norm() > 0.1
     assert torch.allclose(module.server_control.cpu(), total / 8, atol=1e-6)
 
@@ -260,7 +260,7 @@ def dropout_fedavg(**kwargs):
 
 def test_client_draws_do_not_depend_on_the_client_order_or_the_global_rng():
     a, b = dropout_fedavg(), dropout_fedavg()
-    b.backend = ReversedBackend()
+    b.engine.backend = ReversedBackend()
     torch.manual_seed(1)
     trainer(3).fit(a, synthetic(6))
     torch.manual_seed(2)  # another global stream: the clients' draws are keyed, not global
@@ -278,7 +278,7 @@ def test_local_work_restores_the_global_rng():
     module = dropout_fedavg()
     trainer(1).fit(module, synthetic(6))
     torch.manual_seed(3)
-    with module.context.local_work(0, "probe"):
+    with module.engine.context.local_work(0, "probe"):
         torch.rand(5)
     assert torch.equal(torch.rand(3), expected)
 

@@ -66,7 +66,7 @@ def test_raga_steps_with_the_paper_schedule():
     t = trainer(3)
     t.fit(module, synthetic(8))
     assert float(t.callback_metrics["raga/lr"]) == pytest.approx(paper_learning_rate(3, 100))
-    assert isinstance(module.aggregator, GeometricMedian) and module.aggregator.weighting == "num_samples"
+    assert isinstance(module.engine.aggregator, GeometricMedian) and module.engine.aggregator.weighting == "num_samples"
     assert module.local_steps == 3
 
 
@@ -93,7 +93,7 @@ def test_the_paper_schedule_beside_a_client_schedule_is_refused():
     constant = RAGA(LogisticRegression(in_features=20, num_classes=10, lr=0.1, lr_milestones=[1]), schedule="constant",
                     clients_per_round=2, seed=0)
     fit(constant, 2)  # the client's own schedule, which "constant" leaves in place
-    assert constant.local_lr == pytest.approx(0.01)
+    assert constant.engine.local_lr == pytest.approx(0.01)
 
 
 def test_constant_schedule_steps_the_server_with_the_local_rate():
@@ -173,8 +173,8 @@ def test_byrd_saga_with_one_minibatch_is_gradient_descent():
 
 def test_byrd_saga_keeps_a_table_per_client():
     saga = fit(ByrdSAGA(tiny_client(), clients_per_round=4, seed=0), 2, batch_size=8)
-    client = next(saga.store.clients())
-    table = saga.store.get(client, "saga_table")
+    client = next(saga.engine.store.clients())
+    table = saga.engine.store.get(client, "saga_table")
     n = saga.trainer.datamodule.num_samples(client)
     assert table.shape == (-(-n // 8), saga.global_model.num_params)
 

@@ -85,9 +85,9 @@ def test_a_killed_run_resumes_bitwise_from_last_ckpt(name, mode, tmp_path):
     resumed = build(name)
     trainer(5).fit(resumed, data(), ckpt_path=str(last))
     assert torch.equal(global_vector(straight), global_vector(resumed))
-    for cid in straight.store.clients():
-        for entry in straight.state_specs:
-            assert torch.equal(straight.store.get(cid, entry), resumed.store.get(cid, entry))
+    for cid in straight.engine.store.clients():
+        for entry in straight.engine.state_specs:
+            assert torch.equal(straight.engine.store.get(cid, entry), resumed.engine.store.get(cid, entry))
 
 
 @pytest.mark.parametrize("asynchronous", [True, False])
@@ -273,7 +273,7 @@ class PoisonState(FederatedCallback):
     """Turns the update of the round's first client into NaN."""
 
     def on_client_update(self, trainer, module, update):
-        if update.client_id == module.round_clients[0]:
+        if update.client_id == module.engine.round_clients[0]:
             update.tensors["delta"] = update.tensors["delta"] * float("nan")
         return update
 
@@ -282,11 +282,11 @@ def test_a_poisoned_round_does_not_poison_client_state():
     module = SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=3, local_steps=2, seed=1)
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):
         trainer(3, callbacks=[PoisonState()]).fit(module, synthetic(6))
-    for cid in module.store.clients():
-        assert torch.isfinite(module.store.get(cid, "control")).all()
-    poisoned = {module.sample_round(r)[0] for r in range(3)}
-    kept_elsewhere = {c for r in range(3) for c in module.sample_round(r)[1:]}
-    assert poisoned - kept_elsewhere <= set(range(6)) - set(module.store.clients())  # never stored from a NaN round
+    for cid in module.engine.store.clients():
+        assert torch.isfinite(module.engine.store.get(cid, "control")).all()
+    poisoned = {module.engine.sample_round(r)[0] for r in range(3)}
+    kept_elsewhere = {c for r in range(3) for c in module.engine.sample_round(r)[1:]}
+    assert poisoned - kept_elsewhere <= set(range(6)) - set(module.engine.store.clients())  # never stored from a NaN round
 
 
 def test_an_attack_that_overflows_is_caught_after_the_round_transforms():
@@ -335,7 +335,7 @@ class Overflow(FederatedCallback):
         self.round_idx, self.count = round_idx, count
 
     def on_client_update(self, trainer, module, update):
-        if module.current_epoch == self.round_idx and update.client_id in module.round_clients[: self.count]:
+        if module.current_epoch == self.round_idx and update.client_id in module.engine.round_clients[: self.count]:
             update.tensors = {name: torch.full_like(t, HUGE) for name, t in update.tensors.items()}
         return update
 
@@ -351,11 +351,11 @@ class ServerStates(FederatedCallback):
     def on_round_end(self, trainer, module, round_idx, aggregate):
         state: dict[str, Any] = {f"module/{k}": v.detach().clone() for k, v in module.state_dict().items()}
         state["shared"] = getattr(module, "shared", None)
-        for i, entries in module.server_optimizer.state_dict()["state"].items():
+        for i, entries in module.engine.server_optimizer.state_dict()["state"].items():
             state.update({f"optimizer/{i}/{k}": v.clone() if isinstance(v, torch.Tensor) else v
                           for k, v in entries.items()})
-        state.update({f"aggregator/{k}": v for k, v in getattr(module.aggregator, "state_dict", dict)().items()})
-        state.update({f"store/{c}/{n}": module.store.get(c, n) for c, n in module.store.entries()})
+        state.update({f"aggregator/{k}": v for k, v in getattr(module.engine.aggregator, "state_dict", dict)().items()})
+        state.update({f"store/{c}/{n}": module.engine.store.get(c, n) for c, n in module.engine.store.entries()})
         self.after.append(state)
 
 
@@ -763,7 +763,7 @@ def test_the_setup_check_leaves_no_trace(monkeypatch):
         return global_vector(module), client.accuracy.metric_state, (client.steps, client.sizes), torch.get_rng_state()
 
     checked = run()
-    monkeypatch.setattr("fl_lightning.module.check_client_takes_data", lambda context: None)
+    monkeypatch.setattr("fl_lightning.engine.check_client_takes_data", lambda context: None)
     unchecked = run()
     assert torch.equal(checked[0], unchecked[0])
     assert all(torch.equal(checked[1][k], unchecked[1][k]) for k in unchecked[1])

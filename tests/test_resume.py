@@ -30,9 +30,9 @@ def test_resume_is_exact(tmp_path, algorithm, kwargs):
     assert torch.equal(global_vector(straight), global_vector(resumed))
     if algorithm is SCAFFOLD:
         assert torch.equal(straight.server_control, resumed.server_control)
-        assert sorted(straight.store.clients()) == sorted(resumed.store.clients())
-        for cid in straight.store.clients():
-            assert torch.equal(straight.store.get(cid, "control"), resumed.store.get(cid, "control"))
+        assert sorted(straight.engine.store.clients()) == sorted(resumed.engine.store.clients())
+        for cid in straight.engine.store.clients():
+            assert torch.equal(straight.engine.store.get(cid, "control"), resumed.engine.store.get(cid, "control"))
 
 
 def test_checkpoint_of_other_configuration_is_refused(tmp_path):
@@ -47,7 +47,7 @@ def test_checkpoint_holds_client_state(tmp_path):
     module = make(SCAFFOLD, {})
     trainer(1, callbacks=[ckpt], enable_checkpointing=True).fit(module, synthetic(6))
     saved = checkpoint_client_state(torch.load(tmp_path / "last.ckpt", weights_only=True))
-    assert sorted(saved) == module.round_clients  # created lazily: only the clients that ran
+    assert sorted(saved) == module.engine.round_clients  # created lazily: only the clients that ran
     assert all(entry["control"].device.type == "cpu" for entry in saved.values())
 
 

@@ -20,7 +20,7 @@ from fl_lightning.update import ClientUpdate
 
 
 def _module(names):
-    return SimpleNamespace(aggregated_sizes=lambda: names, device=torch.device("cpu"))
+    return SimpleNamespace(engine=SimpleNamespace(aggregated_sizes=lambda: names), device=torch.device("cpu"))
 
 
 def _updates():
@@ -54,7 +54,8 @@ def test_trimmed_mean_drops_at_least_one_upload_at_each_end():
 def test_geometric_median_callback_weights_by_samples_and_resists_the_outlier():
     updates = _updates()
     gm = GeometricMedian(eps=1e-10, max_iter=1000).aggregate(None, _module({"a": 2, "b": 1}), updates)
-    mean = WeightedMean().aggregate(None, SimpleNamespace(aggregated_sizes=lambda: {"a": 2, "b": 1}, device="cpu"), updates)
+    mean = WeightedMean().aggregate(None, SimpleNamespace(engine=SimpleNamespace(aggregated_sizes=lambda: {"a": 2, "b": 1}),
+                                                             device="cpu"), updates)
     assert float(gm["b"]) < 10 and float(mean["b"]) > 3000
     uniform = GeometricMedian("uniform", eps=1e-10, max_iter=1000).aggregate(None, _module({"a": 2, "b": 1}), updates)
     assert not torch.allclose(uniform["a"], gm["a"])

@@ -23,6 +23,6 @@ def test_ten_thousand_clients_ten_per_round():
     t = trainer(3, limit_val_batches=0)
     t.fit(module, dm)
     assert t.num_training_batches == 10  # work items per round: the clients in flight
-    ran = set().union(*(module.sample_round(r) for r in range(3)))
-    assert sorted(module.store.clients()) == sorted(ran)  # state only for clients that ran, not for 10,000
-    assert module.store.nbytes() <= 30 * module.global_model.num_params * 4
+    ran = set().union(*(module.engine.sample_round(r) for r in range(3)))
+    assert sorted(module.engine.store.clients()) == sorted(ran)  # state only for clients that ran, not for 10,000
+    assert module.engine.store.nbytes() <= 30 * module.global_model.num_params * 4

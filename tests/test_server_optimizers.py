@@ -191,7 +191,7 @@ class RecordClients(FederatedCallback):
         self.rounds: list[list[int]] = []
 
     def on_round_end(self, trainer, module, round_idx, aggregate) -> None:
-        self.rounds.append(list(module.round_clients))
+        self.rounds.append(list(module.engine.round_clients))
 
 
 @pytest.mark.parametrize("fraction, min_clients, expected", [(0.5, 1, 5), (0.25, 1, 2), (0.1, 3, 3), (1.0, 1, 10)])

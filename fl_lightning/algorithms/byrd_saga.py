@@ -87,7 +87,7 @@ class ByrdSAGA(FederatedModule):
 
     def client_init(self, run: ClientRun) -> None:
         """Fill the gradient table at the client's first round; pick this round's minibatch ``j``."""
-        chunks = fixed_minibatches(run.num_samples, self.datamodule.batch_size,
+        chunks = fixed_minibatches(run.num_samples, self.engine.datamodule.batch_size,
                                    generator(self.seed, "saga-batches", run.client_id))
         if TABLE not in run.state:
             run.state[TABLE] = torch.stack([Layout.flatten(run.loss_and_grad(run.fetch(c))[1]) for c in chunks])
@@ -111,6 +111,6 @@ class ByrdSAGA(FederatedModule):
 
     def server_update(self, aggregate: dict[str, Tensor]) -> None:
         """``w <- w - gamma v*``."""
-        lr = self.local_lr if self.schedule == "paper" else self.step_size
-        assert self.round_start is not None
-        self.global_model.load(self.round_start - lr * aggregate["grad"].to(self.device))
+        lr = self.engine.local_lr if self.schedule == "paper" else self.step_size
+        assert self.engine.round_start is not None
+        self.global_model.load(self.engine.round_start - lr * aggregate["grad"].to(self.device))

@@ -70,7 +70,7 @@ class FastDRO(SampleLosses, FederatedModule):
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage == "fit":
-            require_plain_sgd(self.local_optimizer(), type(self).__name__)
+            require_plain_sgd(self.engine.local_optimizer(), type(self).__name__)
 
     def robust_value(self, losses: Tensor) -> Tensor:
         """The batch's robust loss, its worst-case weights held fixed (their gradient is not needed)."""
@@ -145,13 +145,13 @@ class PDSGD(SampleLosses, FederatedModule):
         super().setup(stage)
         if stage != "fit":
             return
-        clients = len(self.datamodule.train_clients)
+        clients = len(self.engine.datamodule.train_clients)
         if clients != 1:
             raise ValueError(f"PDSGD keeps one dual weight per training sample, normalized over all of them: it runs "
                              f"on a one-client federation holding every sample (num_clients: 1), got {clients} "
                              "training clients")
-        require_plain_sgd(self.local_optimizer(), type(self).__name__)
-        n, b = self.datamodule.num_samples(self.datamodule.train_clients[0]), self.datamodule.batch_size
+        require_plain_sgd(self.engine.local_optimizer(), type(self).__name__)
+        n, b = self.engine.datamodule.num_samples(self.engine.datamodule.train_clients[0]), self.engine.datamodule.batch_size
         if self.dual_lr * n / b > 1:
             warnings.warn(f"PDSGD: dual_lr={self.dual_lr} with {n} samples and batch {b} moves a sampled dual log-weight "
                           f"by dual_lr * n / b = {self.dual_lr * n / b:.3g} times its loss per step: the duals pile onto "
@@ -160,7 +160,7 @@ class PDSGD(SampleLosses, FederatedModule):
 
     def client_init(self, run: ClientRun) -> None:
         """The duals (uniform at the first round) and this round's minibatch indices, keyed by (seed, round)."""
-        n, b = run.num_samples, self.datamodule.batch_size
+        n, b = run.num_samples, self.engine.datamodule.batch_size
         if DUAL not in run.state:
             run.state[DUAL] = torch.full((n,), -math.log(n), device=run.start.device, dtype=torch.float64)
         assert run.num_steps is not None

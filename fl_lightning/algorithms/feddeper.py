@@ -128,13 +128,13 @@ class FedDeper(FederatedModule):
         #: x^0, the global model of round 0: every personal model's value before its first round
         #: (``personal_init="x0"``).
         self.register_buffer("initial_state", self.global_model.flatten())
-        self.add_client_state(PERSONAL, default=self.initial_model if personal_init == "x0" else self.round_start_model)
+        self.add_client_state(PERSONAL, default=self.initial_model if personal_init == "x0" else self.engine.round_start_model)
         if independent_batches:
             self.extra_batch_streams = (PERSONAL_BATCHES,)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        optimizer = self.local_optimizer()
+        optimizer = self.engine.local_optimizer()
         require_plain_sgd(optimizer, "FedDeper")
         #: which parameters a local step moves (the others stay put in ``y`` and in ``v``)
         self.moves = moved_by(optimizer, self.global_model.params)
@@ -142,8 +142,8 @@ class FedDeper(FederatedModule):
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
         if self.current_epoch == 0:
-            assert self.round_start is not None
-            self.initial_state.copy_(self.round_start)
+            assert self.engine.round_start is not None
+            self.initial_state.copy_(self.engine.round_start)
 
     def initial_model(self) -> Tensor:
         """``x^0``, every personal model's value before its first round."""
@@ -151,7 +151,7 @@ class FedDeper(FederatedModule):
 
     def personal_model(self, client_id: int) -> Tensor:
         """Client ``client_id``'s stored personal model ``v_i`` (``x^0`` before its first round), on the device."""
-        return self.context.load_client_state(client_id)[PERSONAL]
+        return self.engine.context.load_client_state(client_id)[PERSONAL]
 
     def client_init(self, run: ClientRun) -> None:
         run.scratch["x"] = run.layout.split_params(run.start)

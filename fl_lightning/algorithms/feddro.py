@@ -110,21 +110,21 @@ class LockStepCompositional(SampleLosses, LockstepModule):
         self.objective = objective
         if self.keeps_previous_iterate:
             # x_k^{-1} of a client's first round is the model it starts from
-            self.add_client_state(PREVIOUS, default=self.round_start_model)
+            self.add_client_state(PREVIOUS, default=self.engine.round_start_model)
 
     # ---------------------------------------------------------------- setup
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage != "fit":
             return
-        num_train = len(self.datamodule.train_clients)
+        num_train = len(self.engine.datamodule.train_clients)
         if self.clients_per_round != num_train:
             raise ValueError(
                 f"{type(self).__name__} runs every training client at every step (the paper has no client "
                 f"sampling): clients_per_round must equal the number of training clients ({num_train}), "
                 f"got {self.clients_per_round}"
             )
-        require_plain_sgd(self.local_optimizer(), type(self).__name__)
+        require_plain_sgd(self.engine.local_optimizer(), type(self).__name__)
 
     # -------------------------------------------------- inner-function estimate
     def inner_mean(self, run: ClientRun, batch: Any, model: Model = None) -> Tensor:

@@ -130,7 +130,7 @@ class FedProxVR(FederatedModule):
 
     def setup(self, stage: str) -> None:
         if self.all_clients and stage == "fit":
-            self.clients_per_round = len(self.datamodule.train_clients)
+            self.clients_per_round = len(self.engine.datamodule.train_clients)
         super().setup(stage)
 
     # ------------------------------------------------------------ client side
@@ -206,7 +206,7 @@ class FedProxVR(FederatedModule):
     def full_gradient(self, run: ClientRun) -> list[Tensor]:
         """``grad F_n`` at the run's current model, over the client's whole training split, in eval
         mode (no Dropout, BatchNorm on its running statistics, left unchanged): deterministic."""
-        size = self.full_gradient_batch_size or self.datamodule.eval_batch_size
+        size = self.full_gradient_batch_size or self.engine.datamodule.eval_batch_size
         chunks = ((batch, len(batch[-1])) for batch in run.epoch(size))
         was_training = self.client.training
         self.client.eval()

@@ -40,13 +40,13 @@ class LocalOnly(FederatedModule):
     def __init__(self, client: pl.LightningModule, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         self.remove_update("delta")  # nothing is sent
-        self.add_client_state(MODEL, default=self.round_start_model)  # the common initial model: never changes
+        self.add_client_state(MODEL, default=self.engine.round_start_model)  # the common initial model: never changes
 
     def client_init(self, run: ClientRun) -> None:
         """The client goes on from its own model; one that trained in an earlier round (its model is in
         the store) has spent its budget and takes no step."""
         run.restart(run.state[MODEL])
-        if run.client_id in self.store:
+        if run.client_id in self.engine.store:
             run.num_steps = 0
 
     def client_final(self, run: ClientRun) -> dict[str, Tensor]:
@@ -59,8 +59,8 @@ class LocalOnly(FederatedModule):
 
     def client_eval_state(self, client_id: int) -> Optional[Tensor]:
         """The client's own model; a client that never trained is trained now with the same budget."""
-        stored = self.store.get(client_id, MODEL, device=self.device)
-        return stored if stored is not None else self.train_locally(client_id)
+        stored = self.engine.store.get(client_id, MODEL, device=self.device)
+        return stored if stored is not None else self.engine.train_locally(client_id)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Nothing: there is no global model; clients are evaluated by ``ClientMetrics``."""

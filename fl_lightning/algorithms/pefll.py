@@ -224,7 +224,7 @@ class HypernetworkFederation(FederatedModule):
             everything += params
         if self.server_clip is not None:
             torch.nn.utils.clip_grad_norm_(everything, self.server_clip)
-        optimizer = self.server_optimizer
+        optimizer = self.engine.server_optimizer
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -318,7 +318,7 @@ class PeFLL(HypernetworkFederation):
     def descriptor_batch(self, client_id: int, round_idx: int) -> tuple[Tensor, Tensor]:
         """``B_i``: ``descriptor_batch_size`` distinct samples of the client's training split,
         drawn from (seed, "descriptor", round, client)."""
-        data = self.datamodule.client_data(client_id, "train")
+        data = self.engine.datamodule.client_data(client_id, "train")
         g = generator(self.seed, "descriptor", round_idx, client_id)
         positions = torch.randperm(len(data), generator=g)[: self.descriptor_batch_size]
         return move_data_to_device(data.fetch(positions), self.device)
@@ -337,7 +337,7 @@ class PeFLL(HypernetworkFederation):
         super().on_train_epoch_start()
         if self.descriptor_standardize and not bool(self.descriptor_frozen):
             # the first client of the first round (all processes compute it: same on every rank)
-            cid = self.round_clients[0]
+            cid = self.engine.round_clients[0]
             with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
                 x, y = self.descriptor_batch(cid, self.current_epoch)
                 self.freeze_standardization(mean_descriptor(self.embedding, x, y))
@@ -370,5 +370,5 @@ class PeFLL(HypernetworkFederation):
 
     def eval_code(self, client_id: int) -> Tensor:
         """PeFLL-predict's descriptor: over the client's whole training split."""
-        data = self.datamodule.client_data(client_id, "train")
-        return self.descriptor(data.epoch_batches(1, batch_size=self.datamodule.eval_batch_size))
+        data = self.engine.datamodule.client_data(client_id, "train")
+        return self.descriptor(data.epoch_batches(1, batch_size=self.engine.datamodule.eval_batch_size))

@@ -91,7 +91,7 @@ class PFedHN(HypernetworkFederation):
         self.build_hypernetwork(embedding_dim)
 
     def setup(self, stage: str) -> None:
-        n = self.datamodule.num_clients
+        n = self.engine.datamodule.num_clients
         if self.client_embeddings is None:
             self.client_embeddings = nn.Embedding(n, self.embedding_dim, device=self.device)
             with torch.no_grad():
@@ -123,7 +123,7 @@ class PFedHN(HypernetworkFederation):
     def eval_code(self, client_id: int) -> Tensor:
         """A training client's embedding; for any other client, a fitted new embedding."""
         assert self.client_embeddings is not None
-        if client_id in set(self.datamodule.train_clients):
+        if client_id in set(self.engine.datamodule.train_clients):
             return self.client_embeddings.weight[client_id].detach()
         return self.fit_new_client(client_id)
 
@@ -136,7 +136,7 @@ class PFedHN(HypernetworkFederation):
                 leaf = code.clone().requires_grad_()
                 with torch.autocast(self.device.type, enabled=False):
                     theta = self.hypernetwork(leaf)
-                end = self.train_locally(client_id, start=theta.detach(), stream="new-client-batches", round_idx=r)
+                end = self.engine.train_locally(client_id, start=theta.detach(), stream="new-client-batches", round_idx=r)
                 (grad,) = vector_jacobian(theta, [leaf], end - theta.detach())
                 code = code + self.server_lr * grad.detach()
         return code

@@ -162,7 +162,7 @@ class RAGA(FederatedModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        require_plain_sgd(self.local_optimizer(), type(self).__name__)
+        require_plain_sgd(self.engine.local_optimizer(), type(self).__name__)
 
     def local_lr_scheduler(self, optimizer: torch.optim.Optimizer) -> Optional[LRScheduler]:
         return paper_schedule(optimizer, self.schedule, self.total_rounds, self.trainer, self.lr_scale)
@@ -183,9 +183,9 @@ class RAGA(FederatedModule):
 
     def server_update(self, aggregate: dict[str, Tensor]) -> None:
         """``w <- w - eta^t z`` (eq. 14; ``eta^t``: the round's local rate, or ``server_lr`` if given)."""
-        lr = self.local_lr if self.global_lr is None else self.global_lr
+        lr = self.engine.local_lr if self.global_lr is None else self.global_lr
         z = aggregate["grad"].to(self.device)
-        assert self.round_start is not None
-        self.global_model.load(self.round_start - lr * z)
+        assert self.engine.round_start is not None
+        self.global_model.load(self.engine.round_start - lr * z)
         log_agreed(self, "raga/lr", lr, on_step=False, on_epoch=True, batch_size=1)
         log_agreed(self, "raga/aggregate_norm", float(z.norm()), on_step=False, on_epoch=True, batch_size=1)

@@ -60,7 +60,7 @@ class SCAFFOLD(FederatedModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        require_plain_sgd(self.local_optimizer(), "SCAFFOLD (option II)")
+        require_plain_sgd(self.engine.local_optimizer(), "SCAFFOLD (option II)")
 
     def client_init(self, run: ClientRun) -> None:
         run.scratch["correction"] = run.layout.split_params(self.server_control - run.state["control"])
@@ -79,5 +79,5 @@ class SCAFFOLD(FederatedModule):
 
     def server_update(self, aggregate: dict[str, Tensor]) -> None:
         super().server_update(aggregate)
-        fraction = self.round_num_updates / len(self.datamodule.train_clients)
+        fraction = self.engine.round_num_updates / len(self.engine.datamodule.train_clients)
         self.server_control += fraction * aggregate["control"].to(self.device)

@@ -151,7 +151,7 @@ class ClientBackend(ABC, Generic[Group]):
         if step == 0:
             self._groups = [self.start_group(context, clients) for clients in self._lockstep_plan]
             algorithm = context.lockstep_algorithm()
-            self._round_samples = float(sum(algorithm.datamodule.num_samples(c) for c in algorithm.round_clients))
+            self._round_samples = float(sum(algorithm.engine.datamodule.num_samples(c) for c in algorithm.engine.round_clients))
         batches = [self.next_batches(context, group) for group in self._groups]
         shares = [self.share(context, group, b, step) for group, b in zip(self._groups, batches)]
         parts = [s for s in shares if s is not None]

@@ -498,7 +498,7 @@ class ClientProgram:
                     run.steps_taken += 1
                     run.step_index += 1
             uploads = algorithm.client_final(run)
-        return ClientRoundResult(checked_update(type(algorithm).__name__, algorithm.update_specs, run, uploads),
+        return ClientRoundResult(checked_update(type(algorithm).__name__, algorithm.engine.update_specs, run, uploads),
                                  run.state)
 
 

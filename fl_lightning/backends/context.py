@@ -232,8 +232,8 @@ class ClientContext:
     def load_client_state(self, client_id: int) -> dict[str, Tensor]:
         """Client ``client_id``'s declared state entries, on the device (defaults where absent)."""
         state = {}
-        for name, spec in self.algorithm.state_specs.items():
-            value = self.algorithm.store.get(client_id, name, device=self.device)
+        for name, spec in self.algorithm.engine.state_specs.items():
+            value = self.algorithm.engine.store.get(client_id, name, device=self.device)
             if value is None:
                 value = spec.initial()
             if value is not None:
@@ -248,14 +248,14 @@ class ClientContext:
         work and learning rate: :meth:`client_config`), its declared state entries and the lock-step value."""
         algorithm = self.algorithm
         if start is None:
-            assert algorithm.round_start is not None, "the round has not started"
-            start = algorithm.round_start
+            assert algorithm.engine.round_start is not None, "the round has not started"
+            start = algorithm.engine.round_start
         config = None if plain else self.round_config(client_id)
         run = run_class(
             *args,
             client_id=client_id,
             round_idx=self.round if round_idx is None else round_idx,
-            num_samples=algorithm.datamodule.num_samples(client_id),
+            num_samples=algorithm.engine.datamodule.num_samples(client_id),
             layout=self.global_model.layout,
             start=start,
             state={} if plain else self.load_client_state(client_id),
@@ -269,7 +269,7 @@ class ClientContext:
 
     def finish(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> None:
         """Hand a finished run's uploads (checked against the declarations) and new state in (:meth:`hand_in`)."""
-        update = checked_update(type(self.algorithm).__name__, self.algorithm.update_specs, run, uploads)
+        update = checked_update(type(self.algorithm).__name__, self.algorithm.engine.update_specs, run, uploads)
         self._results.append(ClientRoundResult(update, run.state))  # hand_in's, without a call per client
 
     def hand_in(self, result: ClientRoundResult) -> None:
@@ -288,9 +288,9 @@ class ClientContext:
 
     def skip_forged(self, client_id: int) -> None:
         """Hand in zeros of the declared shapes for ``client_id``, whose upload a callback forges (no new state)."""
-        specs = self.algorithm.update_specs
+        specs = self.algorithm.engine.update_specs
         zeros = {name: torch.zeros(spec.size, device=self.device) for name, spec in specs.items()}
-        self.hand_in(ClientRoundResult(ClientUpdate(client_id, self.algorithm.datamodule.num_samples(client_id), zeros),
+        self.hand_in(ClientRoundResult(ClientUpdate(client_id, self.algorithm.engine.datamodule.num_samples(client_id), zeros),
                                        {}))
 
     # ------------------------------------------------------------ batches
@@ -302,7 +302,7 @@ class ClientContext:
 
     def client_data(self, client_id: int) -> ClientData:
         """The client's training split."""
-        return self.algorithm.datamodule.client_data(client_id, "train")
+        return self.algorithm.engine.datamodule.client_data(client_id, "train")
 
     def _on_local_batch(self, client_id: int, batch: Any) -> Any:
         """``batch`` after the callbacks' ``on_local_batch`` (data poisoning)."""
@@ -321,7 +321,7 @@ class ClientContext:
         Trainer's precision plugin, the scheduled learning rates), its clients' logs buffered, their batches
         passed through the callbacks' ``on_local_batch``."""
         algorithm = self.algorithm
-        lrs = [group["lr"] for group in algorithm.local_optimizer().param_groups]
+        lrs = [group["lr"] for group in algorithm.engine.local_optimizer().param_groups]
         settings = LocalSettings(algorithm.local_steps, algorithm.local_epochs, lrs, self.trainer.precision_plugin,
                                  self.device)
         return ClientProgram(algorithm, self.round, settings, self.logs,
@@ -365,7 +365,7 @@ class ClientContext:
     def gather(self, indices: Tensor) -> Any:
         """The samples of the dataset pool at ``indices`` (any shape, e.g. ``[clients, batch]``), on the
         device (one gather there when the pool and the indices are: ``FederatedDataModule.place_pool``)."""
-        return to_device(gather(self.algorithm.datamodule.pool, indices), self.device)
+        return to_device(gather(self.algorithm.engine.datamodule.pool, indices), self.device)
 
     def step_batches(self, run: ClientRun) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Each local step's batch and the batches of the extra streams, for ``run``."""

@@ -60,7 +60,7 @@ class SequentialBackend(ClientBackend[_Parked]):
         """A lock-step run of ``client_id`` starting from the global model (loaded into the client module)."""
         assert self._program is not None, "the round has not started"
         run = context.new_run(ModuleRun, client_id, context, context.client_batches(client_id),
-                              context.algorithm.local_optimizer(), self._program.view)
+                              context.algorithm.engine.local_optimizer(), self._program.view)
         run.restart(run.start)
         return run
 
@@ -77,8 +77,8 @@ class SequentialBackend(ClientBackend[_Parked]):
             return
         assert self._program is not None, "the round has not started"
         algorithm = context.algorithm
-        assert algorithm.round_start is not None, "the round has not started"
-        result = self._program.run(client_id, algorithm.round_start, context.load_client_state(client_id),
+        assert algorithm.engine.round_start is not None, "the round has not started"
+        result = self._program.run(client_id, algorithm.engine.round_start, context.load_client_state(client_id),
                                    context.client_data(client_id), context.round_config(client_id))
         context.hand_in(result)
 
@@ -139,7 +139,7 @@ def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: 
     ``round_idx``); returns the trained state vector. The client module is left trained: the
     caller restores it."""
     run = context.new_run(ModuleRun, client_id, context, context.client_batches(client_id, round_idx),
-                          context.algorithm.local_optimizer(), context.module_view(), start=start, plain=True,
+                          context.algorithm.engine.local_optimizer(), context.module_view(), start=start, plain=True,
                           round_idx=round_idx)
     run.restart(start)
     with context.local_work(client_id, stream, round_idx), torch.no_grad():

@@ -30,7 +30,7 @@ def check_accuracy_data(module: Federation, who: str) -> None:
     Raises:
         ValueError: naming the targets or the samples, and FederatedEvaluation, which takes any.
     """
-    dm = module.datamodule
+    dm = module.engine.datamodule
     instead = ("evaluate the clients with FederatedEvaluation, which logs your module's own metrics (its "
                "validation_step's self.log calls, an MSE say) per client")
     if not dm.has_class_labels:
@@ -75,7 +75,7 @@ def accuracies_of(module: Federation, state: Optional[Tensor], data: Mapping[K, 
     counts = {}
     for key, split in data.items():  # the counts stay on the device: one read at the end, not one a batch
         correct = torch.zeros((), dtype=torch.long, device=module.device)
-        for batch in split.epoch_batches(1, batch_size=module.datamodule.eval_batch_size):
+        for batch in split.epoch_batches(1, batch_size=module.engine.datamodule.eval_batch_size):
             x, y = inputs_and_labels(batch)
             logits = module.client(move_data_to_device(x, module.device))
             correct += (logits.argmax(-1) == move_data_to_device(y, logits.device)).sum()

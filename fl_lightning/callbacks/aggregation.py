@@ -47,6 +47,6 @@ class WeightedMean(Aggregator):
     def aggregate(
         self, trainer: pl.Trainer, module: Federation, updates: list[ClientUpdate]
     ) -> Optional[dict[str, Tensor]]:
-        reductions = {name: (size, self.linear_reduction) for name, size in module.aggregated_sizes().items()}
+        reductions = {name: (size, self.linear_reduction) for name, size in module.engine.aggregated_sizes().items()}
         out = finish_linear(all_reduce_sum(linear_sums(updates, reductions, module.device)), reductions)
         return out or None

@@ -108,7 +108,7 @@ class ByzantineAttack(FederatedCallback):
     # ------------------------------------------------------------ selection
     def choose(self, module: Federation) -> list[int]:
         """Choose (and remember) the Byzantine clients among the datamodule's training clients."""
-        dm = module.datamodule
+        dm = module.engine.datamodule
         clients = list(dm.train_clients)
         sizes = [dm.num_samples(c) for c in clients]
         g = generator(self.attack_seed(module), "byzantine")
@@ -126,7 +126,7 @@ class ByzantineAttack(FederatedCallback):
     forges_uploads: bool = True
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Federation) -> None:
-        if self.forges_uploads and not pl_module.update_specs:
+        if self.forges_uploads and not pl_module.engine.update_specs:
             raise ValueError(
                 f"{type(self).__name__} forges what Byzantine clients upload, and {type(pl_module).__name__} uploads "
                 "nothing (its clients train alone); poison their data with LabelFlipAttack instead"
@@ -173,7 +173,7 @@ class ByzantineAttack(FederatedCallback):
 
     def _honest_statistics(self, module: Federation, honest: list[ClientUpdate]) -> HonestStatistics:
         """Mean and std of all processes' ``honest`` uploads of the round (one all-reduce)."""
-        names = module.upload_sizes()
+        names = module.engine.upload_sizes()
         device = module.device
         flat = torch.zeros(2 * sum(names.values()) + 1, dtype=torch.float64, device=device)
         p = sum(names.values())
@@ -343,7 +343,7 @@ class LabelFlipAttack(ByzantineAttack):
         and the run would fail only once a Byzantine client is sampled."""
         if stage != "fit":
             return
-        dm = pl_module.datamodule
+        dm = pl_module.engine.datamodule
         if not dm.has_class_labels:
             raise ValueError(f"LabelFlipAttack flips class labels, but {type(dm).__name__}'s targets are "
                              f"{targets_in_words(dm.describe_targets())}, not class labels: choose another attack")
@@ -367,7 +367,7 @@ class LabelFlipAttack(ByzantineAttack):
         if not self.is_byzantine(client_id):
             return batch
         if isinstance(batch, Mapping):  # dict samples: the labels under the datamodule's label_column
-            key = module.datamodule.label_column
+            key = module.engine.datamodule.label_column
             return {**batch, key: flip_labels(batch[key], self.num_classes)}
         return (batch[0], flip_labels(batch[1], self.num_classes), *batch[2:])
 

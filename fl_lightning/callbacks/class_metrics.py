@@ -75,7 +75,7 @@ class ClassAccuracy(FederatedCallback):
     def class_counts(self, module: Federation) -> tuple[Tensor, Tensor]:
         """Per-class (correct, total) counts of the global model on the global test set, all processes summed."""
         rank, world = rank_and_world()
-        dm = module.datamodule
+        dm = module.engine.datamodule
         test = dm.global_test_set()
         loader = DataLoader(Subset(test, range(rank, len(test), world)), batch_size=dm.eval_batch_size)
         counts = torch.zeros(2, self.num_classes, dtype=torch.float64, device=module.device)

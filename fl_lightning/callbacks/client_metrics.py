@@ -105,7 +105,7 @@ class ClientMetrics(FederatedCallback):
                     log_agreed(pl_module, name, value, batch_size=1)
             elif not self._warned:
                 self._warned = True
-                dm = pl_module.datamodule
+                dm = pl_module.engine.datamodule
                 rank_zero_warn(
                     f"{type(self).__name__}(split={split!r}, clients={self.clients!r}) has nothing to evaluate: "
                     f"the selected clients' {split!r} splits are empty: "
@@ -123,7 +123,7 @@ class ClientMetrics(FederatedCallback):
         """``{client: {split: accuracy}}``: each selected client's model (:meth:`client_states`,
         made once) on each of its non-empty splits, this process's share of the clients
         (``my_clients``), gathered from all processes; clients whose splits are all empty are left out."""
-        dm = module.datamodule
+        dm = module.engine.datamodule
         data = {cid: splits for cid in my_clients(population(dm, self.clients))
                 if (splits := {s: d for s in self.splits if len(d := dm.client_data(cid, s)) > 0})}
         return gather_clients({cid: accuracies_of(module, state, data[cid])

@@ -4,7 +4,7 @@ distribution over clients.
 After each validation run (not the sanity check), a cohort of clients is evaluated: the client
 module's own ``validation_step`` (or ``test_step``) runs on each client's split with the client's
 model (the global model, or the algorithm's personalized model for that client), and whatever it
-logs is collected per client (:meth:`Federation.evaluate_clients`). For every logged metric the
+logs is collected per client (:meth:`~fl_lightning.engine.FederationEngine.evaluate_clients`). For every logged metric the
 callback logs its summary over clients
 (:func:`~fl_lightning.functional.client_summaries.summarize`): ``clients_val/mse_weighted``,
 ``clients_val/mse_mean``, ``clients_val/mse_worst``, ``clients_val/mse_best``,
@@ -137,7 +137,7 @@ class FederatedEvaluation(FederatedCallback):
     # ------------------------------------------------------------ the cohort
     def candidates(self, module: Federation) -> list[int]:
         """The clients the cohort is drawn from, by id."""
-        return population(module.datamodule, self.clients)
+        return population(module.engine.datamodule, self.clients)
 
     def cohort_size(self, available: int) -> int:
         """How many of ``available`` clients an evaluation takes."""
@@ -171,7 +171,7 @@ class FederatedEvaluation(FederatedCallback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         candidates = self.candidates(pl_module)
         self.cohort_size(len(candidates))  # refuse an impossible cohort before training
-        dm = pl_module.datamodule
+        dm = pl_module.engine.datamodule
         if all(len(dm.splits[self.split][c]) == 0 for c in candidates):  # (an empty val set: no validation runs)
             self.warn_empty(pl_module, candidates, "it draws from")
 
@@ -192,7 +192,7 @@ class FederatedEvaluation(FederatedCallback):
     def warn_empty(self, module: Federation, clients: Sequence[int], which: str = "of the cohort") -> None:
         """Warn (once) when some of ``clients`` (those ``which``) have no data in the split, which leaves
         them out of the figures, or when none has any, which leaves nothing to log; the datamodule says why."""
-        dm = module.datamodule
+        dm = module.engine.datamodule
         empty = [c for c in clients if len(dm.splits[self.split][c]) == 0]
         if not empty or (self._warned_some_empty if len(empty) < len(clients) else self._warned_empty):
             return
@@ -213,7 +213,7 @@ class FederatedEvaluation(FederatedCallback):
         """The cohort's evaluation, from all processes (each evaluates ``cohort[rank::world]``),
         sorted by client id."""
         rank, world = rank_and_world()
-        mine = module.evaluate_clients(list(cohort[rank::world]), self.split, self.hook, self.personalized)
+        mine = module.engine.evaluate_clients(list(cohort[rank::world]), self.split, self.hook, self.personalized)
         everyone = [result for part in all_gather_object(mine) for result in part]
         return sorted(everyone, key=lambda result: result.client_id)
 

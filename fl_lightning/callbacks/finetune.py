@@ -2,7 +2,7 @@
 
 After each validation run, every selected client copies the global model, runs ``steps``
 plain local optimizer steps (its own loss and ``configure_optimizers``, whatever the
-algorithm: ``FederatedModule.train_clients_locally``; the batched client backend finetunes
+algorithm: ``module.engine.train_clients_locally``; the batched client backend finetunes
 blocks of clients at once, each block's steps vectorized) on its training split and is evaluated on its
 own split; the global model is left unchanged, so training is not affected. Logs the mean /
 worst / 10th percentile of the finetuned clients' accuracies, like ``ClientMetrics`` (whose
@@ -60,5 +60,5 @@ class LocalFinetuning(ClientMetrics):
     def client_states(self, module: Federation, client_ids: Sequence[int]) -> Iterator[tuple[int, Tensor]]:
         """Each client's global model after ``steps`` plain local steps on its training split, by
         the run's client backend: the batched backend finetunes blocks of clients at once
-        (``FederatedModule.train_clients_locally``)."""
-        return module.train_clients_locally(client_ids, steps=self.steps, stream="finetune", round_idx=0)
+        (``module.engine.train_clients_locally``)."""
+        return module.engine.train_clients_locally(client_ids, steps=self.steps, stream="finetune", round_idx=0)

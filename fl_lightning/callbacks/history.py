@@ -96,7 +96,7 @@ class RoundHistory(FederatedCallback):
 
     # ------------------------------------------------------------ collecting
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Federation) -> None:
-        dm = pl_module.datamodule
+        dm = pl_module.engine.datamodule
         self._folder = self.folder(trainer)  # on every process (a collective), before rank 0 writes
         # the fit's first row rewrites both files (the folder may be new, or hold a crashed run's)
         self._csv_columns, self._json_written_at, self._json_behind = None, None, False
@@ -126,8 +126,8 @@ class RoundHistory(FederatedCallback):
         self._validated = True
 
     def on_round_end(self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Any) -> None:
-        self._open = {"round": round_idx + 1, "clients": list(module.round_clients),
-                      "updates": module.round_num_updates}
+        self._open = {"round": round_idx + 1, "clients": list(module.engine.round_clients),
+                      "updates": module.engine.round_num_updates}
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the round ended in its last work item and its validation ran after it: every metric of

@@ -96,7 +96,7 @@ class PersonalizedAccuracy(FederatedCallback):
     def local_sets(self, module: Federation) -> list[np.ndarray]:
         """Every client's local test set (indices into the global test set), built once."""
         if self._local is None:
-            dm = module.datamodule
+            dm = module.engine.datamodule
             pool_labels = dm.pool_targets
             test_labels = dm.targets_of(dm.global_test_set())
             local = local_test_indices([pool_labels[idx] for idx in dm.splits["train"]], test_labels)
@@ -111,7 +111,7 @@ class PersonalizedAccuracy(FederatedCallback):
 
     def evaluate(self, module: Federation) -> dict[int, tuple[float, Optional[float]]]:
         """``{client: (global accuracy, personal accuracy or None)}`` over the training clients."""
-        dm = module.datamodule
+        dm = module.engine.datamodule
         test_set = dm.global_test_set()
         local = self.local_sets(module)
 

@@ -76,12 +76,12 @@ def _not_uniform(module: Federation, aggregators: Sequence[Aggregator]) -> str:
     the aggregator's uploads with a weighted mean, the module's ``weighting`` (no ``Aggregator``
     callback) or the callback's; with a non-linear aggregator, a uniform mean in its place."""
     name = type(module).__name__
-    declared = [n for n, s in module.update_specs.items() if s.reduction not in ("mean", "aggregator")]
+    declared = [n for n, s in module.engine.update_specs.items() if s.reduction not in ("mean", "aggregator")]
     if declared:
-        reductions = ", ".join(repr(module.update_specs[n].reduction) for n in declared)
+        reductions = ", ".join(repr(module.engine.update_specs[n].reduction) for n in declared)
         return f"{name} declares {declared} with the reduction {reductions}, which no setting changes"
-    aggregated = list(module.aggregated_sizes())
-    reduction = module.aggregator_reduction
+    aggregated = list(module.engine.aggregated_sizes())
+    reduction = module.engine.aggregator_reduction
     if not aggregated or reduction == "mean":
         return ""
     if aggregators:
@@ -147,11 +147,11 @@ class DifferentialPrivacy(FederatedCallback):
         if self.mode != "central" or self.noise_multiplier == 0:
             return aggregate
         g = generator(self._seed(module), "dp-central", module.current_epoch)
-        std = self.noise_multiplier * self.clip_norm / max(module.round_num_updates, 1)
+        std = self.noise_multiplier * self.clip_norm / max(module.engine.round_num_updates, 1)
         return {name: t + gaussian_noise(t, std, g) for name, t in aggregate.items()}
 
     def on_round_end(self, trainer: pl.Trainer, module: Federation, round_idx: int, aggregate: Any) -> None:
-        rate = 1.0 if self.mode == "local" else module.clients_per_round / len(module.datamodule.train_clients)
+        rate = 1.0 if self.mode == "local" else module.clients_per_round / len(module.engine.datamodule.train_clients)
         for segment in self.history:  # the rounds of a checkpoint that kept no history (load_state_dict)
             segment[1] = rate if segment[1] is None else segment[1]
         record_round(self.history, self.noise_multiplier, rate)

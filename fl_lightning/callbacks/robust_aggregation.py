@@ -2,7 +2,7 @@
 
 Each aggregator gathers the round's updates from every process (one all-gather per round,
 ``fl_lightning.distributed.gather_updates``), stacks each client's tensors into one row of a
-``[n, p]`` matrix (the tensors of ``module.aggregated_sizes()`` concatenated, in that order),
+``[n, p]`` matrix (the tensors of ``module.engine.aggregated_sizes()`` concatenated, in that order),
 applies a pure function of ``fl_lightning.functional.robust`` on the module's device in
 float64, and splits the result back into names. The result is the same on every process and
 equal to the single-process one.
@@ -57,8 +57,8 @@ class RobustAggregator(Aggregator):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Federation) -> None:
         """Refuse, before the first round, an algorithm with nothing for the aggregator to combine and a
         round too small for the rule (:meth:`check_round_size`)."""
-        if not pl_module.aggregated_sizes():
-            declared = {n: s.reduction for n, s in pl_module.update_specs.items()}
+        if not pl_module.engine.aggregated_sizes():
+            declared = {n: s.reduction for n, s in pl_module.engine.update_specs.items()}
             raise ValueError(
                 f"{type(self).__name__} combines the uploads declared with reduction 'aggregator', and "
                 f"{type(pl_module).__name__} declares none (its uploads: {declared or 'none'}): remove the aggregator"
@@ -74,7 +74,7 @@ class RobustAggregator(Aggregator):
         everyone = gather_updates(updates)
         if not everyone:
             return None
-        names = module.aggregated_sizes()
+        names = module.engine.aggregated_sizes()
         points, counts = stack_updates(everyone, names, module.device)
         result = self.combine(points, counts)
         return split_aggregate(result, names)

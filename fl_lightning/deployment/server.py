@@ -35,6 +35,7 @@ from fl_lightning.deployment.messages import (CLIENTS_QUERY, NO_STATE, TRAIN, Jo
                                               job_content, read_clients, read_reply)
 from fl_lightning.hooks import FederatedCallback
 from fl_lightning.lightning_compat import log_agreed
+from fl_lightning.backends.client_round import ClientRoundResult
 from fl_lightning.module import FederatedModule
 from fl_lightning.validation import check_number
 
@@ -105,7 +106,7 @@ class DeploymentBackend(ClientBackend[None]):
         """
         self.clients_per_block = clients_per_round
         self.discover()
-        missing = sorted(set(context.algorithm.datamodule.train_clients) - set(self.node_of))
+        missing = sorted(set(context.algorithm.engine.datamodule.train_clients) - set(self.node_of))
         if missing:
             raise ValueError(f"no node holds training client(s) {missing[:10]} (the nodes hold "
                              f"{sorted(self.node_of)}): give each client to a node in its node config 'clients'")
@@ -141,11 +142,11 @@ class DeploymentBackend(ClientBackend[None]):
             self.discover()  # a node joined, left or came back (with a new id)
         algorithm = context.algorithm
         round_idx = context.round
-        lrs = [group["lr"] for group in algorithm.local_optimizer().param_groups]
+        lrs = [group["lr"] for group in algorithm.engine.local_optimizer().param_groups]
         precision = str(context.trainer.precision)
         broadcast = broadcast_state(algorithm)
-        assert algorithm.round_start is not None, "the round has not started"
-        start = algorithm.round_start
+        assert algorithm.engine.round_start is not None, "the round has not started"
+        start = algorithm.engine.round_start
         sent: dict[int, int] = {}
         messages = []
         self.left_out = []
@@ -175,8 +176,8 @@ class DeploymentBackend(ClientBackend[None]):
                 if sent.get(client_id) != node:
                     raise ReplyError(f"a reply for client {client_id} came from node {node}, which was sent no job "
                                      f"for it this round")
-                got = read_reply(reply.content, client_id, round_idx, algorithm.update_specs,
-                                 algorithm.datamodule.num_samples(client_id))
+                got = read_reply(reply.content, client_id, round_idx, algorithm.engine.update_specs,
+                                 algorithm.engine.datamodule.num_samples(client_id))
             except ReplyError as error:
                 warnings.warn(f"round {round_idx}: {error}; refused, not aggregated", RuntimeWarning, stacklevel=2)
                 continue
@@ -191,15 +192,15 @@ class DeploymentBackend(ClientBackend[None]):
             if client_id in updates:
                 got = updates[client_id]
                 marker = float(round_idx) if got.state_finite else float("nan")  # NaN: excluded as a non-finite state
-                state = {STATE_VERSION: torch.tensor(marker, dtype=torch.float64)} if algorithm.state_specs else None
-                algorithm.receive(got.update, state)
+                state = {STATE_VERSION: torch.tensor(marker, dtype=torch.float64)} if algorithm.engine.state_specs else None
+                context.hand_in(ClientRoundResult(got.update, state or {}))  # returned as the work item's results
 
     @staticmethod
     def _state_version(algorithm: FederatedModule, client_id: int) -> int:
         """The round of client ``client_id``'s state on its node that the server kept (:data:`NO_STATE`: none)."""
-        if not algorithm.state_specs:
+        if not algorithm.engine.state_specs:
             return NO_STATE
-        value = algorithm.store.get(client_id, STATE_VERSION)
+        value = algorithm.engine.store.get(client_id, STATE_VERSION)
         return NO_STATE if value is None else int(value)
 
     def _leave_out(self, round_idx: int, client_id: int, why: str) -> None:
@@ -241,6 +242,6 @@ def deploy(module: FederatedModule, grid: Grid, timeout: Optional[float] = None)
             starts; the Trainer's callbacks are checked at setup.
     """
     check_deployable(module)
-    module.backend = DeploymentBackend(grid, timeout)
+    module.engine.backend = DeploymentBackend(grid, timeout)
     module.client_backend = "deployment"  # type: ignore[assignment]
     return module

@@ -24,7 +24,7 @@ def require_plain_sgd(optimizer: torch.optim.Optimizer, algorithm: str) -> float
     (:func:`~fl_lightning.optim.param_groups.optimizer_lr`).
 
     Args:
-        optimizer: the client's local optimizer (``FederatedModule.local_optimizer()``).
+        optimizer: the client's local optimizer (``module.engine.local_optimizer()``).
         algorithm: the algorithm's name, for the error message.
     """
     if type(optimizer) is not torch.optim.SGD:

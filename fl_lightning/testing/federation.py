@@ -54,15 +54,15 @@ def outcome(module: FederatedModule) -> dict[str, Tensor]:
         module: a module being fitted (read from a callback: the server optimizer is the Trainer's).
     """
     out = {f"module.{k}": v.detach().cpu().clone() for k, v in module.state_dict().items() if v.is_floating_point()}
-    for index, entries in module.server_optimizer.state_dict()["state"].items():
+    for index, entries in module.engine.server_optimizer.state_dict()["state"].items():
         out.update({f"server_optimizer.{index}.{key}": value.detach().cpu().clone()
                     for key, value in entries.items() if isinstance(value, Tensor)})
     shared = getattr(module, "shared", None)
     if isinstance(shared, Tensor):
         out["shared"] = shared.detach().cpu().clone()
-    for client in module.store.clients():
-        for name in module.state_specs:
-            value = module.store.get(client, name)
+    for client in module.engine.store.clients():
+        for name in module.engine.state_specs:
+            value = module.engine.store.get(client, name)
             if value is not None:
                 out[f"store.{client}.{name}"] = value.detach().cpu().clone()
     return out

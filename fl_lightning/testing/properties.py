@@ -193,12 +193,12 @@ class PoisonUpdate(FederatedCallback):
         self.refused = False
 
     def _stored(self, module: Any) -> dict[str, Tensor]:
-        found = {name: module.store.get(self.client, name) for name in module.state_specs}
+        found = {name: module.engine.store.get(self.client, name) for name in module.engine.state_specs}
         return {name: value.clone() for name, value in found.items() if value is not None}
 
     def on_round_start(self, trainer: pl.Trainer, module: Any, round_idx: int, clients: list[int]) -> None:
         if round_idx == self.round_idx:
-            self.client = next((c for c in clients if c in module.store), clients[0])
+            self.client = next((c for c in clients if c in module.engine.store), clients[0])
             self.stored_before = self._stored(module)
 
     def on_client_update(self, trainer: pl.Trainer, module: Any, update: ClientUpdate) -> ClientUpdate:
@@ -235,8 +235,8 @@ def check_nonfinite_update(check: AlgorithmCheck) -> str:
     if not poison.done:
         return f"skipped: {check.name}'s clients upload nothing (no add_update), so no update can hold NaN"
     where = f"client {poison.client}'s update of round 1, all NaN,"
-    cause = ("Likely cause: the algorithm reads the round's updates itself (a callback of its own, an override of "
-             "receive or finish_round) or writes client state outside run.state: let the engine's aggregate and "
+    cause = ("Likely cause: the algorithm reads the round's updates itself (a callback of its own, a Lightning hook "
+             "of its own around the round) or writes client state outside run.state: let the engine's aggregate and "
              "client state store take the round's updates")
     if poison.refused:
         raise AssertionError(

@@ -183,7 +183,7 @@ class BatchedBackend(ClientBackend[Block]):
         if self.requested_block is None:
             _, world = rank_and_world()
             clients = math.ceil(clients_per_round / world)
-            tensors, activations = context.algorithm.client_bytes(), activation_bytes(context)
+            tensors, activations = context.algorithm.engine.client_bytes(), activation_bytes(context)
             free = free_memory(context.device)
             # a lock-step round holds every client's run through the round: a block adds its steps' activations
             held = clients * tensors if context.lockstep else 0
@@ -359,7 +359,7 @@ class BatchedBackend(ClientBackend[Block]):
         if context.changes_local_batches or steps is None:
             yield from train_one_by_one(context, client_ids, start, steps, stream, round_idx)
             return
-        function = functional_optimizer(context.algorithm.local_optimizer(), context.global_model.params)
+        function = functional_optimizer(context.algorithm.engine.local_optimizer(), context.global_model.params)
         views = context.global_model.layout.split(start)  # shared by the runs until their block stacks them
         first = 0
         while first < len(client_ids):
@@ -403,7 +403,7 @@ class BatchedBackend(ClientBackend[Block]):
         before their block stacks them (no ``client_init``), which saves a copy per client (on a GPU,
         a launch each) and a split."""
         if function is None:
-            function = functional_optimizer(context.algorithm.local_optimizer(), context.global_model.params)
+            function = functional_optimizer(context.algorithm.engine.local_optimizer(), context.global_model.params)
         run = context.new_run(FunctionalRun, client_id, context, function, [])
         if views is None:
             run.restart(run.start)
@@ -416,9 +416,9 @@ class BatchedBackend(ClientBackend[Block]):
         a step to take finished at once)."""
         algorithm = context.algorithm
         runs = []
-        function = functional_optimizer(algorithm.local_optimizer(), context.global_model.params)
-        assert algorithm.round_start is not None, "the round has not started"
-        views = None if context.prepares_rounds else context.global_model.layout.split(algorithm.round_start)
+        function = functional_optimizer(algorithm.engine.local_optimizer(), context.global_model.params)
+        assert algorithm.engine.round_start is not None, "the round has not started"
+        views = None if context.prepares_rounds else context.global_model.layout.split(algorithm.engine.round_start)
         for cid in clients:
             if not context.lockstep and context.is_forged(cid):
                 context.skip_forged(cid)

@@ -40,7 +40,7 @@ def trial_vectorized_step(context: ClientContext, recording: Optional[MetricCall
             than the backend records (:class:`~fl_lightning.backends.batched.metrics.MetricMisuse`), or
             cannot run under ``vmap`` (:data:`NOT_VECTORIZABLE`); each says the way out.
     """
-    data = context.algorithm.datamodule
+    data = context.algorithm.engine.datamodule
     client_id = largest_client(data)
     if client_id is None:
         return
