@@ -2,8 +2,8 @@
 
 Runs a tiny deterministic federation (3 rounds, 8 generated clients, few local steps, a small
 MLP, fixed seeds, one CPU thread) for every algorithm class that ``fl_lightning.algorithms``
-exports, with each client backend it supports (``"sequential"``; ``"batched"`` when the class is
-``batchable``), plus a few engine features: ``local_epochs``, a robust aggregator, a
+exports, with each client backend it supports (``"sequential"``; ``"batched"`` but for
+:data:`SEQUENTIAL_ONLY`), plus a few engine features: ``local_epochs``, a robust aggregator, a
 data-poisoning attack and a client with BatchNorm. Each case records
 
 * ``model``: sha256 of the client module's ``state_dict()`` (names, dtypes, shapes and bytes of
@@ -177,7 +177,11 @@ FEATURES: dict[str, tuple[Callable[[str], pl.LightningModule], Callable[[], list
                                                   client_state_memory=0, **common(b)), list),
 }
 
-#: further sequential-only variants of algorithms that are not batchable: name -> builder()
+#: the algorithms the batched backend refuses at setup (its trial of their steps: ByrdSAGA's per-client
+#: minibatch index, PDSGD's step reading the client's sample count)
+SEQUENTIAL_ONLY = frozenset({"ByrdSAGA", "PDSGD"})
+
+#: further sequential-only variants of algorithms: name -> builder()
 SEQUENTIAL_VARIANTS: dict[str, Callable[[], pl.LightningModule]] = {
     "FedProxVR-sarah-last": lambda: FedProxVR(mlp(), estimator="sarah", mu=0.1, clients_per_round=PER_ROUND,
                                               local_steps=STEPS, output_iterate="last", **common("sequential")),
@@ -195,7 +199,7 @@ def cases() -> dict[str, tuple[Callable[[], pl.LightningModule], Callable[[], li
         raise RuntimeError(f"no equivalence case for the exported algorithm(s) {missing}: add a builder to ALGORITHMS")
     out = {}
     for name, build in ALGORITHMS.items():
-        backends = ["sequential", "batched"] if getattr(algorithms, name).batchable else ["sequential"]
+        backends = ["sequential"] if name in SEQUENTIAL_ONLY else ["sequential", "batched"]
         for backend in backends:
             out[f"{name}/{backend}"] = (lambda build=build, backend=backend: build(backend), list)
     for name, (build, callbacks) in FEATURES.items():

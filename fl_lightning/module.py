@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 
 from fl_lightning.backends import BACKENDS
-from fl_lightning.backends.context import overrides_default
 from fl_lightning.broadcast import broadcast_state, check_broadcast_name
 from fl_lightning.checkpoints import is_plain
 from fl_lightning.client_store import StateDefault, StateSpec, check_folder
@@ -32,7 +31,7 @@ from fl_lightning.hooks import Aggregator
 from fl_lightning.lightning_package import OptimizerCallable, attach_trainer, is_lightning_module, pl
 from fl_lightning.module_checkpoint import FederatedCheckpointing
 from fl_lightning.optim.server import check_server_optimizer
-from fl_lightning.run import ClientRun, StepOutput, plain_step
+from fl_lightning.run import ClientRun, StepOutput, default_hook, plain_step
 from fl_lightning.schedules import check_lr_drops, epochs_per_round, lr_drop_scheduler
 from fl_lightning.trainer_setup import prepare_trainer
 from fl_lightning.update import Reduction, UpdateSpec, Weighting
@@ -109,15 +108,12 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     #: names of keyed batch streams a local step draws from besides the main one; the step's
     #: batch of each is in ``run.extra_batches``
     extra_batch_streams: tuple[str, ...] = ()
-    #: whether the local rule is a function of tensors that the batched backend can vectorize (False
-    #: for rules with a torch optimizer of their own; a graph for ``client_final`` waits in ``run.held``)
+    #: False refuses the batched backend (the one opt-out of vectorizing), for a client protocol whose vectorized
+    #: form would silently differ and that the backend cannot see: a Python effect outside the module, such as
+    #: a draw from Python's ``random``. What it can see, it finds itself at setup and refuses with the reason
+    #: (a step that needs a client id or a per-client Python value, an optimizer of its own), or, for
+    #: ``client_final``, runs per client (:mod:`fl_lightning.backends.batched.final`)
     batchable: bool = True
-    #: whether ``client_final`` is a function of the run's tensors and of Python values all the clients
-    #: of a block share (the steps taken, the rate): no ``client_id`` or ``num_samples``, no data, no
-    #: random draws, no ``self.log``. The batched backend then runs it once for a block, ``vmap``-ped over
-    #: its clients, instead of once per client (one operation a block where each client costs a few:
-    #: on a GPU, launches); where the block's clients took different numbers of steps, per client.
-    vectorized_final: bool = False
     #: whether the algorithm trains a global model (False for personalized algorithms whose clients'
     #: models come only from ``client_eval_state``: local training alone, a hypernetwork)
     has_global_model: bool = True
@@ -311,11 +307,13 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         return self.client(*args, **kwargs)
 
     # ------------------------------------------------------------ client protocol
+    @default_hook
     def client_init(self, run: ClientRun) -> None:
         """Prepare client ``run.client_id``'s round. The run starts from the global model, with
         the client's declared state entries and a fresh local optimizer; override to start
         elsewhere (``run.restart``), set scratch values or change ``run.num_steps``."""
 
+    @default_hook
     def client_step(self, run: ClientRun, batch: Any) -> StepOutput:
         """One local step on ``batch``; returns its loss (or named scalars, ``"loss"`` among them).
 
@@ -324,18 +322,11 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         """
         return plain_step(run, batch)
 
+    @default_hook
     def client_final(self, run: ClientRun) -> dict[str, Tensor]:
         """The client's uploads, one flat tensor per declared name; also the place to set the
         client's new ``run.state`` entries. Default: ``{"delta": end - start}``."""
         return {"delta": run.end() - run.start}
-
-    @property
-    def finalizes_rounds(self) -> bool:
-        """Whether :meth:`client_final` computes more than the default upload, ``end - start``
-        (a backend then sets up the client's local work around it: its draws, its logging). By
-        default, whether the class overrides it; an override that is the default's for some of
-        its arguments says so here."""
-        return overrides_default(self, "client_final")
 
     # ------------------------------------------------------------ server side
     def configure_server_optimizer(self) -> torch.optim.Optimizer:

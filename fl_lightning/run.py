@@ -55,7 +55,10 @@ class ClientRun:
         scratch: the algorithm's per-run values.
         held: values ``client_init`` leaves for ``client_final`` that no local step reads (a graph
             to back-propagate through at the round's end): the batched backend neither stacks
-            nor carries them through its steps, where ``held`` is empty.
+            nor carries them through its steps, where ``held`` is empty. Not ``scratch``, whose
+            every value the batched backend stacks into the block's carry (a graph there would join
+            the clients' graphs into one and go through every vectorized step); sorting graphs out
+            of ``scratch`` at every block would be work per client.
         num_steps: local steps to run; None runs ``local_epochs`` passes. ``client_init`` may
             change it (e.g. FedProxVR's random output iterate).
         local_epochs: the passes over the client's training split when ``num_steps`` is None (the
@@ -211,6 +214,32 @@ def step_mean(values: list[Tensor]) -> Tensor:
     if all(v.dim() == 0 for v in values):
         return torch.stack(values).float().mean()
     return torch.cat([v.reshape(-1) for v in values]).float().mean()
+
+
+def default_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Say that ``hook`` is the engine's default of a client hook: ``FederatedModule``'s ``client_init``
+    (nothing), ``client_step`` (:func:`plain_step`) and ``client_final`` (:func:`default_final`) are. A backend
+    reads the statement (:func:`is_default_hook`), never the class's methods, and may run a default its own
+    way with the same result: no setting of local work around a ``client_init`` that does nothing, the plain
+    step's gradient outside ``vmap``, the default upload of a whole block at once. An algorithm whose own
+    hook is the default for some of its arguments says so by taking the default (FedProxVR without
+    ``log_local_accuracy``: ``self.client_final = default_final``). ``functools.wraps`` keeps the statement."""
+    hook.default_hook = True  # type: ignore[attr-defined]
+    return hook
+
+
+def is_default_hook(hook: Callable[..., Any]) -> bool:
+    """Whether ``hook`` (a function, a bound method, a wrapper made with ``functools.wraps``) is a
+    :func:`default_hook`."""
+    return getattr(hook, "default_hook", False) is True
+
+
+@default_hook
+def default_final(run: ClientRun) -> dict[str, Tensor]:
+    """The default ``client_final``, ``FederatedModule.client_final``'s upload ``{"delta": end - start}`` (no new
+    state), for an algorithm that takes it in place of its own (the base class's method computes it itself:
+    a call to this function there would add one per client and round)."""
+    return {"delta": run.end() - run.start}
 
 
 def plain_step(run: ClientRun, batch: Any) -> Tensor:

@@ -4,6 +4,8 @@ blocks bounding memory, and two processes giving the result of one."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -11,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fl_lightning.algorithms import (
+    PDSGD,
     RAGA,
     RFA,
     SCAFFOLD,
@@ -30,6 +33,7 @@ from fl_lightning.backends import BatchedBackend
 from fl_lightning.callbacks import FederatedCallback
 from fl_lightning.backends.batched import backend as backend_module
 from fl_lightning.backends.sequential import train_one_by_one
+from fl_lightning.backends.batched.final import BlockFinalRun
 from fl_lightning.backends.batched.sizing import activation_bytes
 from fl_lightning.functional.dro import KLDRO
 from fl_lightning.models import MLP
@@ -145,28 +149,77 @@ def test_ragged_clients_need_no_padding(momentum):
 
 
 @pytest.mark.parametrize("name", ["RAGA", "SCAFFOLD", "FedDeper", "LocalOnly"])
-def test_a_vectorized_client_final_runs_once_a_block(name, monkeypatch):
-    """An algorithm that declares ``vectorized_final`` has its ``client_final`` called once for a
-    block (a view of the stacked clients: no client id), not once per client: blocks of 4 and 1
-    (LocalOnly: 4 and 2) in each round (the equality with the sequential backend:
+def test_a_vectorizable_client_final_runs_once_a_block(name, monkeypatch):
+    """A ``client_final`` of tensors and of what a block's clients share has its call made once for a
+    block (a view of the stacked clients: no client id), not once per client, with nothing declared:
+    blocks of 4 and 1 (LocalOnly: 4 and 2) in each round (the equality with the sequential backend:
     test_batched_equals_sequential)."""
     module = SUPPORTED[name]("batched", 4)
-    assert module.vectorized_final
     calls = []
     final = type(module).client_final
 
     def counted(self, run):
-        calls.append(run.client_id)
+        calls.append(type(run))
         return final(self, run)
 
     monkeypatch.setattr(type(module), "client_final", counted)
     rounds = 1 if name == "LocalOnly" else 3  # LocalOnly's clients have spent their budget after one round
     trainer(rounds).fit(module, synthetic(6))
-    assert calls == [None] * 2 * rounds
+    assert module.engine.context.finalizes_rounds and module.engine.backend._eager_final is None
+    assert calls == [BlockFinalRun] * 2 * rounds
+
+
+class _Tally:
+    """Counts calls: Python state of the module's own that a vectorized ``client_final`` would change once a block."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+class _ClientSpecificFinal(SCAFFOLD):
+    """SCAFFOLD whose ``client_final`` uses what each client has its own of (``kind``), which a view of a block
+    does not hold: vectorized, it would silently give one client's to all."""
+
+    def __init__(self, client, kind: str, **kwargs) -> None:
+        super().__init__(client, **kwargs)
+        self.kind, self.tally = kind, []
+
+    def client_final(self, run):
+        out = super().client_final(run)
+        if self.kind == "client_id":
+            out["delta"] = out["delta"] * (1.0 + 0.01 * (run.client_id % 2))
+        elif self.kind == "num_samples":
+            out["delta"] = out["delta"] * (run.num_samples / (run.num_samples + 1.0))
+        elif self.kind == "metrics":
+            run.metrics["delta_norm"] = out["delta"].norm()
+        elif self.kind == "log":
+            self.log("final_norm", out["delta"].norm())
+        elif self.kind == "state":
+            self.tally.append(1)
+        return out
+
+
+@pytest.mark.parametrize("kind, reason", [
+    ("client_id", r"reads run.client_id"), ("num_samples", r"reads run.num_samples"),
+    ("metrics", r"reads run.metrics"), ("log", r"logs 'final_norm' with self.log"),
+    ("state", r"changes Python state of the module \(tally\)"),
+])
+def test_a_client_final_that_uses_a_clients_own_values_is_not_vectorized(kind, reason):
+    """Nothing declared: a ``client_final`` that reads a client's own field (its id, sample count, metrics),
+    logs, or changes the module's Python state is found out at its first vectorized try, which leaves no
+    trace, and runs once per client from then on (a one-time warning says why), with the sequential
+    backend's results."""
+    make = lambda b, k: _ClientSpecificFinal(mlp(), kind, clients_per_round=5, **common(b, k))  # noqa: E731
+    with pytest.warns(UserWarning, match=r"_ClientSpecificFinal.client_final runs once per client: it cannot be "
+                                         r"vectorized over a block \(ClientSpecific: it " + reason):
+        batched, _ = fitted(make, "batched")
+    sequential, _ = fitted(make, "sequential")
+    assert_close(outcome(sequential), outcome(batched), atol=1e-5)
+    assert len(batched.tally) == len(sequential.tally)
 
 
 def test_a_client_final_that_cannot_be_vectorized_runs_per_client_with_a_reason():
-    """A ``client_final`` declared vectorizable that draws random numbers: refused by ``vmap``, it runs
+    """A ``client_final`` that draws random numbers: refused by ``vmap`` at its first vectorized try, it runs
     once per client from then on (a one-time warning says why), with the sequential backend's result;
     clients that took different numbers of steps (``local_epochs``) run it per client too."""
 
@@ -205,7 +258,8 @@ def test_clients_smaller_than_the_batch_step_as_blocks_of_their_own(monkeypatch)
     advance = BatchedBackend._advance
 
     def spy(self, context, block, groups, step, phase, reseed=None):
-        calls.append((block, len(block.runs), [len(g.members) for g in groups]))  # the block kept: ids stay unique
+        if block.work != "trial":  # the round's blocks, not the setup's trial of the first step
+            calls.append((block, len(block.runs), [len(g.members) for g in groups]))  # the block kept: ids unique
         return advance(self, context, block, groups, step, phase, reseed)
 
     monkeypatch.setattr(BatchedBackend, "_advance", spy)
@@ -224,7 +278,8 @@ def test_default_uploads_are_computed_per_block(name, monkeypatch):
 
     calls = []
     final = FederatedModule.client_final
-    monkeypatch.setattr(FederatedModule, "client_final", lambda self, run: calls.append(run) or final(self, run))
+    counted = functools.wraps(final)(lambda self, run: calls.append(run) or final(self, run))  # still the default
+    monkeypatch.setattr(FederatedModule, "client_final", counted)
     module, _ = fitted(SUPPORTED[name], "batched", batch_size=64)
     assert calls == [] and module.engine.round_num_updates == 5
     monkeypatch.undo()
@@ -462,12 +517,44 @@ class _OwnOptimizer(FedAvg):
         (lambda: _OwnOptimizer(mlp(), clients_per_round=2, local_steps=2, client_backend="batched"),
          r"client_init sets a torch optimizer of its own, Adam; .*knows SGD and ProxSGD"),
         (lambda: ByrdSAGA(mlp(), clients_per_round=2, client_backend="batched"),
-         "ByrdSAGA's local rule cannot run in the batched client backend"),
+         r"ByrdSAGA's first step of a round, tried at setup as the batched backend runs it: the clients of a block "
+         r"hold different non-tensor run values .*client_backend='sequential'"),
+        (lambda: _ClientKeyedStep(mlp(), clients_per_round=2, local_steps=2, client_backend="batched"),
+         r"_ClientKeyedStep.client_step cannot be vectorized over clients \(TypeError: .*\): a block's step has no "
+         r"client id or sample count .*client_backend='sequential'"),
+        (lambda: _OptedOut(mlp(), clients_per_round=2, local_steps=2, client_backend="batched"),
+         r"cannot run _OptedOut: _OptedOut declares batchable = False .*client_backend='sequential'"),
     ],
 )
 def test_what_cannot_be_batched_is_refused_clearly(make, match):
+    """Refused at setup, with the reason and the way out: what the backend finds out itself (the client's
+    step, the algorithm's first step of a round: no declaration), and the algorithm's explicit opt-out."""
     with pytest.raises(ValueError, match=match):
         trainer(1).fit(make(), synthetic(4))
+
+
+class _ClientKeyedStep(FedAvg):
+    """A step that reads the client's id (None in a block's step): it runs on one client, not on a block."""
+
+    def client_step(self, run, batch):
+        loss, grads = run.loss_and_grad(batch)
+        run.step([g * (1.0 + 0.0 * run.client_id) for g in grads])
+        return loss
+
+
+class _OptedOut(FedAvg):
+    """Vectorizable, but opted out (as a step with a Python effect the backend cannot see would be)."""
+
+    batchable = False
+
+
+def test_a_step_that_reads_the_sample_count_is_refused_at_setup_and_the_trial_leaves_no_trace():
+    """PDSGD's step reads ``run.num_samples`` (None in a block's step): the trial of its first step at setup
+    refuses it; its ``client_init`` ran there, on a round start that is gone again, and stored nothing."""
+    module = PDSGD(mlp(), lam=1.0, local_steps=2, client_backend="batched", seed=1)
+    with pytest.raises(ValueError, match=r"PDSGD.client_step cannot be vectorized over clients \(TypeError"):
+        trainer(1).fit(module, synthetic(1))
+    assert module.engine.round_start is None and not list(module.engine.store.entries())
 
 
 def test_clients_with_different_local_optimizers_step_in_blocks_of_their_own():

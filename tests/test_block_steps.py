@@ -22,14 +22,15 @@ from tests.test_pool_on_device import MapStyleSynthetic
 
 class GatherCount:
     """Counts the engine's gathers from the pool (``ClientContext.gather``) during rounds (not the
-    one batch of setup's trial of the client's step)."""
+    batches of setup's trials of the client's step and of the algorithm's first step)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
         original = ClientContext.gather
 
         def gather(context: ClientContext, indices: torch.Tensor):
-            if context.trainer.training and context.algorithm.engine.round_start is not None:
+            if (context.trainer.training and context.algorithm.engine.round_start is not None
+                    and context.algorithm._current_fx_name != "setup"):
                 self.calls += 1
             return original(context, indices)
 

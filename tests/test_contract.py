@@ -261,7 +261,7 @@ SKIPPED = {"ByrdSAGA": "batched", "LocalOnly": "nonfinite_update"}
 @pytest.mark.parametrize("name", NAMES)
 def test_keeps_the_engines_promises(name):
     """``fl_lightning.testing.check_algorithm``: no per-client state outside the declared entries; the batched
-    backend gives the sequential one's results (1e-5; ByrdSAGA's batchable = False is refused at setup); a run
+    backend gives the sequential one's results (1e-5; ByrdSAGA's per-client minibatch index is refused at setup); a run
     stopped after round 1 and resumed from its checkpoint gives the uninterrupted run's results, bitwise; a
     client's NaN update is left out (LocalOnly uploads nothing); two processes give the results of one (1e-5)."""
     cls, kwargs, client = ALGORITHMS[name]

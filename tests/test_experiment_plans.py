@@ -520,8 +520,10 @@ def test_feddro_paper_length_runs_are_compared_at_the_round_every_run_has_reache
 def test_raga_runs_use_the_batched_backend_where_the_method_allows_it():
     from experiments.raga import plan as raga
     from fl_lightning.algorithms.byrd_saga import ByrdSAGA
+    from tests.helpers import synthetic, tiny_client, trainer
 
-    assert not ByrdSAGA.batchable
+    with pytest.raises(ValueError, match="ByrdSAGA's first step of a round, tried at setup as the batched backend"):
+        trainer(1).fit(ByrdSAGA(tiny_client(), clients_per_round=2, client_backend="batched"), synthetic(4))
     for method, step in (("raga", 1.0), ("fedavg", 0.1), ("rfa", 0.1), ("byrdsaga", 0.1)):
         args = raga.run("screen", method, 0, step=step).args
         assert ("batched" in args) == (method != "byrdsaga"), method

@@ -220,7 +220,7 @@ def test_the_batched_backend_sets_up_local_work_for_uploads_only_to_measure_thet
     module = FedProxVR(tiny_client(), estimator="svrg", mu=0.5, lr=0.1, local_steps=3, clients_per_round=3, seed=1,
                        log_local_accuracy=log_local_accuracy, client_backend="batched")
     trainer(2).fit(module, synthetic(6))
-    assert module.finalizes_rounds is log_local_accuracy
+    assert module.engine.context.finalizes_rounds is log_local_accuracy
     assert len(finals) == (6 if log_local_accuracy else 0)
     reference = FedProxVR(tiny_client(), estimator="svrg", mu=0.5, lr=0.1, local_steps=3, clients_per_round=3, seed=1)
     trainer(2).fit(reference, synthetic(6))

@@ -116,7 +116,7 @@ def run(study: str, method: str, seed: int, server_lr: Optional[float] = None, a
     if attack != "none":
         args += [f"--trainer.callbacks+=fl_lightning.callbacks.attacks.{ATTACKS[attack]}",
                  f"--trainer.callbacks.fraction={fraction}"]
-    if method != "byrdsaga":  # its per-client minibatch table runs client by client (ByrdSAGA.batchable)
+    if method != "byrdsaga":  # its per-client minibatch index runs client by client (the batched backend refuses it)
         args += ["--model.init_args.client_backend", "batched"]
     args += ["--seed_everything", str(seed), "--model.init_args.seed", str(seed), "--trainer.max_epochs", str(rounds),
              "--trainer.limit_val_batches", "0"]

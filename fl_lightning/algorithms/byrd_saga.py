@@ -54,7 +54,6 @@ class ByrdSAGA(FederatedModule):
         **kwargs: the ``FederatedModule`` arguments (``local_steps`` is 1).
     """
 
-    batchable = False  # a per-client minibatch index picked in client_init
     paper_weighting = "uniform"
 
     def __init__(

@@ -124,8 +124,6 @@ class PDSGD(SampleLosses, FederatedModule):
         **kwargs: the other ``FederatedModule`` arguments (``local_epochs`` is refused).
     """
 
-    batchable = False  # per-sample duals gathered by the step's own indices
-
     def __init__(self, client: pl.LightningModule, lam: float = 5.0, dual_lr: float = 0.1, local_steps: int = 10,
                  **kwargs: Any) -> None:
         if not lam > 0:

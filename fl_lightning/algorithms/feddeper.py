@@ -95,7 +95,6 @@ class FedDeper(FederatedModule):
     """
 
     paper_weighting = "uniform"
-    vectorized_final = True  # the mixing of v_i and the delta: tensors and lam
 
     def __init__(
         self,

@@ -44,7 +44,7 @@ from fl_lightning.functional.variance_reduction import full_gradient, sarah_dire
 from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
 from fl_lightning.optim.prox_sgd import ProxSGD
-from fl_lightning.run import ClientRun
+from fl_lightning.run import ClientRun, default_final
 from fl_lightning.seeding import generator
 
 Estimator = Literal["svrg", "sarah", "sgd"]
@@ -124,6 +124,8 @@ class FedProxVR(FederatedModule):
         self.full_gradient_batch_size = full_gradient_batch_size
         self.log_local_accuracy = log_local_accuracy
         self.round_metrics = ("theta",) if log_local_accuracy else ()
+        if not log_local_accuracy:
+            self.client_final = default_final  # type: ignore[method-assign]  # said: the default upload
         if lr is None and beta is not None and smoothness is not None:
             lr = 1.0 / (beta * smoothness)
         self.eta = lr  # None: the client optimizer's scheduled learning rate of the round
@@ -185,23 +187,18 @@ class FedProxVR(FederatedModule):
         return loss
 
     def client_final(self, run: ClientRun) -> dict[str, Tensor]:
-        """The default upload (``end - start``); with ``log_local_accuracy``, first the local
-        accuracy ``theta`` of the model sent (1 where the client sends the global model, ``t' = 0``)."""
-        if self.log_local_accuracy:
-            anchor_gradient = run.scratch.get("anchor_gradient")
-            if anchor_gradient is None:  # t' = 0: w_n = w_0, so grad J_n(w_n) = grad F_n(w_0)
-                run.metrics["theta"] = 1.0
-            else:
-                end = [p.detach() for p in run.params]
-                theta = achieved_local_accuracy(self.full_gradient(run), end, run.layout.split_params(run.start),
-                                                anchor_gradient, self.mu)
-                run.metrics["theta"] = theta
+        """With ``log_local_accuracy`` (without it, the default upload is taken in the constructor): the local
+        accuracy ``theta`` of the model sent (1 where the client sends the global model, ``t' = 0``), then the
+        default upload (``end - start``)."""
+        anchor_gradient = run.scratch.get("anchor_gradient")
+        if anchor_gradient is None:  # t' = 0: w_n = w_0, so grad J_n(w_n) = grad F_n(w_0)
+            run.metrics["theta"] = 1.0
+        else:
+            end = [p.detach() for p in run.params]
+            theta = achieved_local_accuracy(self.full_gradient(run), end, run.layout.split_params(run.start),
+                                            anchor_gradient, self.mu)
+            run.metrics["theta"] = theta
         return super().client_final(run)
-
-    @property
-    def finalizes_rounds(self) -> bool:
-        """Only with ``log_local_accuracy``: otherwise :meth:`client_final` is the default upload."""
-        return self.log_local_accuracy
 
     def full_gradient(self, run: ClientRun) -> list[Tensor]:
         """``grad F_n`` at the run's current model, over the client's whole training split, in eval

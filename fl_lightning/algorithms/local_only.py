@@ -35,7 +35,6 @@ class LocalOnly(FederatedModule):
     """
 
     has_global_model = False
-    vectorized_final = True  # the trained model kept: tensors only
 
     def __init__(self, client: pl.LightningModule, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)

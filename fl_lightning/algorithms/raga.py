@@ -129,7 +129,6 @@ class RAGA(FederatedModule):
     """
 
     default_local_steps = 3
-    vectorized_final = True  # the mean of the K gradients: tensors and the steps taken
 
     def __init__(
         self,

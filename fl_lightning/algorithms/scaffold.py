@@ -49,7 +49,6 @@ class SCAFFOLD(FederatedModule):
     """
 
     paper_weighting = "uniform"
-    vectorized_final = True  # the control update and the delta: tensors, the steps taken and the rate
 
     def __init__(self, client: pl.LightningModule, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)

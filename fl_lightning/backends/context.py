@@ -16,6 +16,7 @@ seam for a ``LightningModule``: the client module runs in its own precision cont
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Protocol, TypeVar, cast
 
 import torch
@@ -30,7 +31,7 @@ from fl_lightning.datamodules.client_data import ClientData, gather, to_device
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_package import pl
 from fl_lightning.local_logging import LocalLogBuffer
-from fl_lightning.run import ClientRun, StepOutput
+from fl_lightning.run import ClientRun, StepOutput, is_default_hook
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate, UpdateSpec
 from fl_lightning.vectors import ModelVector
@@ -44,12 +45,8 @@ class Algorithm(Federation, Protocol):
 
     #: names of the keyed batch streams a local step draws from besides the main one
     extra_batch_streams: tuple[str, ...]
-    #: whether the local rule is a function of tensors (the batched backend can vectorize it)
+    #: False: the batched backend refuses the algorithm (see ``FederatedModule.batchable``)
     batchable: bool
-    #: whether ``client_final`` can run ``vmap``-ped over a block's clients (see ``FederatedModule``)
-    vectorized_final: bool
-    #: whether ``client_final`` computes more than the default upload, ``end - start``
-    finalizes_rounds: bool
     #: the declared uploads and per-client state entries
     update_specs: dict[str, UpdateSpec]
     state_specs: dict[str, StateSpec]
@@ -106,12 +103,6 @@ class ClientContext:
         self.logs.bind(algorithm.client)
         #: whether the round's clients move in lock-step (``client_share``/``server_share`` between steps)
         self.lockstep: bool = bool(getattr(algorithm, "lockstep", False))
-        #: whether the algorithm prepares its clients' rounds (overrides ``client_init``): a backend
-        #: need not set up a client's local work to run the default, which does nothing
-        self.prepares_rounds = overrides_default(algorithm, "client_init")
-        #: whether the algorithm's local step is the plain one (the client's loss and optimizer:
-        #: ``plain_step``), which the batched backend takes with the gradient outside ``vmap``
-        self.plain_steps = not overrides_default(algorithm, "client_step")
         self._callbacks: list[FederatedCallback] = []
         self._batch_callbacks: list[FederatedCallback] = []
         self._config_callbacks: list[FederatedCallback] = []
@@ -190,11 +181,26 @@ class ClientContext:
             return clients
         return [c for c in clients if not self.client_config(c).drop]
 
-    @property
+    # ------------------------------------------------------------ the client hooks that are the defaults
+    # (said by the hooks, :func:`~fl_lightning.run.default_hook`; read once the algorithm is built, at the
+    # setup of its first fit: an algorithm may take a default in its constructor)
+    @cached_property
+    def prepares_rounds(self) -> bool:
+        """Whether ``client_init`` is the algorithm's own: a backend need not set up a client's local
+        work to run the default, which does nothing."""
+        return not is_default_hook(self.algorithm.client_init)
+
+    @cached_property
+    def plain_steps(self) -> bool:
+        """Whether ``client_step`` is the default, the plain step (the client's loss and optimizer:
+        ``plain_step``), which the batched backend takes with the gradient outside ``vmap``."""
+        return is_default_hook(self.algorithm.client_step)
+
+    @cached_property
     def finalizes_rounds(self) -> bool:
-        """Whether the algorithm computes its own uploads (``Algorithm.finalizes_rounds``): the
-        default, ``end - start``, needs no local-work setting (no draw, no log, no forward)."""
-        return self.algorithm.finalizes_rounds
+        """Whether ``client_final`` is the algorithm's own: the default, ``end - start``, needs no
+        local-work setting (no draw, no log, no forward), and a block computes it at once."""
+        return not is_default_hook(self.algorithm.client_final)
 
     @property
     def round(self) -> int:
@@ -404,9 +410,3 @@ class ClientContext:
         return local_setting(self.client, self.logs, self.algorithm.seed, client_id, keys, self.device, training,
                              self._integer_buffers, seeded)
 
-
-def overrides_default(obj: Any, name: str) -> bool:
-    """Whether ``obj``'s class overrides the default of method ``name`` (its first definition in
-    the class hierarchy, the engine's)."""
-    defining = [klass for klass in type(obj).__mro__ if name in vars(klass)]
-    return getattr(type(obj), name) is not vars(defining[-1])[name]

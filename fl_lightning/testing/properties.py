@@ -89,7 +89,7 @@ def check_batched(check: AlgorithmCheck) -> str:
     """The batched backend, in blocks of 2 clients (a block and a remainder of the round's 3) unless
     ``clients_per_block`` is given (and compiled where ``compile_step=True`` is), gives the sequential backend's results to
     :data:`~fl_lightning.testing.federation.TOLERANCE`. Skipped, with the reason, where the batched backend
-    refuses the algorithm at setup (its ``check``: ``batchable = False``, say, or the step's trial).
+    refuses the algorithm at setup (its ``check``: ``batchable = False``, say, or the trial of its steps).
 
     Raises:
         AssertionError: naming the first round and tensor that differ, and the likely cause.

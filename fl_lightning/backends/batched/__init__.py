@@ -39,14 +39,22 @@ What it guarantees:
   of all the round's clients in lock-step rounds.
 
 What it refuses, with the reason and the way out: local optimizers other than
-``torch.optim.SGD``; ``16-mixed`` (its loss scaler steps one optimizer); algorithms whose local
-rule is not a function of tensors (``batchable = False``: a torch optimizer of their own, a
-step that is not a function of the clients' tensors alone; a graph that ``client_final``
-back-propagates through waits in ``run.held``, outside the steps); a ``training_step`` that
+``torch.optim.SGD``; ``16-mixed`` (its loss scaler steps one optimizer); a ``training_step`` that
 changes Python state of the client module (a counter, a list it appends to, a tensor kept on
-``self``); and one that reads a tensor's value in Python (``.item()``, an ``if`` on a tensor), which
-``vmap`` cannot run. Both are found at setup, by one vectorized trial of the ``training_step``
-(:mod:`~fl_lightning.backends.batched.step_trial`), and checked again at the first step of every block.
+``self``); one that reads a tensor's value in Python (``.item()``, an ``if`` on a tensor), which
+``vmap`` cannot run; and an algorithm whose own first step of a round it cannot run: a torch optimizer
+of its own (``ProxSGD`` it runs as a function), clients whose runs hold different Python values
+(ByrdSAGA's minibatch index), a step that reads the client's id or sample count (PDSGD's). All are
+found at setup, by one vectorized trial of the ``training_step`` and one of the algorithm's
+``client_init`` and first ``client_step`` (:mod:`~fl_lightning.backends.batched.step_trial`), and
+checked again at the first step of every block; the algorithm declares none of it. A graph that
+``client_final`` back-propagates through waits in ``run.held``, outside the steps. The one opt-out,
+``batchable = False``, is for a client protocol whose vectorized form would silently differ in a way
+the backend cannot see (a Python effect outside the module, such as a draw from Python's ``random``).
+
+``client_final`` runs once for a block, ``vmap``-ped over its clients, where that gives each client its
+own result, and once per client, with a one-time warning that says why, where it does not
+(:mod:`~fl_lightning.backends.batched.final`); the default, ``end - start``, is computed for a block at once.
 
 The client's torchmetrics objects (``Metric``, ``MetricCollection``) that its ``training_step`` updates
 and logs work as in the sequential backend: their calls are recorded in the vectorized step and made

@@ -18,12 +18,13 @@ from fl_lightning.backends.batched.batches import (IndexGroup, StepGroup, fixed_
                                                    steps_of)
 from fl_lightning.backends.batched.compiled import CompiledStep
 from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vectorized
+from fl_lightning.backends.batched.final import final_setting, vectorized_final
 from fl_lightning.backends.batched.metrics import MetricCalls
 from fl_lightning.backends.batched.python_state import PythonState
-from fl_lightning.backends.batched.run import FunctionalRun
+from fl_lightning.backends.batched.run import FunctionalRun, carried_out
 from fl_lightning.backends.batched.sizing import MEMORY_SHARE, activation_bytes, block_size, free_memory
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
-from fl_lightning.backends.batched.step_trial import NOT_VECTORIZABLE, trial_vectorized_step
+from fl_lightning.backends.batched.step_trial import NOT_VECTORIZABLE, trial_algorithm_step, trial_vectorized_step
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
 from fl_lightning.backends.sequential import train_one_by_one
@@ -166,6 +167,8 @@ class BatchedBackend(ClientBackend[Block]):
         self._sequential_evaluation: dict[str, str] = {}
         #: why ``client_final`` could not be vectorized (None: it can, or was not tried)
         self._eager_final: Optional[str] = None
+        #: whether ``client_final`` was tried vectorized (the first try also checks the module's Python state)
+        self._final_tried = False
         #: a client's bytes in an evaluation and the device, for evaluation blocks sized by memory
         self._memory: Optional[tuple[int, torch.device]] = None
         #: a client's bytes in plain local training (its run and a step's activations)
@@ -201,8 +204,25 @@ class BatchedBackend(ClientBackend[Block]):
         """The client's ``training_step`` under ``vmap`` on one batch, its metric objects recorded
         (:func:`~fl_lightning.backends.batched.step_trial.trial_vectorized_step`): a step that changes the
         client's Python state, uses a metric otherwise than the backend records, or reads a tensor's
-        value in Python is refused at setup, not at the first round's step."""
+        value in Python is refused at setup, not at the first round's step. Then, where the algorithm has
+        a ``client_init`` or a ``client_step`` of its own, its first step of a client's round, vectorized
+        as a block runs it (:func:`~fl_lightning.backends.batched.step_trial.trial_algorithm_step`)."""
         trial_vectorized_step(context, self._recording(context))
+        if context.lockstep or not (context.prepares_rounds or not context.plain_steps):
+            return
+        vectorized, self._vectorized = self._vectorized, vectorized_hook  # the trial compiles nothing
+
+        def first_step(runs: list[FunctionalRun]) -> None:
+            for members, plan in self._blocks_of(context, runs):
+                block = Block(members, plan, work="trial")
+                groups = next(block.plan, None)
+                if groups is not None:
+                    self._advance(context, block, groups, 0, "step")
+
+        try:
+            trial_algorithm_step(context, lambda clients: self._start_runs(context, clients), first_step)
+        finally:
+            self._vectorized = vectorized
 
     def evaluation_block(self, clients: int) -> int:
         """Clients per block when ``clients`` clients are evaluated: the asked-for block size, or
@@ -218,11 +238,8 @@ class BatchedBackend(ClientBackend[Block]):
     def check(cls, context: ClientContext) -> list[str]:
         reasons = []
         if not context.algorithm.batchable:
-            reasons.append(
-                f"{type(context.algorithm).__name__}'s local rule cannot run in the batched client backend (it declares "
-                "batchable = False: its steps are not a function of the clients' tensors alone); use "
-                "client_backend='sequential'"
-            )
+            reasons.append(f"{type(context.algorithm).__name__} declares batchable = False (its client protocol "
+                           "vectorized would differ from its clients' own); use client_backend='sequential'")
         if context.grad_scaler is not None:
             reasons.append("precision '16-mixed' scales each optimizer's loss; the batched client backend runs the "
                            "optimizer as a function: use 'bf16-mixed' or client_backend='sequential'")
@@ -446,27 +463,31 @@ class BatchedBackend(ClientBackend[Block]):
     def _vectorized_finals(self, context: ClientContext, block: Block) -> Optional[dict[int, dict[str, Tensor]]]:
         """Every run's ``client_final`` computed once for ``block``, ``vmap``-ped over its stacked carry
         (which takes the new state entries), before the block unstacks: the uploads by the run's ``id``,
-        rows of one stacked tensor each. None where the algorithm does not declare ``vectorized_final``,
-        the block's clients took different numbers of steps, or vmap cannot run the hook (then never
-        again, with a one-time warning that says why): each client's own, eagerly."""
+        rows of one stacked tensor each. None where the block's clients took different numbers of steps,
+        or where the vectorized hook fails (:mod:`~fl_lightning.backends.batched.final`: a draw, a tensor
+        read in Python, a client's own field read, a log, Python state changed): then never again, with a
+        one-time warning that says why, and each client runs its own, eagerly."""
         runs = block.runs
         block.count_steps()
-        if (not runs or not context.algorithm.vectorized_final or self._eager_final is not None
-                or len({run.steps_taken for run in runs}) > 1):
+        if not runs or self._eager_final is not None or len({run.steps_taken for run in runs}) > 1:
             return None
         first, last = runs[0], runs[-1]
         side: dict[str, Any] = {}
+        work = context.local_work(first.client_id, "block", first.round, last.client_id, "final", first.steps_taken)
         try:
-            with context.local_work(first.client_id, "block", first.round, last.client_id, "final", first.steps_taken):
+            with work, final_setting(context.algorithm, context.client, first=not self._final_tried):
                 tensors, uploads = vectorized_final(context.algorithm.client_final, first, block.spec, block.static,
                                                     side, block.tensors)
         except torch.cuda.OutOfMemoryError:
             raise
-        except RuntimeError as error:  # a draw, a tensor read in Python: vmap's refusals
-            self._eager_final = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        except Exception as error:  # noqa: BLE001 (each client's own call raises an error of its own again)
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            self._eager_final = f"{type(error).__name__}: {reason}" if reason else type(error).__name__
             rank_zero_warn(f"{type(context.algorithm).__name__}.client_final runs once per client: it cannot be "
                            f"vectorized over a block ({self._eager_final})")
             return None
+        finally:
+            self._final_tried = True
         self._take_back(block, [(None, None, (tensors, side["spec"], side["static"], uploads))])
         return {id(run): {name: value[i] for name, value in uploads.items()} for i, run in enumerate(runs)}
 
@@ -758,31 +779,6 @@ def vectorized_plain_step(template: FunctionalRun, spec: Any, static: dict[int, 
     new_tensors, side["static"] = split_leaves(new_leaves)
     logged = {name: total.detach() for name, total in logs.items()}
     return new_tensors, {"loss": losses.detach()}, logged, metric_tensors
-
-
-def vectorized_final(hook: Callable[[FunctionalRun], dict[str, Tensor]], template: FunctionalRun, spec: Any,
-                     static: dict[int, Any], side: dict[str, Any], tensors: list[Tensor]
-                     ) -> tuple[list[Tensor], dict[str, Tensor]]:
-    """``hook`` (``client_final``) for every client of a stacked carry ``tensors`` (``template``'s
-    fields: every client took ``template.steps_taken`` steps), ``vmap``-ped over the clients, no random
-    draws allowed: returns the new stacked carry's tensors (the state entries the hook set) and the
-    uploads, stacked; ``side`` receives the new carry's structure (``"spec"``, ``"static"``)."""
-
-    def one_client(tensors: list[Tensor]) -> tuple[list[Tensor], dict[str, Tensor]]:
-        run = FunctionalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), template.steps_taken,
-                                 template.round, template.extra_batches)
-        uploads = dict(hook(run))
-        return carried_out(run, side), uploads
-
-    return vmap(one_client, randomness="error")(tensors)
-
-
-def carried_out(run: FunctionalRun, side: dict[str, Any]) -> list[Tensor]:
-    """The tensors of ``run``'s carry after a vectorized hook; ``side`` receives its structure
-    (``"spec"``, ``"static"``)."""
-    new_leaves, side["spec"] = tree_flatten(run.carry())
-    new_tensors, side["static"] = split_leaves(new_leaves)
-    return new_tensors
 
 
 def named_outputs(out: Any) -> dict[str, Tensor]:

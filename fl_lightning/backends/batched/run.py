@@ -10,10 +10,11 @@ from torch.func import grad as func_grad
 from torchmetrics import Metric
 
 from fl_lightning.backends.batched.metrics import Call, Logged, MetricCalls, is_recorded
+from fl_lightning.backends.batched.stacking import split_leaves
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.stateless import training_loss
 from fl_lightning.client_config import ClientConfig
-from fl_lightning.lightning_compat import routed_log
+from fl_lightning.lightning_compat import routed_log, tree_flatten
 from fl_lightning.lightning_package import extract_batch_size
 from fl_lightning.local_logging import call_options
 from fl_lightning.optim.prox_sgd import FunctionalProxSGD, ProxSGD
@@ -240,3 +241,11 @@ class FunctionalRun(ClientRun):
         run.load_carry(carry)
         run.step_index, run.steps_taken, run.extra_batches = step, step, extras  # a client at step k took k steps
         return run
+
+
+def carried_out(run: FunctionalRun, side: dict[str, Any]) -> list[Tensor]:
+    """The tensors of ``run``'s carry after a vectorized hook; ``side`` receives its structure
+    (``"spec"``, ``"static"``)."""
+    new_leaves, side["spec"] = tree_flatten(run.carry())
+    new_tensors, side["static"] = split_leaves(new_leaves)
+    return new_tensors
