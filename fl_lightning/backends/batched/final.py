@@ -13,7 +13,8 @@ tensor's value read in Python; the rest is made to fail here, so that no such ho
   ``held``, ``batches``, ``extra_batches`` and ``metrics`` (read or written through the view of the block,
   :class:`BlockFinalRun`, each raises :class:`ClientSpecific`), and with them the client's data
   (``run.fetch``, ``run.epoch``) and every draw keyed by the client;
-* ``self.log`` of the algorithm or of its client module (:func:`final_setting`);
+* ``self.log`` of the algorithm or of its client module (:func:`final_setting`; in the client's
+  ``training_step``, through ``run.loss_and_grad``, :func:`vectorized_final`);
 * Python state of the algorithm's module (an attribute, a list appended to, a counter) that the hook
   changes, found at the first try (:func:`final_setting`, ``first=True``), whose changes are undone.
 
@@ -107,6 +108,8 @@ def vectorized_final(hook: Callable[[FunctionalRun], dict[str, Tensor]], templat
         run = BlockFinalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), template.steps_taken,
                                  template.round, None)
         uploads = dict(hook(run))
+        if run.logs or run.metric_calls:  # the client's own training_step (run.loss_and_grad) logged
+            raise ClientSpecific(f"its client's training_step logs {sorted(run.logs)}, once per client")
         return carried_out(run, side), uploads
 
     return vmap(one_client, randomness="error")(tensors)
