@@ -16,18 +16,26 @@ from typing import Any, Optional
 from fl_lightning.distributed import is_distributed
 from fl_lightning.evaluation_logging import EvaluationLogs, check_no_step_syncs
 from fl_lightning.lightning_compat import routed_log, set_current_hook
-from fl_lightning.lightning_package import overrides_hook, pl
+from fl_lightning.lightning_package import attach_trainer, overrides_hook, pl
 
 
 
 class ClientEvaluation(pl.LightningModule):
-    """The evaluation hooks of a module that wraps a client ``LightningModule`` (``self.client``)."""
+    """The hooks of a module that wraps a client ``LightningModule`` (``self.client``): evaluation, and the
+    Trainer attached to both."""
 
     client: pl.LightningModule
     #: the run's machinery (:class:`~fl_lightning.engine.FederationEngine`; not imported: it imports this module)
     engine: Any
     #: the client's ``self.log`` calls of the current validation or test epoch on several processes
     _evaluation_logs: Optional[EvaluationLogs] = None
+
+    @pl.LightningModule.trainer.setter  # Lightning's property (its getter unchanged), with this setter
+    def trainer(self, trainer: Optional[pl.Trainer]) -> None:
+        """Attach ``trainer`` as Lightning does, and to a client module of the other Lightning package too
+        (:func:`~fl_lightning.lightning_package.attach_trainer`), which Lightning's setter passes over."""
+        pl.LightningModule.trainer.fset(self, trainer)
+        attach_trainer(self, trainer)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         return self._client_hook("validation_step", batch, batch_idx)

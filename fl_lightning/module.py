@@ -14,7 +14,6 @@ global model, so validation and test run the client's own ``validation_step``/``
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Any, Literal, Optional, Sequence
 
@@ -28,9 +27,10 @@ from fl_lightning.client_store import StateDefault, StateSpec, check_folder
 from fl_lightning.engine import FederationEngine, NonFiniteUpdateError
 from fl_lightning.evaluation import ClientEvaluation
 from fl_lightning.hooks import Aggregator
-from fl_lightning.lightning_package import OptimizerCallable, attach_trainer, is_lightning_module, pl
+from fl_lightning.lightning_package import OptimizerCallable, is_lightning_module, pl
 from fl_lightning.module_checkpoint import FederatedCheckpointing
 from fl_lightning.optim.server import check_server_optimizer
+from fl_lightning.paper import PaperDefaults
 from fl_lightning.run import ClientRun, StepOutput, default_hook, plain_step
 from fl_lightning.schedules import check_lr_drops, epochs_per_round, lr_drop_scheduler
 from fl_lightning.trainer_setup import prepare_trainer
@@ -61,7 +61,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             ``fraction_fit``): ``max(min_clients, int(fraction * training clients))``.
         min_clients: the fewest clients a round samples with ``clients_fraction`` (Flower's
             ``min_fit_clients``).
-        local_steps: local optimizer steps per client per round (default ``default_local_steps``,
+        local_steps: local optimizer steps per client per round (default ``paper.local_steps``,
             10 unless the algorithm's paper says otherwise, when ``local_epochs`` is not given).
             Exclusive with ``local_epochs``. A callback may change a client's steps (and rate) for a
             round: :meth:`~fl_lightning.hooks.FederatedCallback.configure_client`.
@@ -117,13 +117,8 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     #: whether the algorithm trains a global model (False for personalized algorithms whose clients'
     #: models come only from ``client_eval_state``: local training alone, a hypernetwork)
     has_global_model: bool = True
-    #: ``local_steps`` when neither ``local_steps`` nor ``local_epochs`` is given (an algorithm sets its paper's)
-    default_local_steps: int = 10
-    #: the fewest ``local_steps`` the algorithm takes: 1, or 0 for an algorithm whose round does its
-    #: own work before the minibatch steps (FedProxVR's full-gradient step)
-    min_local_steps: int = 1
-    #: the mean aggregate's client weights in the algorithm's paper (``weighting=None``; see :attr:`weighting`)
-    paper_weighting: Weighting = "num_samples"
+    #: the settings the algorithm's paper fixes (local steps, client weights), where arguments do not say
+    paper: PaperDefaults = PaperDefaults()
     #: names of the clients' ``run.metrics`` the round's end logs as ``round/client_<name>``: the mean
     #: over the round's kept updates on all processes, as it logs their step losses (``round/client_loss``)
     round_metrics: tuple[str, ...] = ()
@@ -158,10 +153,10 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
             raise TypeError(f"client must be a LightningModule of pytorch_lightning or lightning.pytorch, got "
                             f"{type(client).__module__}.{type(client).__qualname__}")
         clients_per_round, local_steps = check_federation_arguments(
-            clients_per_round, clients_fraction, min_clients, local_steps, local_epochs, self.default_local_steps,
-            self.min_local_steps, server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS),
+            clients_per_round, clients_fraction, min_clients, local_steps, local_epochs, self.paper.local_steps,
+            self.paper.min_local_steps, server_lr, server_momentum, nonfinite_updates, seed, client_backend, list(BACKENDS),
             clients_per_block, compile_step, client_state_memory, client_state_checkpoints, weighting)
-        check_server_optimizer(server_optimizer, client.parameters())
+        server_weighting = check_server_optimizer(server_optimizer, client.parameters())
         # objects (the client, an embedding network, an objective) stay out of the hyperparameters, so
         # that checkpoints hold no pickled object and load with weights_only=True; Lightning's advice
         # to ignore a module argument (PeFLL's embedding) is followed by the second call
@@ -190,7 +185,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
         #: the aggregator used when the Trainer has no ``Aggregator`` callback; algorithms set their paper's.
         #: None: the mean ``WeightedMean(self.weighting)``, reduced with the other linear uploads
         self.default_aggregator: Optional[Aggregator] = None
-        self._weighting = weighting
+        self._weighting, self._server_weighting = weighting, server_weighting
         self._broadcast: list[str] = []  # declared server state the clients' hooks read (add_broadcast)
         #: the run's machinery (:class:`~fl_lightning.engine.FederationEngine`): the declarations, the client
         #: state store, the backend, the round; what callbacks and backends read
@@ -261,18 +256,9 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
 
         The ``weighting`` argument if given, else the paper's: the ``server_optimizer``'s
         ``paper_weighting`` if it declares one (Reddi et al.'s ``FedAdam``, ``FedYogi``,
-        ``FedAdagrad``: ``"uniform"``), else the algorithm's :attr:`paper_weighting`.
+        ``FedAdagrad``: ``"uniform"``), else the algorithm's ``paper.weighting`` (:attr:`paper`).
         """
-        if self._weighting is not None:
-            return self._weighting
-        return self._server_paper_weighting or self.paper_weighting
-
-    @functools.cached_property
-    def _server_paper_weighting(self) -> Optional[Weighting]:
-        """The ``paper_weighting`` of the ``server_optimizer`` argument's class, if any (of one built to ask)."""
-        if self._server_optimizer is None:
-            return None
-        return getattr(self._server_optimizer(self.client.parameters()), "paper_weighting", None)
+        return self._weighting or self._server_weighting or self.paper.weighting
 
     # ------------------------------------------------------------------ Lightning's hooks
     def setup(self, stage: str) -> None:
@@ -285,13 +271,6 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         self.engine.run_work_item()
-
-    @pl.LightningModule.trainer.setter  # Lightning's property (its getter unchanged), with this setter
-    def trainer(self, trainer: Optional[pl.Trainer]) -> None:
-        """Attach ``trainer`` as Lightning does, and to a client module of the other Lightning package too
-        (:func:`~fl_lightning.lightning_package.attach_trainer`), which Lightning's setter passes over."""
-        pl.LightningModule.trainer.fset(self, trainer)
-        attach_trainer(self, trainer)
 
     def configure_optimizers(self) -> Any:
         """The server optimizer, and the local optimizer's template with its per-round schedule

@@ -141,7 +141,7 @@ def test_default_weighting_is_the_papers(name):
 
 @pytest.mark.parametrize("cls", [RAGA, RFA, ByrdSAGA])
 def test_weighting_is_one_argument_away_for_robust_aggregators(cls):
-    other = {"num_samples": "uniform", "uniform": "num_samples"}[cls.paper_weighting]
+    other = {"num_samples": "uniform", "uniform": "num_samples"}[cls.paper.weighting]
     assert cls(_client(), weighting=other).default_aggregator.weighting == other
 
 

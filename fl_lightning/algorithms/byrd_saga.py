@@ -26,6 +26,7 @@ from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 from fl_lightning.functional.variance_reduction import saga_direction
 from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
+from fl_lightning.paper import PaperDefaults
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
 from fl_lightning.vectors import Layout
@@ -54,7 +55,7 @@ class ByrdSAGA(FederatedModule):
         **kwargs: the ``FederatedModule`` arguments (``local_steps`` is 1).
     """
 
-    paper_weighting = "uniform"
+    paper = PaperDefaults(weighting="uniform")
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ from torch import Tensor
 from fl_lightning.functional.prox import depersonalization_gradient, depersonalization_strength
 from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
+from fl_lightning.paper import PaperDefaults
 from fl_lightning.optim.param_groups import moved_by
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
@@ -94,7 +95,7 @@ class FedDeper(FederatedModule):
             ``weighting``...).
     """
 
-    paper_weighting = "uniform"
+    paper = PaperDefaults(weighting="uniform")
 
     def __init__(
         self,

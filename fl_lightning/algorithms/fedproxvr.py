@@ -43,6 +43,7 @@ from fl_lightning.functional.fedproxvr_theory import achieved_local_accuracy
 from fl_lightning.functional.variance_reduction import full_gradient, sarah_direction, svrg_direction
 from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
+from fl_lightning.paper import PaperDefaults
 from fl_lightning.optim.prox_sgd import ProxSGD
 from fl_lightning.run import ClientRun, default_final
 from fl_lightning.seeding import generator
@@ -79,7 +80,7 @@ class FedProxVR(FederatedModule):
         **kwargs: the other ``FederatedModule`` arguments (``seed``, ``nonfinite_updates``...).
     """
 
-    min_local_steps = 0  # tau = 0: the full-gradient step alone (spec checks C6, C7)
+    paper = PaperDefaults(min_local_steps=0)  # tau = 0: the full-gradient step alone (spec checks C6, C7)
 
     def __init__(
         self,

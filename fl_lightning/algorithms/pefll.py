@@ -29,6 +29,7 @@ from fl_lightning.functional.norms import joint_norm
 from fl_lightning.lightning_package import move_data_to_device, pl
 from fl_lightning.models.hypernetwork import HyperNetwork, HyperNetworkSize, mean_descriptor
 from fl_lightning.module import FederatedModule
+from fl_lightning.paper import PaperDefaults
 from fl_lightning.run import ClientRun
 from fl_lightning.seeding import generator
 from fl_lightning.vectors import Layout, set_grads
@@ -107,7 +108,7 @@ class HypernetworkFederation(FederatedModule):
     has_global_model = False  # every client's model is generated: the client module holds none between rounds
     #: the server networks' updates are averaged uniformly over the round's clients P (PeFLL's Algorithm 2,
     #: ``(1/|P|) sum_i deta_i``); ``weighting="num_samples"`` weighs them by sample count
-    paper_weighting = "uniform"
+    paper = PaperDefaults(weighting="uniform")
     #: the norm of each client's parameter difference (what the hypernetwork is trained through),
     #: logged as the round's mean, ``round/client_delta_norm``
     round_metrics = ("delta_norm",)

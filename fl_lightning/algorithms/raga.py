@@ -28,6 +28,7 @@ from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
+from fl_lightning.paper import PaperDefaults
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
 from fl_lightning.validation import check_number
@@ -128,7 +129,7 @@ class RAGA(FederatedModule):
             3 by default as in the paper's experiments, ``seed``...).
     """
 
-    default_local_steps = 3
+    paper = PaperDefaults(local_steps=3)
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.algorithms.raga import Schedule, check_schedule, paper_schedule
 from fl_lightning.callbacks.robust_aggregation import GeometricMedian
 from fl_lightning.lightning_package import pl
+from fl_lightning.paper import PaperDefaults
 
 
 class RFA(FedAvg):
@@ -41,7 +42,7 @@ class RFA(FedAvg):
             RAGA experiments; ``server_lr`` scales the median step).
     """
 
-    default_local_steps = 3
+    paper = PaperDefaults(local_steps=3)
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
+from fl_lightning.paper import PaperDefaults
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
 
@@ -48,7 +49,7 @@ class SCAFFOLD(FederatedModule):
         **kwargs: the ``FederatedModule`` arguments (``weighting``, ``server_lr`` = ``eta_g``...).
     """
 
-    paper_weighting = "uniform"
+    paper = PaperDefaults(weighting="uniform")
 
     def __init__(self, client: pl.LightningModule, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)

@@ -31,6 +31,7 @@ from fl_lightning.datamodules.client_data import ClientData, gather, to_device
 from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_package import pl
 from fl_lightning.local_logging import LocalLogBuffer
+from fl_lightning.paper import PaperDefaults
 from fl_lightning.run import ClientRun, StepOutput, is_default_hook
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate, UpdateSpec
@@ -55,8 +56,8 @@ class Algorithm(Federation, Protocol):
     #: local steps per round (None: ``local_epochs`` passes)
     local_steps: Optional[int]
     local_epochs: Optional[int]
-    #: the fewest local steps the algorithm takes
-    min_local_steps: int
+    #: the settings the algorithm's paper fixes (its fewest local steps)
+    paper: PaperDefaults
     #: the global model at the start of the current round
     round_start: Optional[Tensor]
 
@@ -161,9 +162,9 @@ class ClientContext:
         if config.unit != module.unit:
             raise ValueError(f"{given} {config.unit}={config.work}, and {name} counts local work in {module.unit} "
                              f"({module.unit}={module.work}): configure {module.unit}")
-        if config.local_steps is not None and config.local_steps < self.algorithm.min_local_steps:
+        if config.local_steps is not None and config.local_steps < self.algorithm.paper.min_local_steps:
             raise ValueError(f"{given} local_steps={config.local_steps}; {name} takes at least "
-                             f"{self.algorithm.min_local_steps} local steps")
+                             f"{self.algorithm.paper.min_local_steps} local steps")
         if self.lockstep and (config.work != module.work or config.drop):
             change = "drop=True" if config.drop else f"{config.unit}={config.work}"
             raise ValueError(f"{given} {change}, and {name} moves its clients in lock-step: every client takes the "

@@ -171,11 +171,12 @@ class FedYogi(_FedAdaptive):
         return v - (1 - beta2) * square * torch.sign(v - square)
 
 
-def check_server_optimizer(server_optimizer: Any, parameters: Any) -> None:
+def check_server_optimizer(server_optimizer: Any, parameters: Any) -> Optional[str]:
     """Refuse a ``server_optimizer`` that is not a callable making a torch optimizer of ``parameters``
-    (the global model's), or that fails to (a bad learning rate...), naming the argument."""
+    (the global model's), or that fails to (a bad learning rate...), naming the argument; returns the
+    ``paper_weighting`` its optimizer declares (Reddi et al.'s: ``"uniform"``), if any."""
     if server_optimizer is None:
-        return
+        return None
     if not callable(server_optimizer):
         raise ValueError("server_optimizer must be None or a callable that makes a torch.optim optimizer of the "
                          f"global model's parameters (YAML: class_path + init_args), got {server_optimizer!r}")
@@ -187,3 +188,4 @@ def check_server_optimizer(server_optimizer: Any, parameters: Any) -> None:
     if not isinstance(made, torch.optim.Optimizer):
         raise ValueError(f"server_optimizer must make a torch.optim.Optimizer, got {type(made).__name__} from "
                          f"{server_optimizer!r}")
+    return getattr(made, "paper_weighting", None)
