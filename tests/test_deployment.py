@@ -230,6 +230,40 @@ def test_an_update_the_server_drops_does_not_advance_the_client_s_state():
         assert (after is None and before[c] is None) or torch.equal(after, before[c])
 
 
+def test_a_node_keeps_only_the_two_latest_versions_of_a_client_s_state():
+    """After every round each client's folder holds the version the server names and at most one more (the
+    one a job named when the server dropped the round that wrote the newer one), not a file per round."""
+    class Grid(TamperingGrid):  # round 3's updates dropped (clients 1 and 3, both trained before): never named
+        ROUND = 3
+        tamper = staticmethod(lambda reply: _config(reply).__setitem__("state_finite", False))
+
+    grid, nodes = deployment("SCAFFOLD", Grid)
+    module = deploy(build("SCAFFOLD"), grid)
+    rounds = 6
+    on_disk: list[dict[int, tuple[Any, list[int]]]] = []
+    finish = module.finish_round
+
+    def record() -> None:
+        finish()
+        held = {c: node for node in nodes.values() for c in node.clients}  # the nodes are built at their first message
+        named = {c: module.store.get(c, STATE_VERSION) for c in range(CLIENTS)}
+        on_disk.append({c: (None if v is None else int(v), held[c].store.versions(c)) for c, v in named.items()})
+
+    module.finish_round = record  # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match="contains NaN or Inf"):
+        fit(module, rounds)
+    trained = [sum(c in module.sample_round(r) for r in range(rounds)) for c in range(CLIENTS)]
+    assert max(trained) >= 3, "no client trained three times: every round's file would still be two"
+    dropped_kept = False
+    for r, clients in enumerate(on_disk):
+        for c, (named, versions) in clients.items():
+            assert len(versions) <= 2, (r, c, versions)
+            if named is not None:
+                assert named in versions, (r, c, named, versions)
+            dropped_kept |= named is not None and Grid.ROUND in versions and named != Grid.ROUND
+    assert dropped_kept, "no dropped round's state was kept beside the named one"
+
+
 def test_a_node_refuses_a_client_it_does_not_hold():
     grid, nodes = deployment("FedAvg")
     module = deploy(build("FedAvg"), grid)

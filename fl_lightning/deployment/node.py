@@ -35,7 +35,9 @@ REFUSED_JOB = 100
 
 class NodeStateStore:
     """The node's clients' state entries: one file per client and version (the round that wrote it),
-    ``<directory>/client_<id>/round_<version>.pt``, written atomically and read without running code.
+    ``<directory>/client_<id>/round_<version>.pt``, written atomically and read without running code. A
+    :class:`ClientNode` keeps two versions of a client (:meth:`keep`): the one its last job named and the one
+    that job wrote, the versions the next job may name.
 
     Args:
         directory: the folder of the files (made if missing).
