@@ -122,6 +122,12 @@ class LocalLogBuffer:
                     rows = total.index_select(0, torch.tensor(keep, device=total.device))
                     self.add(name, rows, weight, entry.options, [owners[i] for i in keep])
 
+    def parts(self) -> dict[str, tuple[dict[str, Any], list[_Part]]]:
+        """The buffered names: ``{name: (options, adds)}``, each add ``(total, weight, clients)`` as
+        :meth:`add` takes it, in the order they came (a deployment node sends its client's adds to the
+        server, which adds them to its own buffer: the same sums as one process running the round)."""
+        return {name: (dict(entry.options), list(entry.parts)) for name, entry in self._entries.items()}
+
     def synced(self) -> dict[str, tuple[float, int, dict[str, Any]]]:
         """The buffered names: ``{name: (weighted sum, weight, options)}``, for the caller to gather
         across processes and hand to :meth:`flush` (reads each sum once)."""

@@ -6,6 +6,7 @@ are never aggregated; an update the server drops does not advance the client's s
 
 from __future__ import annotations
 
+import csv
 import runpy
 import warnings
 from pathlib import Path
@@ -156,6 +157,10 @@ def _drop_uploads(reply: Message) -> None:
     del reply.content.array_records["uploads"]
 
 
+def _mismatched_logs(reply: Message) -> None:
+    del reply.content.array_records["log_weights"]["train_loss"]
+
+
 def _older_round(reply: Message) -> None:
     _config(reply)["round"] = TamperingGrid.ROUND - 1
 
@@ -166,6 +171,7 @@ def _other_node(reply: Message) -> None:
 
 @pytest.mark.parametrize("tamper, message", [
     (_drop_uploads, "malformed reply"),
+    (_mismatched_logs, "malformed reply .* the same names in the logs"),
     (_older_round, "in round 0 came for the job"),
     (_other_node, "which was sent no job for it"),
 ])
@@ -284,19 +290,37 @@ def final_state(root: str) -> dict[str, torch.Tensor]:
     return load_checkpoint(path)["state_dict"]
 
 
-def test_the_flower_app_runs_the_fit_yaml_with_the_simulation_s_bits():
+def history(root: str) -> list[dict[str, str]]:
+    """The rows of the history of the run under ``root``."""
+    (path,) = Path(root).glob("lightning_logs/version_*/history.csv")
+    with open(path) as file:
+        return list(csv.DictReader(file))
+
+
+def test_the_flower_app_runs_the_fit_yaml_with_the_simulation_s_bits(capsys, monkeypatch):
     simulated, deployed = scratch_folder(), scratch_folder()
     main(["fit", "--config", str(APP / "scaffold.yaml"), f"--trainer.default_root_dir={simulated}"])
     app = runpy.run_path(str(APP / "app.py"))
     state = scratch_folder()
     nodes = {11: {"clients": "0,2", "state-dir": f"{state}/a"}, 22: {"clients": "1,3", "state-dir": f"{state}/b"}}
-    run_config = {"config": "scaffold.yaml", "args": f"--trainer.default_root_dir={deployed}", "timeout": 0}
+    monkeypatch.chdir(deployed)  # the ServerApp's folder: a relative root is resolved against it
+    run_config = {"config": "scaffold.yaml", "args": "--trainer.default_root_dir=run", "timeout": 0}
     grid = LocalGrid({n: app["client"] for n in nodes}, nodes, run_config)
+    capsys.readouterr()
     app["server"](grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    deployed = f"{deployed}/run"
+    assert (f"fl-lightning fit (deployed, in Flower's ServerApp): writing into {deployed}/lightning_logs/version_0"
+            in capsys.readouterr().out)
     expected, got = final_state(simulated), final_state(deployed)
     assert expected.keys() == got.keys() and expected
     for key, value in expected.items():
         assert torch.equal(got[key], value), key
+    # the history as a simulation's (train_loss too: the client module's self.log calls come back from the nodes),
+    # and the deployment's round/left_out
+    rows, deployed_rows = history(simulated), history(deployed)
+    assert "train_loss" in rows[0] and len(rows) == 3
+    assert [{k: v for k, v in row.items() if k != LEFT_OUT} for row in deployed_rows] == rows
+    assert [row[LEFT_OUT] for row in deployed_rows] == ["0.0"] * 3
 
 
 def test_a_node_without_its_node_config_says_what_it_lacks():

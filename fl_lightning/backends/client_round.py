@@ -503,8 +503,8 @@ class ClientProgram:
 
 
 def run_client(algorithm: ClientAlgorithm, client_id: int, round_idx: int, start: Tensor, state: Mapping[str, Tensor],
-               settings: LocalSettings, data: ClientData,
-               broadcast: Optional[Mapping[str, Tensor]] = None) -> ClientRoundResult:
+               settings: LocalSettings, data: ClientData, broadcast: Optional[Mapping[str, Tensor]] = None,
+               logs: Optional[LocalLogBuffer] = None) -> ClientRoundResult:
     """One client's round, without a Trainer: what the sequential backend runs for each client of a fit.
 
     Args:
@@ -519,6 +519,7 @@ def run_client(algorithm: ClientAlgorithm, client_id: int, round_idx: int, start
         broadcast: the server state the algorithm declares its clients read (:func:`~fl_lightning.broadcast.
             broadcast_state` of the server's copy), loaded into ``algorithm`` first; None: ``algorithm`` holds it
             already.
+        logs: the buffer of the client module's ``self.log`` calls (None: they are dropped).
 
     Returns:
         The client's uploads, new state entries and metrics.
@@ -535,5 +536,5 @@ def run_client(algorithm: ClientAlgorithm, client_id: int, round_idx: int, start
         algorithm.to(device)
     if broadcast is not None:
         load_broadcast(algorithm, broadcast)
-    program = ClientProgram(algorithm, round_idx, settings)
+    program = ClientProgram(algorithm, round_idx, settings, logs)
     return program.run(client_id, start.to(device), {k: v.to(device) for k, v in state.items()}, data)

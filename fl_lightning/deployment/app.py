@@ -52,6 +52,19 @@ class DeploymentCLI(FederatedCLI):
             warnings.filterwarnings("ignore", message=_FLOWER_ARGV)
             super().__init__(args=args)
 
+    def _command(self) -> str:
+        """The command as the server's output names it (the process is Flower's ``flwr-serverapp``, whose
+        name is not a command to type)."""
+        return f"fl-lightning {self.subcommand} (deployed, in Flower's ServerApp)"
+
+    def before_instantiate_classes(self) -> None:
+        """:class:`~fl_lightning.cli.FederatedCLI`'s, and the Trainer's ``default_root_dir`` made absolute: a
+        relative one is the ``ServerApp`` process's folder, the SuperLink's (not where ``flwr run`` was typed),
+        and the run's folder printed (``writing into ...``) says it whole."""
+        super().before_instantiate_classes()
+        trainer = self.config[self.subcommand]["trainer"]
+        trainer["default_root_dir"] = os.path.abspath(trainer.get("default_root_dir") or os.getcwd())
+
     def instantiate_classes(self) -> None:
         """The configured classes, the model's client backend that of the deployment."""
         super().instantiate_classes()

@@ -4,14 +4,17 @@ A round's job for one client is a ``train`` message (:func:`job_content`, read b
 the client, the round, the start model and the declared broadcast state (:class:`~flwr.app.ArrayRecord`),
 the round's local settings, which stored version of the client's state to start from and, at the client's
 first round, the default entries of its state. The node answers with the client's uploads, its sample
-count, its metrics and whether its new state is finite (:func:`reply_content`, read back and checked by
-:func:`read_reply`). Tensors travel as NumPy arrays: exactly their bits.
+count, its metrics, the client module's ``self.log`` calls of its round (each step's value, as the server's
+log buffer adds them: ``train_loss`` as in a simulation) and whether its new state is finite
+(:func:`reply_content`, read back and checked by :func:`read_reply`). Tensors travel as NumPy arrays:
+exactly their bits.
 
 A ``query.clients`` message asks a node which clients it holds (:func:`clients_content`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -112,21 +115,35 @@ def _optional_int(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def reply_content(round_idx: int, update: ClientUpdate, state_finite: bool) -> RecordDict:
-    """The content of the reply to a client's job: its uploads, sample count, metrics (floats) and whether
-    the new state it stored is finite."""
+#: a client's ``self.log`` calls of its round: ``{name: (options, adds)}``, each add starting with a step's value
+#: times its batch size and the batch size (:meth:`~fl_lightning.local_logging.LocalLogBuffer.parts`)
+ClientLogs = Mapping[str, tuple[Mapping[str, Any], list[tuple[Any, ...]]]]
+
+
+def reply_content(round_idx: int, update: ClientUpdate, state_finite: bool, logs: ClientLogs) -> RecordDict:
+    """The content of the reply to a client's job: its uploads, sample count, metrics (floats), its module's
+    ``self.log`` calls (``logs``; of their options only those of plain values travel) and whether the new
+    state it stored is finite."""
     metrics = MetricRecord({name: float(value) for name, value in update.metrics.items()})
     config = ConfigRecord({"client": update.client_id, "round": round_idx, "num_samples": update.num_samples,
                            "state_finite": state_finite})
-    return RecordDict({"reply": config, "uploads": arrays(update.tensors), "metrics": metrics})
+    totals = {name: torch.stack([add[0].reshape(()).float().cpu() for add in adds]) for name, (_, adds) in
+              logs.items()}
+    weights = {name: torch.tensor([add[1] for add in adds], dtype=torch.int64) for name, (_, adds) in logs.items()}
+    options = ConfigRecord({name: json.dumps({k: v for k, v in opts.items() if isinstance(v, (bool, int, float, str))
+                                              and k != "reduce_fx"}) for name, (opts, _) in logs.items()})
+    return RecordDict({"reply": config, "uploads": arrays(update.tensors), "metrics": metrics,
+                       "log_totals": arrays(totals), "log_weights": arrays(weights), "log_options": options})
 
 
 @dataclass(frozen=True)
 class Reply:
-    """A node's checked answer to a job: the client's update and whether its new stored state is finite."""
+    """A node's checked answer to a job: the client's update, its module's ``self.log`` calls and whether its
+    new stored state is finite."""
 
     update: ClientUpdate
     state_finite: bool
+    logs: dict[str, tuple[dict[str, Any], list[tuple[Tensor, int]]]] = field(default_factory=dict)
 
 
 def read_reply(content: RecordDict, client_id: int, round_idx: int, specs: Mapping[str, UpdateSpec],
@@ -144,6 +161,7 @@ def read_reply(content: RecordDict, client_id: int, round_idx: int, specs: Mappi
         metrics = dict(content.metric_records["metrics"])
         said = (int(config["client"]), int(config["round"]))
         samples, finite = int(config["num_samples"]), bool(config["state_finite"])
+        logs = _read_logs(content)
     except (KeyError, TypeError, ValueError) as error:
         raise ReplyError(f"a malformed reply for client {client_id} in round {round_idx}: no {error}") from error
     if said != (client_id, round_idx):
@@ -163,7 +181,32 @@ def read_reply(content: RecordDict, client_id: int, round_idx: int, specs: Mappi
     bad = [name for name, value in metrics.items() if not isinstance(value, (int, float))]
     if bad:
         raise ReplyError(f"the reply of client {client_id} has metrics that are not numbers: {bad}")
-    return Reply(ClientUpdate(client_id, samples, uploads, {k: float(v) for k, v in metrics.items()}), finite)
+    return Reply(ClientUpdate(client_id, samples, uploads, {k: float(v) for k, v in metrics.items()}), finite, logs)
+
+
+def _read_logs(content: RecordDict) -> dict[str, tuple[dict[str, Any], list[tuple[Tensor, int]]]]:
+    """The ``self.log`` calls of a reply (:func:`reply_content`).
+
+    Raises:
+        KeyError, ValueError: a record is missing, or its names, kinds or lengths do not agree.
+    """
+    totals = tensors_of(content.array_records["log_totals"])
+    weights = tensors_of(content.array_records["log_weights"])
+    options = content.config_records["log_options"]
+    if not set(totals) == set(weights) == set(options):
+        raise ValueError(f"the same names in the logs' 'log_totals' {sorted(totals)}, 'log_weights' {sorted(weights)} "
+                         f"and 'log_options' {sorted(options)}")
+    logs = {}
+    for name, total in totals.items():
+        weight = weights[name]
+        if total.dtype != torch.float32 or weight.dtype != torch.int64 or total.dim() != 1 or total.shape != weight.shape:
+            raise ValueError(f"the logged {name!r} as float32 totals and int64 weights of one length, got "
+                             f"{total.dtype} {tuple(total.shape)} and {weight.dtype} {tuple(weight.shape)}")
+        opts = json.loads(str(options[name]))
+        if not isinstance(opts, dict):
+            raise ValueError(f"the logged {name!r}'s options as a JSON object, got {opts!r}")
+        logs[name] = (opts, [(t, int(w)) for t, w in zip(total, weight)])
+    return logs
 
 
 def clients_content(clients: list[int]) -> RecordDict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from flwr.app import Context, Error, Message, RecordDict
@@ -25,6 +25,7 @@ from flwr.clientapp import ClientApp
 from torch import Tensor
 
 from fl_lightning.backends.client_round import run_client
+from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.deployment.messages import (CLIENTS_QUERY, NO_STATE, TRAIN, Job, clients_content, is_finite,
                                               read_job, reply_content)
 from fl_lightning.module import FederatedModule
@@ -143,15 +144,26 @@ class ClientNode:
         data = self.datamodule.client_data(job.client_id, "train")  # type: ignore[attr-defined]
         threads = torch.get_num_threads()
         torch.set_num_threads(job.threads)  # the simulation's arithmetic (Job.threads)
+        logs = NodeLogs()
         try:
             result = run_client(self.algorithm, job.client_id, job.round_idx, job.start, state,
-                                job.settings(self.device), data, broadcast=job.broadcast)
+                                job.settings(self.device), data, broadcast=job.broadcast, logs=logs)
         finally:
             torch.set_num_threads(threads)
         if result.state:
             self.store.save(job.client_id, job.round_idx, result.state)
             self.store.keep(job.client_id, [v for v in (job.state_version, job.round_idx) if v != NO_STATE])
-        return reply_content(job.round_idx, result.update, is_finite(result.state))
+        return reply_content(job.round_idx, result.update, is_finite(result.state), logs.parts())
+
+
+class NodeLogs(LocalLogBuffer):
+    """A client module's ``self.log`` calls of a round on a node, each step's value kept for the reply (the
+    server adds them to its own buffer and logs the round's mean, as a simulation: ``train_loss``). Calls that
+    are not a mean of scalars (a torchmetrics ``Metric``, another ``reduce_fx``), which a simulation logs
+    through Lightning as they are made, are dropped: the node has no Trainer to log them."""
+
+    def _log_now(self, name: str, value: Any, *args: Any, agreed: bool = False, **kwargs: Any) -> None:
+        """Nothing: the node has no Trainer (see the class)."""
 
 
 def node_clients(value: object) -> list[int]:

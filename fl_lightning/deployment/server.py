@@ -191,6 +191,9 @@ class DeploymentBackend(ClientBackend[None]):
         for client_id in clients:  # in the round's order, as the sequential backend hands them over
             if client_id in updates:
                 got = updates[client_id]
+                for name, (options, adds) in got.logs.items():  # the client module's self.log calls, as it ran here
+                    for total, weight in adds:
+                        context.logs.add(name, total, weight, options, [client_id])
                 marker = float(round_idx) if got.state_finite else float("nan")  # NaN: excluded as a non-finite state
                 state = {STATE_VERSION: torch.tensor(marker, dtype=torch.float64)} if algorithm.engine.state_specs else None
                 context.hand_in(ClientRoundResult(got.update, state or {}))  # returned as the work item's results
