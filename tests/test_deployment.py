@@ -366,3 +366,38 @@ def test_a_node_runs_the_round_on_the_server_fit_s_cpu_threads(monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert seen and all(running == sent for running, sent in seen), seen
+
+
+def wire(content: RecordDict) -> RecordDict:
+    """``content`` after Flower's wire form (each object deflated to bytes, the whole inflated back)."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+    contents = {object_id: obj.deflate() for object_id, obj in get_all_nested_objects(content).items()}
+    inflated = inflate_object_from_contents(content.object_id, contents)
+    assert isinstance(inflated, RecordDict)
+    return inflated
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float16, torch.float64])
+def test_a_job_s_tensors_of_any_dtype_come_back_bitwise(dtype):
+    """The start model, broadcast state and default entries keep their dtype and bits, also those NumPy lacks
+    (bfloat16, float8: sent as their raw bits), NaN and -0.0 included."""
+    from fl_lightning.deployment.messages import Job, job_content, read_job
+    values = torch.tensor([1.0, -0.0, float("nan"), 3.140625, -1e-3, 448.0])
+    start, control, default = values.to(dtype), values.reshape(2, 3).to(dtype), values[:2].to(dtype)
+    job = Job(3, 2, start, {"control": control}, 4, None, [0.1], "bf16-mixed", 1, {"c_i": default})
+    got = read_job(wire(job_content(job)))
+    width = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[start.element_size()]
+    for sent, came in ((start, got.start), (control, got.broadcast["control"]), (default, got.defaults["c_i"])):
+        assert came.dtype == dtype and came.shape == sent.shape
+        assert torch.equal(came.view(width), sent.view(width))
+
+
+def test_an_array_that_names_no_torch_dtype_is_refused():
+    from flwr.app import Array, ArrayRecord
+
+    from fl_lightning.deployment.messages import tensors_of
+    bits = Array(torch.zeros(2, dtype=torch.int16).numpy())
+    for dtype in ("torch.no_such_dtype", "torch.float32"):  # not a dtype; a dtype of another width than the data
+        with pytest.raises(ValueError, match="must be a torch dtype and the data its raw bits"):
+            tensors_of(ArrayRecord({"x": Array(dtype, bits.shape, bits.stype, bits.data)}))

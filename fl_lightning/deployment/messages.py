@@ -7,7 +7,8 @@ first round, the default entries of its state. The node answers with the client'
 count, its metrics, the client module's ``self.log`` calls of its round (each step's value, as the server's
 log buffer adds them: ``train_loss`` as in a simulation) and whether its new state is finite
 (:func:`reply_content`, read back and checked by :func:`read_reply`). Tensors travel as NumPy arrays:
-exactly their bits.
+exactly their bits; a dtype NumPy lacks (``bfloat16``) as its raw bits, the Array's dtype naming it
+(:func:`array`).
 
 A ``query.clients`` message asks a node which clients it holds (:func:`clients_content`).
 """
@@ -38,14 +39,48 @@ class ReplyError(ValueError):
     """A node's reply that cannot be part of the round (malformed, from another node or for another job)."""
 
 
+#: how the ``dtype`` of an :class:`~flwr.app.Array` names a torch dtype NumPy lacks (``torch.bfloat16``): its
+#: data are the tensor's raw bits as a NumPy array of signed integers of the same width
+TORCH_DTYPE = "torch."
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def array(tensor: Tensor) -> Array:
+    """``tensor`` as an Array (a CPU NumPy copy: the same bits). A dtype NumPy lacks (``bfloat16``, the
+    ``float8`` ones) travels as its raw bits, integers of its width, the Array's ``dtype`` naming the torch
+    dtype (``torch.bfloat16``)."""
+    tensor = tensor.detach().cpu()
+    try:
+        return Array(tensor.numpy())
+    except TypeError:  # NumPy has no such dtype
+        bits = Array(tensor.view(_BITS[tensor.element_size()]).numpy())
+        return Array(f"{TORCH_DTYPE}{str(tensor.dtype).removeprefix('torch.')}", bits.shape, bits.stype, bits.data)
+
+
+def tensor_of(value: Array) -> Tensor:
+    """The tensor of an Array of :func:`array`.
+
+    Raises:
+        ValueError: a ``torch.`` dtype that is not one, or whose width is not the data's.
+    """
+    data = torch.from_numpy(np.array(value.numpy()))
+    if not value.dtype.startswith(TORCH_DTYPE):
+        return data
+    dtype = getattr(torch, value.dtype.removeprefix(TORCH_DTYPE), None)
+    if not isinstance(dtype, torch.dtype) or data.dtype != _BITS.get(dtype.itemsize):
+        raise ValueError(f"an array of dtype {value.dtype!r} carries {data.dtype} data: the dtype must be a torch "
+                         f"dtype and the data its raw bits as signed integers of its width")
+    return data.view(dtype)
+
+
 def arrays(tensors: Mapping[str, Tensor]) -> ArrayRecord:
-    """``tensors`` as an ArrayRecord (CPU NumPy copies: the same bits)."""
-    return ArrayRecord({name: Array(t.detach().cpu().numpy()) for name, t in tensors.items()})
+    """``tensors`` as an ArrayRecord (:func:`array`: exactly their bits, whatever their dtype)."""
+    return ArrayRecord({name: array(t) for name, t in tensors.items()})
 
 
 def tensors_of(record: ArrayRecord) -> dict[str, Tensor]:
     """The tensors of an ArrayRecord of :func:`arrays`."""
-    return {name: torch.from_numpy(np.array(array.numpy())) for name, array in record.items()}
+    return {name: tensor_of(value) for name, value in record.items()}
 
 
 @dataclass(frozen=True)
