@@ -7,6 +7,7 @@ are never aggregated; an update the server drops does not advance the client's s
 from __future__ import annotations
 
 import csv
+import os
 import runpy
 import warnings
 from pathlib import Path
@@ -401,3 +402,47 @@ def test_an_array_that_names_no_torch_dtype_is_refused():
     for dtype in ("torch.no_such_dtype", "torch.float32"):  # not a dtype; a dtype of another width than the data
         with pytest.raises(ValueError, match="must be a torch dtype and the data its raw bits"):
             tensors_of(ArrayRecord({"x": Array(dtype, bits.shape, bits.stype, bits.data)}))
+
+
+#: a fresh interpreter where torchvision is not installed (not importable, no distribution), importing the node
+NO_TORCHVISION = """
+import importlib.abc
+import importlib.metadata
+import sys
+
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torchvision":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+installed = importlib.metadata.version
+
+
+def version(name):
+    if name == "torchvision":
+        raise importlib.metadata.PackageNotFoundError(name)
+    return installed(name)
+
+
+sys.meta_path.insert(0, NotInstalled())
+importlib.metadata.version = version
+import fl_lightning.deployment.node
+
+assert "torchvision" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torchvision"))
+print("imported")
+"""
+
+
+def test_a_node_s_process_needs_no_torchvision():
+    """fl_lightning imports torchvision only where a vision dataset is used: a node's process imports without it
+    (where it is installed, torchmetrics imports it: Lightning imports torchmetrics, docs/deployment.md). A real
+    interpreter: the tests' fresh processes (tests.fresh_python) are forked from one that imported torchvision."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", NO_TORCHVISION], capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "imported", done.stderr[-3000:]

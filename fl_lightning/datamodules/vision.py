@@ -13,9 +13,21 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
-from torchvision import datasets
 
 from fl_lightning.datamodules.base import FederatedDataModule
+
+
+class _TorchvisionDataset:
+    """A class of ``torchvision.datasets`` by name, imported when first read: torchvision is imported only
+    where a vision dataset is used (a deployment node's process imports fl_lightning at every message)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        from torchvision import datasets
+
+        return getattr(datasets, self.name)
 
 
 class TorchvisionFederated(FederatedDataModule):
@@ -66,7 +78,7 @@ class TorchvisionFederated(FederatedDataModule):
 class MNISTFederated(TorchvisionFederated):
     """MNIST (60,000 train / 10,000 test, 1x28x28) split into clients."""
 
-    dataset_cls = datasets.MNIST
+    dataset_cls = _TorchvisionDataset("MNIST")
     mean, std = (0.1307,), (0.3081,)
     num_classes = 10
 
@@ -74,7 +86,7 @@ class MNISTFederated(TorchvisionFederated):
 class FashionMNISTFederated(TorchvisionFederated):
     """Fashion-MNIST (60,000 / 10,000, 1x28x28) split into clients."""
 
-    dataset_cls = datasets.FashionMNIST
+    dataset_cls = _TorchvisionDataset("FashionMNIST")
     mean, std = (0.2860,), (0.3530,)
     num_classes = 10
 
@@ -82,7 +94,7 @@ class FashionMNISTFederated(TorchvisionFederated):
 class CIFAR10Federated(TorchvisionFederated):
     """CIFAR-10 (50,000 / 10,000, 3x32x32) split into clients."""
 
-    dataset_cls = datasets.CIFAR10
+    dataset_cls = _TorchvisionDataset("CIFAR10")
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
     num_classes = 10
 
@@ -90,6 +102,6 @@ class CIFAR10Federated(TorchvisionFederated):
 class CIFAR100Federated(TorchvisionFederated):
     """CIFAR-100 (50,000 / 10,000, 3x32x32) split into clients."""
 
-    dataset_cls = datasets.CIFAR100
+    dataset_cls = _TorchvisionDataset("CIFAR100")
     mean, std = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
     num_classes = 100
