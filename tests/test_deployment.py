@@ -23,7 +23,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO, PeFLL  # noqa: E402
 from fl_lightning.broadcast import broadcast_state  # noqa: E402
-from fl_lightning.callbacks import FederatedCallback, LabelFlipAttack  # noqa: E402
+from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, LabelFlipAttack  # noqa: E402
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
 from fl_lightning.deployment import (LEFT_OUT, STATE_VERSION, ClientNode, LocalGrid, client_app, deploy,  # noqa: E402
@@ -32,6 +32,7 @@ from fl_lightning.deployment.app import build_node, cli_args, round_timeout  # n
 from fl_lightning.functional.dro import KLDRO  # noqa: E402
 from fl_lightning.models.hypernetwork import MLPEmbedding  # noqa: E402
 from fl_lightning.module import FederatedModule  # noqa: E402
+from fl_lightning.update import ClientUpdate  # noqa: E402
 from tests.helpers import global_vector, scratch_folder, synthetic, tiny_client, trainer  # noqa: E402
 
 CLIENTS, PER_ROUND, ROUNDS = 6, 2, 3
@@ -446,3 +447,102 @@ def test_a_node_s_process_needs_no_torchvision():
     done = subprocess.run([sys.executable, "-c", NO_TORCHVISION], capture_output=True, text=True, cwd=root,
                           env={**os.environ, "PYTHONPATH": str(root)}, timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "imported", done.stderr[-3000:]
+
+
+class Uploads(FederatedCallback):
+    """Records each update the round keeps, as the callbacks before it left it: ``{(round, client): uploads}``."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+
+    def on_client_update(self, trainer: pl.Trainer, module: Any, update: ClientUpdate) -> ClientUpdate:
+        self.seen[module.current_epoch, update.client_id] = dict(update.tensors)
+        return update
+
+
+class ReplyUploads(LocalGrid):
+    """Records the uploads of each reply as it left its node: ``{(round, client): uploads}``."""
+
+    sent: dict[tuple[int, int], dict[str, torch.Tensor]]
+
+    def send_and_receive(self, messages: Any, *, timeout: Any = None) -> Any:
+        replies = list(super().send_and_receive(messages, timeout=timeout))
+        for reply in replies:
+            if not reply.has_error() and "uploads" in reply.content.array_records:
+                config = _config(reply)
+                uploads = reply.content.array_records["uploads"]
+                self.sent[int(config["round"]), int(config["client"])] = {
+                    name: torch.from_numpy(array.numpy().copy()) for name, array in uploads.items()}
+        return replies
+
+
+def private(mode: str) -> DifferentialPrivacy:
+    return DifferentialPrivacy(clip_norm=0.1, noise_multiplier=1.0, mode=mode)  # below the updates' norms
+
+
+def uniform_fedavg() -> FederatedModule:
+    torch.manual_seed(0)
+    return FedAvg(tiny_client(hidden=(8,)), clients_per_round=PER_ROUND, local_steps=2, seed=SEED, weighting="uniform")
+
+
+def private_deployment(node_mode: Optional[str]) -> tuple[ReplyUploads, dict[int, ClientNode]]:
+    """:func:`deployment` of uniform FedAvg, each node built with a ``DifferentialPrivacy`` of ``node_mode``
+    (None: none)."""
+    folder = scratch_folder()
+
+    def node(context: Any) -> ClientNode:
+        callbacks = [] if node_mode is None else [private(node_mode)]
+        return ClientNode(uniform_fedavg(), synthetic(CLIENTS), node_clients(context.node_config["clients"]),
+                          f"{folder}/node_{context.node_id}", callbacks=callbacks)
+
+    nodes: dict[int, ClientNode] = {}
+    grid = ReplyUploads({n: client_app(node, nodes) for n in NODES}, NODES)
+    grid.sent = {}
+    return grid, nodes
+
+
+@pytest.mark.parametrize("mode", ["local", "central"])
+def test_differential_privacy_gives_the_simulation_s_bits_its_local_mode_on_the_nodes(mode):
+    """Local mode: each node clips and noises its update before it leaves (the reply carries the simulation's
+    privatized update, bit for bit) and the server passes it on; central mode: the server clips and noises,
+    as in a simulation. Either way the simulation's global model, bit for bit."""
+    simulated, deployed = Uploads(), Uploads()
+    simulation = uniform_fedavg()
+    trainer(ROUNDS, callbacks=[private(mode), simulated]).fit(simulation, synthetic(CLIENTS))
+    grid, nodes = private_deployment(mode)
+    module = deploy(uniform_fedavg(), grid)
+    trainer(ROUNDS, callbacks=[private(mode), deployed]).fit(module, synthetic(CLIENTS))
+    assert torch.equal(global_vector(module), global_vector(simulation))
+    assert simulated.seen.keys() == deployed.seen.keys() == grid.sent.keys() and len(grid.sent) == ROUNDS * PER_ROUND
+    for key, uploads in simulated.seen.items():
+        for name, value in uploads.items():
+            assert torch.equal(deployed.seen[key][name], value), key
+            # local: what left the node is the privatized update; central: the node's raw update, clipped after
+            assert torch.equal(grid.sent[key][name], value) == (mode == "local"), key
+    assert all(node.privacy for node in nodes.values()) == (mode == "local")
+
+
+def test_an_update_from_a_node_without_the_run_s_local_privacy_is_refused():
+    grid, _ = private_deployment(None)
+    module = deploy(uniform_fedavg(), grid)
+    counts: list[int] = []
+    finish = module.finish_round
+
+    def counting() -> None:
+        finish()
+        counts.append(module.round_num_updates)
+
+    module.finish_round = counting  # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match=r"applied local differential privacy \(clip norm, noise multiplier\) "
+                                            r"none, the run's is \[0.1, 1.0\]"):
+        trainer(1, callbacks=[private("local")]).fit(module, synthetic(CLIENTS))
+    assert counts == [0] and grid.sent  # the nodes answered; nothing was aggregated
+
+
+def test_a_node_built_from_the_yaml_applies_its_local_privacy():
+    extra = Path(scratch_folder()) / "private.yaml"
+    extra.write_text("trainer:\n  callbacks:\n  - class_path: fl_lightning.callbacks.DifferentialPrivacy\n"
+                     "    init_args: {clip_norm: 0.1, noise_multiplier: 1.0, mode: local}\n")
+    node = build_node(str(APP), Context(run_id=1, node_id=3, node_config={"clients": "0", "state-dir": scratch_folder()},
+                                        state=RecordDict(), run_config={"config": f"scaffold.yaml,{extra}"}))
+    assert [(cb.clip_norm, cb.noise_multiplier, cb.mode) for cb in node.privacy] == [(0.1, 1.0, "local")]

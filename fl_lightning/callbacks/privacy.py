@@ -8,7 +8,9 @@ client's participation:
 * ``mode="central"`` (the trusted server adds it): the server averages the ``m`` clipped updates
   uniformly and adds ``N(0, (z C / m)^2)`` per coordinate to the mean;
 * ``mode="local"`` (each client adds it): every client adds ``N(0, (z C)^2)`` to its clipped
-  update before sending it.
+  update before sending it. In a deployment (:mod:`fl_lightning.deployment`) the node does it, before
+  the update leaves (:meth:`DifferentialPrivacy.privatize`, with the simulation's bits), and the
+  server passes the updates on as they come (:attr:`DifferentialPrivacy.applied_on_clients`).
 
 The callback logs ``privacy/noise_multiplier`` and, when Opacus is installed
 (``pip install -e ".[privacy]"``; without it, a warning and no ``privacy/epsilon``),
@@ -117,6 +119,9 @@ class DifferentialPrivacy(FederatedCallback):
         self.seed = seed if seed is None else check_int("seed", seed, 0)
         #: the accountant's history: ``[noise_multiplier, sample_rate, rounds]`` per segment of equal settings
         self.history: list[list] = []
+        #: whether the clients clip and noise their own updates (:meth:`privatize`, local mode), so that the
+        #: server passes them on unchanged: set by a deployment, whose nodes apply the local mode
+        self.applied_on_clients = False
         self._warned = False
 
     @property
@@ -136,9 +141,17 @@ class DifferentialPrivacy(FederatedCallback):
                              f"C / m); {reason}")
 
     def on_client_update(self, trainer: pl.Trainer, module: Federation, update: ClientUpdate) -> ClientUpdate:
+        if self.applied_on_clients and self.mode == "local":
+            return update
+        return self.privatize(update, module.current_epoch, module.seed)
+
+    def privatize(self, update: ClientUpdate, round_idx: int, module_seed: int) -> ClientUpdate:
+        """``update`` of round ``round_idx`` clipped to ``clip_norm`` and, in local mode, noised (from a
+        generator keyed by the callback's seed, else ``module_seed``, the round and the client): what the
+        server's ``on_client_update`` does in a simulation, and a deployment node before the update leaves."""
         tensors = clip_update(update.tensors, self.clip_norm)
         if self.mode == "local" and self.noise_multiplier > 0:
-            g = generator(self._seed(module), "dp-local", module.current_epoch, update.client_id)
+            g = generator(self.seed if self.seed is not None else module_seed, "dp-local", round_idx, update.client_id)
             std = self.noise_multiplier * self.clip_norm
             tensors = {name: t + gaussian_noise(t, std, g) for name, t in tensors.items()}
         return ClientUpdate(update.client_id, update.num_samples, tensors, dict(update.metrics))

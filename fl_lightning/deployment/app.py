@@ -115,8 +115,9 @@ def server_app(directory: str) -> ServerApp:
 
 
 def build_node(directory: str, context: Context) -> ClientNode:
-    """A SuperNode's :class:`~fl_lightning.deployment.node.ClientNode`: the run config's algorithm and
-    datamodule (no Trainer run), the clients and state folder of its node config (``clients``, ``state-dir``).
+    """A SuperNode's :class:`~fl_lightning.deployment.node.ClientNode`: the run config's algorithm,
+    datamodule and callbacks (no Trainer run: the node applies the callbacks of the client's side, local
+    differential privacy), the clients and state folder of its node config (``clients``, ``state-dir``).
 
     Raises:
         ValueError: the node config lacks them.
@@ -129,7 +130,7 @@ def build_node(directory: str, context: Context) -> ClientNode:
         warnings.filterwarnings("ignore", message=_FLOWER_ARGV)
         cli = FederatedCLI(args=cli_args(directory, context.run_config), run=False)
     return ClientNode(cli.model, cli.datamodule, node_clients(context.node_config["clients"]),
-                      str(context.node_config["state-dir"]))
+                      str(context.node_config["state-dir"]), callbacks=cli.trainer.callbacks)
 
 
 def node_app(directory: str) -> ClientApp:

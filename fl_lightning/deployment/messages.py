@@ -6,7 +6,8 @@ the round's local settings, which stored version of the client's state to start 
 first round, the default entries of its state. The node answers with the client's uploads, its sample
 count, its metrics, the client module's ``self.log`` calls of its round (each step's value, as the server's
 log buffer adds them: ``train_loss`` as in a simulation) and whether its new state is finite
-(:func:`reply_content`, read back and checked by :func:`read_reply`). Tensors travel as NumPy arrays:
+(:func:`reply_content`, read back and checked by :func:`read_reply`), and the local differential privacy it
+applied to the update before it left (:func:`local_privacy`: the server refuses an update without the run's). Tensors travel as NumPy arrays:
 exactly their bits; a dtype NumPy lacks (``bfloat16``) as its raw bits, the Array's dtype naming it
 (:func:`array`).
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
 from fl_lightning.backends.client_round import LocalSettings
+from fl_lightning.callbacks.privacy import DifferentialPrivacy
 from fl_lightning.update import ClientUpdate, UpdateSpec
 
 #: the message type of a client's round
@@ -155,13 +157,26 @@ def _optional_int(value: Any) -> Optional[int]:
 ClientLogs = Mapping[str, tuple[Mapping[str, Any], list[tuple[Any, ...]]]]
 
 
-def reply_content(round_idx: int, update: ClientUpdate, state_finite: bool, logs: ClientLogs) -> RecordDict:
+def local_privacy(callbacks: Iterable[object]) -> list[DifferentialPrivacy]:
+    """The ``DifferentialPrivacy`` callbacks of ``callbacks`` in local mode: a deployment's nodes apply them."""
+    return [cb for cb in callbacks if isinstance(cb, DifferentialPrivacy) and cb.mode == "local"]
+
+
+def privacy_settings(callbacks: Sequence[DifferentialPrivacy]) -> list[float]:
+    """What a reply says of the local differential privacy its node applied: each callback's clip norm and noise
+    multiplier, in order."""
+    return [float(value) for cb in callbacks for value in (cb.clip_norm, cb.noise_multiplier)]
+
+
+def reply_content(round_idx: int, update: ClientUpdate, state_finite: bool, logs: ClientLogs,
+                  privacy: Sequence[float] = ()) -> RecordDict:
     """The content of the reply to a client's job: its uploads, sample count, metrics (floats), its module's
-    ``self.log`` calls (``logs``; of their options only those of plain values travel) and whether the new
-    state it stored is finite."""
+    ``self.log`` calls (``logs``; of their options only those of plain values travel), whether the new
+    state it stored is finite, and the local differential privacy the node applied to the uploads
+    (:func:`privacy_settings`)."""
     metrics = MetricRecord({name: float(value) for name, value in update.metrics.items()})
     config = ConfigRecord({"client": update.client_id, "round": round_idx, "num_samples": update.num_samples,
-                           "state_finite": state_finite})
+                           "state_finite": state_finite, "privacy": [float(v) for v in privacy]})
     totals = {name: torch.stack([add[0].reshape(()).float().cpu() for add in adds]) for name, (_, adds) in
               logs.items()}
     weights = {name: torch.tensor([add[1] for add in adds], dtype=torch.int64) for name, (_, adds) in logs.items()}
@@ -182,10 +197,11 @@ class Reply:
 
 
 def read_reply(content: RecordDict, client_id: int, round_idx: int, specs: Mapping[str, UpdateSpec],
-               num_samples: int) -> Reply:
+               num_samples: int, privacy: Sequence[float] = ()) -> Reply:
     """The reply to client ``client_id``'s job of round ``round_idx``, checked: it must name that client and
     round, carry the declared uploads (``specs``: names and sizes) as finite-or-not fp32 vectors and the
-    client's sample count ``num_samples``.
+    client's sample count ``num_samples``, and say that its node applied the run's local differential privacy
+    (``privacy``, :func:`privacy_settings`).
 
     Raises:
         ReplyError: anything else (it is never aggregated).
@@ -196,12 +212,16 @@ def read_reply(content: RecordDict, client_id: int, round_idx: int, specs: Mappi
         metrics = dict(content.metric_records["metrics"])
         said = (int(config["client"]), int(config["round"]))
         samples, finite = int(config["num_samples"]), bool(config["state_finite"])
+        applied = [float(v) for v in config["privacy"]]  # type: ignore[union-attr]
         logs = _read_logs(content)
     except (KeyError, TypeError, ValueError) as error:
         raise ReplyError(f"a malformed reply for client {client_id} in round {round_idx}: no {error}") from error
     if said != (client_id, round_idx):
         raise ReplyError(f"a reply for client {said[0]} in round {said[1]} came for the job of client {client_id} in "
                          f"round {round_idx}")
+    if applied != list(privacy):
+        raise ReplyError(f"the node of client {client_id} applied local differential privacy (clip norm, noise "
+                         f"multiplier) {applied or 'none'}, the run's is {list(privacy) or 'none'}")
     if set(uploads) != set(specs):
         raise ReplyError(f"the reply of client {client_id} carries uploads {sorted(uploads)}, the declared ones are "
                          f"{sorted(specs)}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 from flwr.app import Context, Error, Message, RecordDict
@@ -27,7 +27,7 @@ from torch import Tensor
 from fl_lightning.backends.client_round import run_client
 from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.deployment.messages import (CLIENTS_QUERY, NO_STATE, TRAIN, Job, clients_content, is_finite,
-                                              read_job, reply_content)
+                                              local_privacy, privacy_settings, read_job, reply_content)
 from fl_lightning.module import FederatedModule
 
 #: the error code of a job the node refuses (Flower's codes below 100 are its own)
@@ -96,13 +96,15 @@ class ClientNode:
         clients: the clients this node holds (its ``node_config``'s).
         state_dir: the folder of the clients' stored state.
         device: where the clients' rounds run.
+        callbacks: the configuration's Trainer callbacks: the node applies those of the client's side, the
+            local mode of ``DifferentialPrivacy`` (clipping and noise, before the update leaves).
 
     Raises:
         ValueError: no clients, or a lock-step algorithm (its clients need the server at every step).
     """
 
     def __init__(self, algorithm: FederatedModule, datamodule: object, clients: Sequence[int], state_dir: str,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", callbacks: Iterable[object] = ()) -> None:
         if not clients:
             raise ValueError("a node must hold at least one client: give its ids (node config 'clients')")
         if getattr(algorithm, "lockstep", False):
@@ -110,6 +112,8 @@ class ClientNode:
         self.algorithm, self.datamodule, self.device = algorithm, datamodule, device
         self.clients = sorted(int(c) for c in clients)
         self.store = NodeStateStore(state_dir)
+        #: the local differential privacy applied to every update before it leaves
+        self.privacy = local_privacy(callbacks)
 
     def handle(self, message: Message) -> Message:
         """The reply to ``message``: a job's result, the node's clients, or an error reply naming what the node
@@ -153,7 +157,11 @@ class ClientNode:
         if result.state:
             self.store.save(job.client_id, job.round_idx, result.state)
             self.store.keep(job.client_id, [v for v in (job.state_version, job.round_idx) if v != NO_STATE])
-        return reply_content(job.round_idx, result.update, is_finite(result.state), logs.parts())
+        update = result.update
+        for cb in self.privacy:
+            update = cb.privatize(update, job.round_idx, self.algorithm.seed)
+        return reply_content(job.round_idx, update, is_finite(result.state), logs.parts(),
+                             privacy_settings(self.privacy))
 
 
 class NodeLogs(LocalLogBuffer):

@@ -32,7 +32,7 @@ from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.broadcast import broadcast_state
 from fl_lightning.deployment.messages import (CLIENTS_QUERY, NO_STATE, TRAIN, Job, ReplyError, clients_content,
-                                              job_content, read_clients, read_reply)
+                                              job_content, local_privacy, privacy_settings, read_clients, read_reply)
 from fl_lightning.hooks import FederatedCallback
 from fl_lightning.lightning_compat import log_agreed
 from fl_lightning.backends.client_round import ClientRoundResult
@@ -93,18 +93,25 @@ class DeploymentBackend(ClientBackend[None]):
         self._nodes: set[int] = set()
         #: the clients left out of the last round: no answer, or a reply refused
         self.left_out: list[int] = []
+        #: the local differential privacy every reply must say its node applied (:func:`privacy_settings`)
+        self.privacy: list[float] = []
 
     @classmethod
     def check(cls, context: ClientContext) -> list[str]:
         return deployment_refusals(context.algorithm, context.trainer.callbacks)  # type: ignore[arg-type]
 
     def configure(self, context: ClientContext, clients_per_round: int) -> None:
-        """One work item a round, all its messages sent at once; the nodes asked which clients they hold.
+        """One work item a round, all its messages sent at once; the nodes asked which clients they hold; the
+        local mode of ``DifferentialPrivacy`` left to the nodes (each reply must say its node applied it).
 
         Raises:
             ValueError: a client held by two nodes, or training clients held by none.
         """
         self.clients_per_block = clients_per_round
+        privacy = local_privacy(context.trainer.callbacks)
+        for cb in privacy:
+            cb.applied_on_clients = True
+        self.privacy = privacy_settings(privacy)
         self.discover()
         missing = sorted(set(context.algorithm.engine.datamodule.train_clients) - set(self.node_of))
         if missing:
@@ -177,7 +184,7 @@ class DeploymentBackend(ClientBackend[None]):
                     raise ReplyError(f"a reply for client {client_id} came from node {node}, which was sent no job "
                                      f"for it this round")
                 got = read_reply(reply.content, client_id, round_idx, algorithm.engine.update_specs,
-                                 algorithm.engine.datamodule.num_samples(client_id))
+                                 algorithm.engine.datamodule.num_samples(client_id), self.privacy)
             except ReplyError as error:
                 warnings.warn(f"round {round_idx}: {error}; refused, not aggregated", RuntimeWarning, stacklevel=2)
                 continue
