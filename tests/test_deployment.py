@@ -26,6 +26,7 @@ from fl_lightning.broadcast import broadcast_state  # noqa: E402
 from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, LabelFlipAttack  # noqa: E402
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
+from fl_lightning.datamodules import ClientFilesFederated, write_client_files  # noqa: E402
 from fl_lightning.deployment import (LEFT_OUT, STATE_VERSION, ClientNode, LocalGrid, client_app, deploy,  # noqa: E402
                                      node_clients)
 from fl_lightning.deployment.app import build_node, cli_args, round_timeout  # noqa: E402
@@ -546,3 +547,53 @@ def test_a_node_built_from_the_yaml_applies_its_local_privacy():
     node = build_node(str(APP), Context(run_id=1, node_id=3, node_config={"clients": "0", "state-dir": scratch_folder()},
                                         state=RecordDict(), run_config={"config": f"scaffold.yaml,{extra}"}))
     assert [(cb.clip_norm, cb.noise_multiplier, cb.mode) for cb in node.privacy] == [(0.1, 1.0, "local")]
+
+
+def test_a_node_reads_only_its_own_clients_files_and_gives_the_simulation_s_bits():
+    """The clients' files of a partition (write_client_files), each node's folder holding the index and only its
+    own clients' files (the others' moved away): the nodes run their clients, the simulation's bits."""
+    everything = scratch_folder()
+    write_client_files(synthetic(CLIENTS), everything)
+    folders = {}
+    for node, config in NODES.items():
+        folders[node] = scratch_folder()
+        write_client_files(synthetic(CLIENTS), folders[node], node_clients(config["clients"]))
+    simulation = build("SCAFFOLD")
+    trainer(ROUNDS).fit(simulation, ClientFilesFederated(everything, batch_size=16))
+    state = scratch_folder()
+
+    def node(context: Any) -> ClientNode:
+        return ClientNode(build("SCAFFOLD"), ClientFilesFederated(folders[context.node_id], batch_size=16),
+                          node_clients(context.node_config["clients"]), f"{state}/node_{context.node_id}")
+
+    nodes: dict[int, ClientNode] = {}
+    module = deploy(build("SCAFFOLD"), LocalGrid({n: client_app(node, nodes) for n in NODES}, NODES))
+    trainer(ROUNDS).fit(module, ClientFilesFederated(everything, batch_size=16))
+    assert torch.equal(global_vector(module), global_vector(simulation))
+    assert torch.equal(module.server_control, simulation.server_control)
+    for node_id, built in nodes.items():
+        held = node_clients(NODES[node_id]["clients"])
+        data = built.datamodule
+        assert sorted(os.listdir(folders[node_id])) == sorted(["index.json", *(f"client_{c}.pt" for c in held)])
+        assert [c for c in range(CLIENTS) if len(data.splits["train"][c])] == held  # only its own clients' data
+        assert [data.num_samples(c) for c in range(CLIENTS)] == [module.datamodule.num_samples(c)
+                                                                  for c in range(CLIENTS)]
+
+
+def test_client_files_read_back_the_datamodule_s_splits():
+    source = synthetic(CLIENTS)
+    folder = scratch_folder()
+    write_client_files(source, folder)
+    read = ClientFilesFederated(folder, batch_size=16)
+    read.setup("fit")
+    for split in ("train", "val", "test"):
+        for c in range(CLIENTS):
+            expected, got = source.client_data(c, split), read.client_data(c, split)
+            assert len(got) == len(expected)
+            for mine, theirs in zip(got.dataset.tensors, expected.dataset.tensors):
+                assert torch.equal(mine[got.indices], theirs[expected.indices]), (split, c)
+    some = ClientFilesFederated(folder)
+    with pytest.raises(ValueError, match=r"clients must be one or more ids in \[0, 6\), got \[6\]"):
+        some.select_clients([6])
+    with pytest.raises(ValueError, match="has no index.json"):
+        ClientFilesFederated(scratch_folder())

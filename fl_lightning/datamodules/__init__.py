@@ -2,6 +2,7 @@
 
 from fl_lightning.datamodules.base import FederatedDataModule
 from fl_lightning.datamodules.client_data import ClientData
+from fl_lightning.datamodules.client_files import ClientFilesFederated, write_client_files
 from fl_lightning.datamodules.huggingface import HuggingFaceFederated
 from fl_lightning.datamodules.leaf import FEMNISTFederated
 from fl_lightning.datamodules.partitioners import (
@@ -30,6 +31,7 @@ __all__ = [
     "CIFAR100Federated",
     "CIFAR10Federated",
     "ClientData",
+    "ClientFilesFederated",
     "DirichletPartitioner",
     "FEMNISTFederated",
     "FashionMNISTFederated",
@@ -53,4 +55,5 @@ __all__ = [
     "labels_of",
     "st_indices",
     "synthetic_clients",
+    "write_client_files",
 ]

@@ -92,7 +92,9 @@ class ClientNode:
     Args:
         algorithm: the algorithm, configured as the server's (its client hooks and declarations; no Trainer).
         datamodule: the node's data: it must build the training splits of ``clients`` (and need build no
-            other client's); set up here if it is not yet.
+            other client's); set up here if it is not yet. One that can read only some clients'
+            data (``select_clients``, :class:`~fl_lightning.datamodules.ClientFilesFederated`) is told to
+            read only ``clients``'.
         clients: the clients this node holds (its ``node_config``'s).
         state_dir: the folder of the clients' stored state.
         device: where the clients' rounds run.
@@ -111,6 +113,9 @@ class ClientNode:
             raise ValueError(f"{type(algorithm).__name__} moves its clients in lock-step and cannot be deployed")
         self.algorithm, self.datamodule, self.device = algorithm, datamodule, device
         self.clients = sorted(int(c) for c in clients)
+        select = getattr(datamodule, "select_clients", None)
+        if callable(select) and not getattr(datamodule, "splits", None):
+            select(self.clients)
         self.store = NodeStateStore(state_dir)
         #: the local differential privacy applied to every update before it leaves
         self.privacy = local_privacy(callbacks)
