@@ -26,7 +26,7 @@ from fl_lightning.broadcast import broadcast_state  # noqa: E402
 from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, LabelFlipAttack  # noqa: E402
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
-from fl_lightning.datamodules import ClientFilesFederated, write_client_files  # noqa: E402
+from fl_lightning.datamodules import ClientFilesFederated, SyntheticFederated, write_client_files  # noqa: E402
 from fl_lightning.deployment import (LEFT_OUT, STATE_VERSION, ClientNode, LocalGrid, client_app, deploy,  # noqa: E402
                                      node_clients)
 from fl_lightning.deployment.app import build_node, cli_args, round_timeout  # noqa: E402
@@ -597,3 +597,29 @@ def test_client_files_read_back_the_datamodule_s_splits():
         some.select_clients([6])
     with pytest.raises(ValueError, match="has no index.json"):
         ClientFilesFederated(scratch_folder())
+
+
+def test_the_flower_app_s_nodes_read_their_own_client_files_named_by_their_node_config():
+    """The app's YAML with ClientFilesFederated: the server reads the folder of every client, each node the folder
+    its node config's ``args`` names (the index and its own clients' files); the simulation's bits."""
+    simulated, deployed, files = scratch_folder(), scratch_folder(), scratch_folder()
+    main(["fit", "--config", str(APP / "scaffold.yaml"), f"--trainer.default_root_dir={simulated}"])
+    data = SyntheticFederated(num_clients=4, dim=20, min_samples=20, max_samples=60, batch_size=16, seed=0)  # the YAML's
+    write_client_files(data, f"{files}/all")
+    nodes = {11: {"clients": "0,2"}, 22: {"clients": "1,3"}}
+    for node, config in nodes.items():
+        write_client_files(data, f"{files}/{node}", node_clients(config["clients"]))
+        config.update({"state-dir": f"{files}/state_{node}", "args": f"--data.init_args.root={files}/{node}"})
+    server = runpy.run_path(str(APP / "app.py"))["server"]
+    run_config = {"config": "scaffold.yaml", "timeout": 0,
+                  "args": f"--trainer.default_root_dir={deployed} --data=fl_lightning.datamodules.ClientFilesFederated "
+                          f"--data.root={files}/all --data.batch_size=16"}
+    built: dict[int, ClientNode] = {}
+    grid = LocalGrid({n: client_app(lambda context: build_node(str(APP), context), built) for n in nodes}, nodes,
+                     run_config)  # the app's ClientApp, its nodes kept to look at
+    server(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    expected, got = final_state(simulated), final_state(deployed)
+    assert expected.keys() == got.keys() and expected
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key
+    assert {n: node.datamodule.root for n, node in built.items()} == {n: f"{files}/{n}" for n in nodes}

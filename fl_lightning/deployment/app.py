@@ -13,7 +13,8 @@ from the folder it is in. Its run config (``[tool.flwr.app.config]``, or ``flwr 
 The server runs ``fl-lightning fit`` on these (:class:`DeploymentCLI`: the same callbacks, round
 checkpoints and history as a simulation) with its clients on the SuperNodes. Each SuperNode builds the
 configured algorithm and datamodule from the same YAML, without a Trainer run, and holds the clients its
-``--node-config`` names: ``clients="0,2,4"`` and ``state-dir="/path"`` (the folder of their state).
+``--node-config`` names: ``clients="0,2,4"`` and ``state-dir="/path"`` (the folder of their state), and,
+optionally, ``args="..."``: more ``fl-lightning fit`` options of this node's (where its data are).
 """
 
 from __future__ import annotations
@@ -117,7 +118,9 @@ def server_app(directory: str) -> ServerApp:
 def build_node(directory: str, context: Context) -> ClientNode:
     """A SuperNode's :class:`~fl_lightning.deployment.node.ClientNode`: the run config's algorithm,
     datamodule and callbacks (no Trainer run: the node applies the callbacks of the client's side, local
-    differential privacy), the clients and state folder of its node config (``clients``, ``state-dir``).
+    differential privacy), the clients and state folder of its node config (``clients``, ``state-dir``) and
+    its ``args``, more ``fl-lightning fit`` options of this node's (``--data.init_args.root=/data/fl``: where
+    its own clients' files are, :class:`~fl_lightning.datamodules.ClientFilesFederated`).
 
     Raises:
         ValueError: the node config lacks them.
@@ -126,9 +129,10 @@ def build_node(directory: str, context: Context) -> ClientNode:
     if missing:
         raise ValueError(f"the SuperNode's --node-config lacks {missing}: give the clients it holds and the folder "
                          "of their state, e.g. --node-config 'clients=\"0,2\" state-dir=\"/var/fl/node_a\"'")
+    args = cli_args(directory, context.run_config) + shlex.split(str(context.node_config.get("args", "")))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_FLOWER_ARGV)
-        cli = FederatedCLI(args=cli_args(directory, context.run_config), run=False)
+        cli = FederatedCLI(args=args, run=False)
     return ClientNode(cli.model, cli.datamodule, node_clients(context.node_config["clients"]),
                       str(context.node_config["state-dir"]), callbacks=cli.trainer.callbacks)
 
