@@ -544,8 +544,9 @@ def test_a_node_built_from_the_yaml_applies_its_local_privacy():
     extra = Path(scratch_folder()) / "private.yaml"
     extra.write_text("trainer:\n  callbacks:\n  - class_path: fl_lightning.callbacks.DifferentialPrivacy\n"
                      "    init_args: {clip_norm: 0.1, noise_multiplier: 1.0, mode: local}\n")
-    node = build_node(str(APP), Context(run_id=1, node_id=3, node_config={"clients": "0", "state-dir": scratch_folder()},
-                                        state=RecordDict(), run_config={"config": f"scaffold.yaml,{extra}"}))
+    config = {"clients": "0", "state-dir": scratch_folder()}
+    node = build_node(str(APP), Context(run_id=1, node_id=3, node_config=config, state=RecordDict(),
+                                        run_config={"config": f"scaffold.yaml,{extra}"}))
     assert [(cb.clip_norm, cb.noise_multiplier, cb.mode) for cb in node.privacy] == [(0.1, 1.0, "local")]
 
 
@@ -604,7 +605,7 @@ def test_the_flower_app_s_nodes_read_their_own_client_files_named_by_their_node_
     its node config's ``args`` names (the index and its own clients' files); the simulation's bits."""
     simulated, deployed, files = scratch_folder(), scratch_folder(), scratch_folder()
     main(["fit", "--config", str(APP / "scaffold.yaml"), f"--trainer.default_root_dir={simulated}"])
-    data = SyntheticFederated(num_clients=4, dim=20, min_samples=20, max_samples=60, batch_size=16, seed=0)  # the YAML's
+    data = SyntheticFederated(num_clients=4, dim=20, min_samples=20, max_samples=60, batch_size=16, seed=0)  # YAML's
     write_client_files(data, f"{files}/all")
     nodes = {11: {"clients": "0,2"}, 22: {"clients": "1,3"}}
     for node, config in nodes.items():

@@ -7,9 +7,9 @@ first round, the default entries of its state. The node answers with the client'
 count, its metrics, the client module's ``self.log`` calls of its round (each step's value, as the server's
 log buffer adds them: ``train_loss`` as in a simulation) and whether its new state is finite
 (:func:`reply_content`, read back and checked by :func:`read_reply`), and the local differential privacy it
-applied to the update before it left (:func:`local_privacy`: the server refuses an update without the run's). Tensors travel as NumPy arrays:
-exactly their bits; a dtype NumPy lacks (``bfloat16``) as its raw bits, the Array's dtype naming it
-(:func:`array`).
+applied to the update before it left (:func:`local_privacy`: the server refuses an update without the
+run's). Tensors travel as NumPy arrays: exactly their bits; a dtype NumPy lacks (``bfloat16``) as its
+raw bits, the Array's dtype naming it (:func:`array`).
 
 A ``query.clients`` message asks a node which clients it holds (:func:`clients_content`).
 """
@@ -254,7 +254,7 @@ def _read_logs(content: RecordDict) -> dict[str, tuple[dict[str, Any], list[tupl
     logs = {}
     for name, total in totals.items():
         weight = weights[name]
-        if total.dtype != torch.float32 or weight.dtype != torch.int64 or total.dim() != 1 or total.shape != weight.shape:
+        if (total.dtype, weight.dtype, total.dim()) != (torch.float32, torch.int64, 1) or total.shape != weight.shape:
             raise ValueError(f"the logged {name!r} as float32 totals and int64 weights of one length, got "
                              f"{total.dtype} {tuple(total.shape)} and {weight.dtype} {tuple(weight.shape)}")
         opts = json.loads(str(options[name]))
