@@ -220,6 +220,44 @@ def test_a_node_that_does_not_answer_has_its_clients_left_out_and_the_run_goes_o
             assert versions[1][c] is None or versions[1][c] == versions[0][c]
 
 
+def test_a_node_that_does_not_answer_which_clients_it_holds_is_asked_again_at_the_next_round():
+    """Node 22 down in round 1, back in round 2 but too slow to answer the server's question (its answer lost):
+    its clients are left out of round 2 too, and it is asked again in round 3, which includes them."""
+    class Grid(LocalGrid):
+        mute: set[int] = set()
+
+        def send_and_receive(self, messages: Any, *, timeout: Any = None) -> Any:
+            replies = list(super().send_and_receive(messages, timeout=timeout))
+            muted = [r for r in replies if r.metadata.src_node_id in self.mute
+                     and r.metadata.message_type == "query.clients"]
+            self.mute = self.mute - {r.metadata.src_node_id for r in muted}
+            return [r for r in replies if r not in muted]
+
+    grid, _ = deployment("SCAFFOLD", Grid)
+    module = deploy(build("SCAFFOLD"), grid)
+    finish = module.finish_round
+    rounds = 4
+
+    def down_in_round_one() -> None:
+        finish()
+        grid.down = {22} if module.current_epoch == 0 else set()
+        grid.mute = {22} if module.current_epoch == 1 else grid.mute
+
+    module.finish_round = down_in_round_one  # type: ignore[method-assign]
+    counted: list[float] = []
+
+    class Count(pl.Callback):
+        def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            counted.append(float(trainer.callback_metrics[LEFT_OUT]))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(rounds, callbacks=[Count()]).fit(module, synthetic(CLIENTS))
+    odd = [sum(c % 2 for c in module.sample_round(r)) for r in range(rounds)]  # node 22's clients of each round
+    assert odd[1] and odd[2] and odd[3], odd
+    assert counted == [0.0, odd[1], odd[2], 0.0]
+
+
 def test_an_update_the_server_drops_does_not_advance_the_client_s_state():
     class Grid(TamperingGrid):
         tamper = staticmethod(lambda reply: _config(reply).__setitem__("state_finite", False))

@@ -119,7 +119,8 @@ class DeploymentBackend(ClientBackend[None]):
                              f"{sorted(self.node_of)}): give each client to a node in its node config 'clients'")
 
     def discover(self) -> None:
-        """Ask every node which clients it holds (:data:`CLIENTS_QUERY`).
+        """Ask every node which clients it holds (:data:`CLIENTS_QUERY`). A node that does not answer (a node
+        restarting, not ready within the timeout) is asked again at the next round.
 
         Raises:
             ValueError: a client held by two nodes.
@@ -127,6 +128,7 @@ class DeploymentBackend(ClientBackend[None]):
         nodes = sorted(self.grid.get_node_ids())
         messages = [Message(clients_content([]), node, CLIENTS_QUERY) for node in nodes]
         node_of: dict[int, int] = {}
+        answered = set()
         for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
             node = reply.metadata.src_node_id
             if reply.has_error() or node not in nodes:
@@ -141,7 +143,8 @@ class DeploymentBackend(ClientBackend[None]):
                     raise ValueError(f"client {client} is held by nodes {node_of[client]} and {node}: give each client "
                                      "to one node")
                 node_of[client] = node
-        self.node_of, self._nodes = node_of, set(nodes)
+            answered.add(node)
+        self.node_of, self._nodes = node_of, answered
 
     def run_clients(self, context: ClientContext, clients: list[int]) -> None:
         """The round of ``clients``: a job to each one's node, the checked replies handed to the round."""
