@@ -23,7 +23,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 
 from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO, PeFLL  # noqa: E402
 from fl_lightning.broadcast import broadcast_state  # noqa: E402
-from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, LabelFlipAttack  # noqa: E402
+from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, LabelFlipAttack, Stragglers  # noqa: E402
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
 from fl_lightning.datamodules import ClientFilesFederated, SyntheticFederated, write_client_files  # noqa: E402
@@ -134,6 +134,14 @@ def test_a_callback_that_changes_local_batches_is_refused_at_setup():
     module = deploy(build("FedAvg"), grid)
     with pytest.raises(ValueError, match="LabelFlipAttack changes the clients' local batches"):
         trainer(ROUNDS, callbacks=[LabelFlipAttack(count=1)]).fit(module, synthetic(CLIENTS))
+    assert module.current_epoch == 0
+
+
+def test_a_callback_that_configures_clients_rounds_is_refused_at_setup():
+    grid, _ = deployment("FedAvg")
+    module = deploy(build("FedAvg"), grid)
+    with pytest.raises(ValueError, match=r"Stragglers configures each client's round \(configure_client"):
+        trainer(ROUNDS, callbacks=[Stragglers(0.5, mode="drop")]).fit(module, synthetic(CLIENTS))
     assert module.current_epoch == 0
 
 

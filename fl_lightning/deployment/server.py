@@ -61,6 +61,9 @@ def deployment_refusals(algorithm: FederatedModule, callbacks: Iterable[object] 
         if isinstance(cb, FederatedCallback) and type(cb).on_local_batch is not FederatedCallback.on_local_batch:
             reasons.append(f"the callback {type(cb).__name__} changes the clients' local batches (on_local_batch), "
                            "which are on the nodes in a deployment")
+        if isinstance(cb, FederatedCallback) and type(cb).configure_client is not FederatedCallback.configure_client:
+            reasons.append(f"the callback {type(cb).__name__} configures each client's round (configure_client: "
+                           "its local work, learning rate or dropping it), which a deployment's jobs do not carry yet")
     return reasons
 
 
