@@ -5,9 +5,10 @@ only this node's clients, and a :class:`NodeStateStore` of their state entries o
 answers a ``train`` message by running the client's round with
 :func:`~fl_lightning.backends.run_client` from the job's start model, broadcast state and local settings,
 starting from the stored state version the job names; it stores the new state as the round's version and
-replies with the uploads. The server names, in each job, the version of the last round it kept for the
-client: a round whose update the server dropped (non-finite, too late, a refused round) does not advance
-the client's state, and a node restarted keeps what its disk holds.
+replies with the uploads (clipped and noised first where the run's ``DifferentialPrivacy`` is in local
+mode) and the client module's ``self.log`` calls. The server names, in each job, the version of the last
+round it kept for the client: a round whose update the server dropped (non-finite, too late, a refused
+round) does not advance the client's state, and a node restarted keeps what its disk holds.
 
 :func:`client_app` makes Flower's ``ClientApp`` of a node from a function that builds its
 :class:`ClientNode` from the node's ``Context`` (its ``node_config``).
@@ -25,9 +26,9 @@ from flwr.clientapp import ClientApp
 from torch import Tensor
 
 from fl_lightning.backends.client_round import run_client
-from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.deployment.messages import (CLIENTS_QUERY, NO_STATE, TRAIN, Job, clients_content, is_finite,
                                               local_privacy, privacy_settings, read_job, reply_content)
+from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.module import FederatedModule
 
 #: the error code of a job the node refuses (Flower's codes below 100 are its own)

@@ -8,7 +8,9 @@ then the replies, each checked (:func:`~fl_lightning.deployment.messages.read_re
 as the clients' updates. A reply that is malformed, from a node other than the client's, or for another
 client or round is refused with a warning and never aggregated; a client whose node does not answer
 within ``timeout`` is left out of the round with a warning and counted (:data:`LEFT_OUT`, logged every round),
-and the run goes on.
+and the run goes on. The client module's ``self.log`` calls on the nodes come back with the replies and are
+logged as a simulation logs them (``train_loss``); ``DifferentialPrivacy`` in local mode is left to the nodes,
+whose replies must say they applied the run's.
 
 The clients' state stays on their nodes. The server keeps, per client, only which round's state the
 client has (a scalar entry of the client state store, :data:`STATE_VERSION`, stored as the engine stores
