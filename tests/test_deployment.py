@@ -243,15 +243,12 @@ def test_a_node_that_does_not_answer_which_clients_it_holds_is_asked_again_at_th
 
     grid, _ = deployment("SCAFFOLD", Grid)
     module = deploy(build("SCAFFOLD"), grid)
-    finish = module.finish_round
     rounds = 4
 
-    def down_in_round_one() -> None:
-        finish()
-        grid.down = {22} if module.current_epoch == 0 else set()
-        grid.mute = {22} if module.current_epoch == 1 else grid.mute
+    def down_in_round_one(module: Any, round_idx: int) -> None:
+        grid.down = {22} if round_idx == 0 else set()
+        grid.mute = {22} if round_idx == 1 else grid.mute
 
-    module.finish_round = down_in_round_one  # type: ignore[method-assign]
     counted: list[float] = []
 
     class Count(pl.Callback):
@@ -260,8 +257,8 @@ def test_a_node_that_does_not_answer_which_clients_it_holds_is_asked_again_at_th
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer(rounds, callbacks=[Count()]).fit(module, synthetic(CLIENTS))
-    odd = [sum(c % 2 for c in module.sample_round(r)) for r in range(rounds)]  # node 22's clients of each round
+        trainer(rounds, callbacks=[AtRoundEnd(down_in_round_one), Count()]).fit(module, synthetic(CLIENTS))
+    odd = [sum(c % 2 for c in module.engine.sample_round(r)) for r in range(rounds)]  # node 22's clients a round
     assert odd[1] and odd[2] and odd[3], odd
     assert counted == [0.0, odd[1], odd[2], 0.0]
 
@@ -296,18 +293,15 @@ def test_a_node_keeps_only_the_two_latest_versions_of_a_client_s_state():
     module = deploy(build("SCAFFOLD"), grid)
     rounds = 6
     on_disk: list[dict[int, tuple[Any, list[int]]]] = []
-    finish = module.finish_round
 
-    def record() -> None:
-        finish()
+    def record(module: Any, round_idx: int) -> None:
         held = {c: node for node in nodes.values() for c in node.clients}  # the nodes are built at their first message
-        named = {c: module.store.get(c, STATE_VERSION) for c in range(CLIENTS)}
+        named = {c: module.engine.store.get(c, STATE_VERSION) for c in range(CLIENTS)}
         on_disk.append({c: (None if v is None else int(v), held[c].store.versions(c)) for c, v in named.items()})
 
-    module.finish_round = record  # type: ignore[method-assign]
     with pytest.warns(RuntimeWarning, match="contains NaN or Inf"):
-        fit(module, rounds)
-    trained = [sum(c in module.sample_round(r) for r in range(rounds)) for c in range(CLIENTS)]
+        fit(module, rounds, callbacks=[AtRoundEnd(record)])
+    trained = [sum(c in module.engine.sample_round(r) for r in range(rounds)) for c in range(CLIENTS)]
     assert max(trained) >= 3, "no client trained three times: every round's file would still be two"
     dropped_kept = False
     for r, clients in enumerate(on_disk):
@@ -573,16 +567,10 @@ def test_an_update_from_a_node_without_the_run_s_local_privacy_is_refused():
     grid, _ = private_deployment(None)
     module = deploy(uniform_fedavg(), grid)
     counts: list[int] = []
-    finish = module.finish_round
-
-    def counting() -> None:
-        finish()
-        counts.append(module.round_num_updates)
-
-    module.finish_round = counting  # type: ignore[method-assign]
     with pytest.warns(RuntimeWarning, match=r"applied local differential privacy \(clip norm, noise multiplier\) "
                                             r"none, the run's is \[0.1, 1.0\]"):
-        trainer(1, callbacks=[private("local")]).fit(module, synthetic(CLIENTS))
+        trainer(1, callbacks=[private("local"), AtRoundEnd(lambda m, r: counts.append(m.engine.round_num_updates))]
+                ).fit(module, synthetic(CLIENTS))
     assert counts == [0] and grid.sent  # the nodes answered; nothing was aggregated
 
 
@@ -623,7 +611,7 @@ def test_a_node_reads_only_its_own_clients_files_and_gives_the_simulation_s_bits
         data = built.datamodule
         assert sorted(os.listdir(folders[node_id])) == sorted(["index.json", *(f"client_{c}.pt" for c in held)])
         assert [c for c in range(CLIENTS) if len(data.splits["train"][c])] == held  # only its own clients' data
-        assert [data.num_samples(c) for c in range(CLIENTS)] == [module.datamodule.num_samples(c)
+        assert [data.num_samples(c) for c in range(CLIENTS)] == [module.engine.datamodule.num_samples(c)
                                                                   for c in range(CLIENTS)]
 
 
