@@ -122,7 +122,7 @@ class ClientRun:
         (ValueError if they have several: see :func:`~fl_lightning.optim.param_groups.single_lr`)."""
         raise NotImplementedError
 
-    def configure_lr(self, config: ClientConfig) -> None:
+    def _configure_lr(self, config: ClientConfig) -> None:
         """Set the local optimizer's learning rates as the client's ``config`` says
         (:meth:`~fl_lightning.client_config.ClientConfig.rates`), before ``client_init``."""
         raise NotImplementedError
@@ -182,8 +182,8 @@ class ClientRun:
         """One pass over the client's training split in index order, in batches ready for a step."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------ bookkeeping
-    def record(self, output: StepOutput) -> None:
+    # ------------------------------------------------------------ bookkeeping (the backends', not an algorithm's)
+    def _record(self, output: StepOutput) -> None:
         """Keep a step's output (a loss, or named scalars) for the client's metrics."""
         if output is None:
             return
@@ -191,12 +191,12 @@ class ClientRun:
         for name, value in values.items():
             self._step_values.setdefault(name, []).append(value.detach())
 
-    def record_mean(self, name: str, value: Tensor) -> None:
+    def _record_mean(self, name: str, value: Tensor) -> None:
         """Keep the mean of ``name`` over the round's steps (a 0-dim tensor, not read), computed by a
         backend that ran the steps of many clients together."""
         self._means[name] = value
 
-    def summary(self) -> dict[str, float | Tensor]:
+    def _summary(self) -> dict[str, float | Tensor]:
         """The client's metrics: the mean of each recorded step value (a 0-dim tensor, not read
         here: the round's end reads all its clients' at once), the step count and ``metrics``."""
         out: dict[str, float | Tensor] = {name: step_mean(values) for name, values in self._step_values.items()}

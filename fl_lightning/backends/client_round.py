@@ -288,7 +288,7 @@ class ModuleRun(ClientRun):
     def lr(self) -> float:
         return optimizer_lr(self.optimizer)
 
-    def configure_lr(self, config: ClientConfig) -> None:
+    def _configure_lr(self, config: ClientConfig) -> None:
         groups = [g for g in self.optimizer.param_groups if any(p.requires_grad for p in g["params"])]
         for group, rate in zip(groups, config.rates([group["lr"] for group in groups])):
             group["lr"] = rate
@@ -441,7 +441,7 @@ def checked_update(algorithm_name: str, specs: Mapping[str, UpdateSpec], run: Cl
         if value.numel() != spec.size:
             raise ValueError(f"upload {name!r} has {value.numel()} entries, declared {spec.size}")
         tensors[name] = value.reshape(-1).float()
-    return ClientUpdate(run.client_id, run.num_samples, tensors, run.summary())
+    return ClientUpdate(run.client_id, run.num_samples, tensors, run._summary())
 
 
 class ClientProgram:
@@ -486,7 +486,7 @@ class ClientProgram:
                         num_steps=settings.steps if config is None else config.local_steps,
                         local_epochs=settings.epochs if config is None else config.local_epochs)
         if config is not None and config.changes_lr:
-            run.configure_lr(config)
+            run._configure_lr(config)
         run.restart(start)
         with local_setting(self.client, self.logs, algorithm.seed, client_id, ("round", self.round), self.device,
                            True, self.integer_buffers):
@@ -494,7 +494,7 @@ class ClientProgram:
             with torch.no_grad():
                 for batch, extra in batches.step_batches(run, algorithm.extra_batch_streams):
                     run.extra_batches = extra
-                    run.record(algorithm.client_step(run, batch))
+                    run._record(algorithm.client_step(run, batch))
                     run.steps_taken += 1
                     run.step_index += 1
             uploads = algorithm.client_final(run)

@@ -271,7 +271,7 @@ class ClientContext:
             local_epochs=algorithm.local_epochs if config is None else config.local_epochs,
         )
         if config is not None and config.changes_lr:
-            run.configure_lr(config)
+            run._configure_lr(config)
         return run
 
     def finish(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> None:

@@ -110,7 +110,7 @@ class SequentialBackend(ClientBackend[_Parked]):
         run = group.run
         run.shared = context.lockstep_algorithm().shared
         with _activated(context, run, "step"), torch.no_grad():
-            run.record(context.algorithm.client_step(run, batches[0]))
+            run._record(context.algorithm.client_step(run, batches[0]))
             run.steps_taken += 1
             run.step_index += 1
 
@@ -144,7 +144,7 @@ def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: 
     run.restart(start)
     with context.local_work(client_id, stream, round_idx), torch.no_grad():
         for batch in context.batches(client_id, steps, stream, round_idx):
-            run.record(plain_step(run, batch))
+            run._record(plain_step(run, batch))
     return run.end()
 
 

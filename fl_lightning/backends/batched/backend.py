@@ -91,7 +91,7 @@ class Block:
         for name in names:
             means, holders = self._means(name)
             for i in holders:
-                self.runs[i].record_mean(name, means[i])
+                self.runs[i]._record_mean(name, means[i])
 
     def flush_logs(self, context: ClientContext) -> None:
         """Hand the round the steps' ``self.log`` values, in the order the steps logged them."""

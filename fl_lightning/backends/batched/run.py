@@ -82,7 +82,7 @@ class FunctionalRun(ClientRun):
     def lr(self) -> float:
         return self.function.lr
 
-    def configure_lr(self, config: ClientConfig) -> None:
+    def _configure_lr(self, config: ClientConfig) -> None:
         """The run's own local optimizer function at the configured rates (a block steps the runs of
         one function together: :meth:`~fl_lightning.backends.batched.BatchedBackend.run_clients`)."""
         assert isinstance(self.function, FunctionalSGD), "a run's rates are configured before client_init"
