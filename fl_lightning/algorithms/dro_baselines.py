@@ -149,7 +149,8 @@ class PDSGD(SampleLosses, FederatedModule):
                              f"on a one-client federation holding every sample (num_clients: 1), got {clients} "
                              "training clients")
         require_plain_sgd(self.engine.local_optimizer(), type(self).__name__)
-        n, b = self.engine.datamodule.num_samples(self.engine.datamodule.train_clients[0]), self.engine.datamodule.batch_size
+        dm = self.engine.datamodule
+        n, b = dm.num_samples(dm.train_clients[0]), dm.batch_size
         if self.dual_lr * n / b > 1:
             warnings.warn(f"PDSGD: dual_lr={self.dual_lr} with {n} samples and batch {b} moves a sampled dual log-weight "
                           f"by dual_lr * n / b = {self.dual_lr * n / b:.3g} times its loss per step: the duals pile onto "
