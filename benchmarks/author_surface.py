@@ -3,8 +3,7 @@
 Counts the public names a subclass of ``FederatedModule`` sees beyond ``pl.LightningModule``'s (class
 attributes, methods, properties, and the attributes ``__init__`` sets): the constructor's arguments set
 apart, the others (the author's surface) split into hooks and declarations and the rest; and the public
-names of ``ClientRun``. Run it
-in two trees to compare (``PYTHONPATH=<tree> python benchmarks/author_surface.py``).
+names of ``ClientRun`` and of its two groups, ``run.data`` and ``run.local``. Run it in two trees to compare (``PYTHONPATH=<tree> python benchmarks/author_surface.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch
 import fl_lightning
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.module import FederatedModule
-from fl_lightning.run import ClientRun
+from fl_lightning.run import ClientRun, LocalWork, RunData
 
 
 class _Tiny(pl.LightningModule):
@@ -41,13 +40,19 @@ def main() -> None:
     names = [n for n in every if n not in arguments]
     hooks = [n for n in names if inspect.isfunction(getattr(FederatedModule, n, None))
              and n.startswith(("client_", "server_", "local_lr_scheduler", "configure_server", "add_", "remove_"))]
-    run_names = public(set(dir(ClientRun)) | set(vars(ClientRun(0, 0, 1, None, torch.zeros(1), {}, 1))))  # type: ignore[arg-type]
+    run = ClientRun(0, 0, None, torch.zeros(1), {}, RunData(1, 1), LocalWork(1))  # type: ignore[arg-type]
+    run_names = public(set(dir(ClientRun)) | set(vars(run)))
+    groups = {name: public(set(dir(type(value))) | set(getattr(value, "__dict__", {}))
+                           | set(getattr(type(value), "__slots__", ())))
+              for name, value in (("data", run.data), ("local", run.local))}
     print(f"fl_lightning at {fl_lightning.__file__}")
     print(f"FederatedModule: {len(every)} public names beyond LightningModule's: {len(every) - len(names)} constructor "
           f"arguments ({', '.join(n for n in every if n in arguments)}) and {len(names)} others (the author's surface)")
     print(f"  hooks and declarations ({len(hooks)}): {', '.join(hooks)}")
     print(f"  the rest ({len(names) - len(hooks)}): {', '.join(n for n in names if n not in hooks)}")
     print(f"ClientRun: {len(run_names)} public names: {', '.join(run_names)}")
+    for name, members in groups.items():
+        print(f"  run.{name}: {len(members)} names: {', '.join(members)}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ In an ordinary round each client runs its local steps on its own. A lock-step al
 needs a server round-trip inside the round: before every local step each client shares a value
 (:meth:`LockstepModule.client_share`), the server replies to their mean
 (:meth:`LockstepModule.server_share`), and every client's step reads the reply as
-``run.shared``. A work item is then one local step of all of this process's clients (the backends'
+``run.local.shared``. A work item is then one local step of all of this process's clients (the backends'
 shared driver, :mod:`fl_lightning.backends.base`), so a round has ``local_steps`` work items.
 """
 
@@ -50,14 +50,14 @@ class LockstepModule(FederatedModule):
     _shared_at_start: Optional[Tensor] = None
 
     def client_share(self, run: ClientRun, batch: Any) -> Optional[Tensor]:
-        """The value client ``run.client_id`` shares before local step ``run.step_index`` on
+        """The value client ``run.client_id`` shares before local step ``run.local.step_index`` on
         ``batch`` (None: nothing to share at this step). The engine averages the round's values,
         weighted by sample count, over all processes."""
         return None
 
     def server_share(self, mean: Tensor) -> Tensor:
         """The server's reply to the mean of the shared values; every client reads it as
-        ``run.shared`` in its step. Default: the mean."""
+        ``run.local.shared`` in its step. Default: the mean."""
         return mean
 
     def on_train_epoch_start(self) -> None:

@@ -106,7 +106,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     """
 
     #: names of keyed batch streams a local step draws from besides the main one; the step's
-    #: batch of each is in ``run.extra_batches``
+    #: batch of each is in ``run.data.extra``
     extra_batch_streams: tuple[str, ...] = ()
     #: False refuses the batched backend (the one opt-out of vectorizing), for a client protocol whose vectorized
     #: form would silently differ and that the backend cannot see: a Python effect outside the module, such as
@@ -290,7 +290,7 @@ class FederatedModule(ClientEvaluation, FederatedCheckpointing):
     def client_init(self, run: ClientRun) -> None:
         """Prepare client ``run.client_id``'s round. The run starts from the global model, with
         the client's declared state entries and a fresh local optimizer; override to start
-        elsewhere (``run.restart``), set scratch values or change ``run.num_steps``."""
+        elsewhere (set ``run.start``), set scratch values or change ``run.local.num_steps``."""
 
     @default_hook
     def client_step(self, run: ClientRun, batch: Any) -> StepOutput:

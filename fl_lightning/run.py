@@ -7,21 +7,23 @@ the state passed explicitly. Nothing per-client is kept on the algorithm's ``sel
 
 A run holds:
 
-* what the engine knows: ``client_id``, ``round``, ``num_samples``, the ``start`` state
-  vector (the global model unless ``client_init`` calls :meth:`ClientRun.restart`), the
-  client's declared state entries in ``state`` (written back to the client state store when
-  the round keeps the update), the number of steps, the ``shared`` value of lock-step rounds;
-* the algorithm's per-run values in ``scratch`` (tensors or lists of tensors);
+* what the engine knows: ``client_id``, ``round``, the ``start`` state vector (the global model
+  unless ``client_init`` sets another), the client's declared state entries in ``state`` (written
+  back to the client state store when the round keeps the update);
+* the client's training split as the run reads it, ``data`` (:class:`RunData`), and its local
+  optimization, ``local`` (:class:`LocalWork`: the optimizer, its rate, the steps and where they are);
+* the algorithm's per-run values in ``scratch`` and ``held``, and its extra ``metrics``;
 * the operations of its backend, which is what makes the same ``client_step`` run one client
   at a time or many at once: :attr:`params` (the model being trained), :meth:`loss_and_grad`
   (the client module's loss and its gradient, at the trained model or at another one),
   :meth:`forward`, :meth:`step` (one step of the local optimizer along given directions),
-  :meth:`end`, :meth:`copy_model`.
+  :meth:`end`.
 
 Models other than the trained one (FedDeper's personal model, FedProxVR's reference point) are
 lists of tensors in the :class:`~fl_lightning.vectors.Layout` order: the parameters, then the
-floating buffers. A step's mathematics is written on such lists, so that it is a function of
-tensors only: the batched backend runs the same ``client_step`` on many clients at once.
+floating buffers (``run.layout.copy(vector)`` makes one). A step's mathematics is written on such
+lists, so that it is a function of tensors only: the batched backend runs the same ``client_step``
+on many clients at once.
 """
 
 from __future__ import annotations
@@ -41,79 +43,76 @@ Model = Optional[Sequence[Tensor]]
 StepOutput = Union[Tensor, dict[str, Tensor], None]
 
 
-class ClientRun:
-    """One client's round. Subclassed by each backend, which supplies the model operations.
+class RunData:
+    """The client's training split as its run reads it (``run.data``).
 
     Attributes:
-        client_id: the client.
-        round: the round (the Trainer epoch).
-        num_samples: the size of the client's training split.
-        layout: the client model's layout (flat vector <-> tensors).
-        start: the state vector the client starts from (flat fp32, on the device).
-        state: the client's declared state entries, on the device (absent entries have no
-            default); what is here after ``client_final`` is stored if the round keeps the update.
-        scratch: the algorithm's per-run values.
-        held: values ``client_init`` leaves for ``client_final`` that no local step reads (a graph
-            to back-propagate through at the round's end): the batched backend neither stacks
-            nor carries them through its steps, where ``held`` is empty. Not ``scratch``, whose
-            every value the batched backend stacks into the block's carry (a graph there would join
-            the clients' graphs into one and go through every vectorized step); sorting graphs out
-            of ``scratch`` at every block would be work per client.
-        num_steps: local steps to run; None runs ``local_epochs`` passes. ``client_init`` may
-            change it (e.g. FedProxVR's random output iterate).
-        local_epochs: the passes over the client's training split when ``num_steps`` is None (the
-            client's configuration of the round: :class:`~fl_lightning.client_config.ClientConfig`).
-        batches: None draws the steps' batches from the engine's keyed stream;
-            ``client_init`` may give its own (from :meth:`fetch`).
-        extra_batches: the current step's batch of each of the algorithm's other streams
+        num_samples: the size of the split (None inside a vectorized step: a step must not depend on it).
+        batch_size: the federation's local batch size (the datamodule's ``batch_size``).
+        batches: None draws the steps' batches from the engine's keyed stream; ``client_init`` may
+            give its own (from :meth:`fetch`).
+        extra: the current step's batch of each of the algorithm's other streams
             (``FederatedModule.extra_batch_streams``).
-        shared: in a lock-step round, the server's latest per-step value (``server_share``).
+    """
+
+    __slots__ = ("num_samples", "batch_size", "batches", "extra", "_fetch", "_epoch")
+
+    def __init__(self, num_samples: Optional[int], batch_size: Optional[int],
+                 fetch: Optional[Callable[[Tensor], Any]] = None, epoch: Optional[Callable[[int], Iterator[Any]]] = None,
+                 extra: Optional[dict[str, Any]] = None) -> None:
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.batches: Optional[Iterable[Any]] = None
+        self.extra: dict[str, Any] = {} if extra is None else extra
+        self._fetch, self._epoch = fetch, epoch  # the backend's reads of the client's split
+
+    def fetch(self, positions: Tensor) -> Any:
+        """The split's samples at ``positions`` as one batch, ready for a step (in ``client_init`` and
+        ``client_final``)."""
+        assert self._fetch is not None, "fetch is for client_init and client_final"
+        return self._fetch(positions)
+
+    def epoch(self, batch_size: Optional[int] = None) -> Iterator[Any]:
+        """One pass over the split in index order, in batches of ``batch_size`` (default: the federation's)
+        ready for a step (in ``client_init`` and ``client_final``)."""
+        assert self._epoch is not None, "epoch is for client_init and client_final"
+        size = self.batch_size if batch_size is None else batch_size
+        assert size is not None, "epoch needs a batch size"
+        return self._epoch(size)
+
+
+class LocalWork:
+    """A run's local optimization (``run.local``): its optimizer and rate, its steps and where they are.
+    Subclassed by each backend, which says what the optimizer is.
+
+    Attributes:
+        num_steps: local steps to run; None runs ``epochs`` passes. ``client_init`` may change it
+            (FedProxVR's random output iterate).
+        epochs: the passes over the client's training split when ``num_steps`` is None (the
+            client's configuration of the round: :class:`~fl_lightning.client_config.ClientConfig`).
         step_index: the index of the current local step.
         steps_taken: local steps run so far.
-        metrics: extra scalars reported with the client's update: floats, or 0-dim tensors that
-            the round's end reads with the others at once (no device sync per client).
-        optimizer: the local optimizer :meth:`step` applies (the client's ``configure_optimizers``
+        shared: in a lock-step round, the server's latest per-step value (``server_share``).
+        optimizer: the local optimizer ``run.step`` applies (the client's ``configure_optimizers``
             one, at the round's scheduled rate); an algorithm with an update rule of its own may
             replace it in ``client_init`` (FedProxVR's proximal SGD). Backends that run the
             optimizer as a function (the batched one) support the optimizers they name.
     """
 
-    def __init__(
-        self,
-        client_id: int,
-        round_idx: int,
-        num_samples: int,
-        layout: Layout,
-        start: Tensor,
-        state: dict[str, Tensor],
-        num_steps: Optional[int],
-        shared: Optional[Tensor] = None,
-        local_epochs: Optional[int] = None,
-    ) -> None:
-        self.client_id = client_id
-        self.round = round_idx
-        self.num_samples = num_samples
-        self.layout = layout
-        self.start = start
-        self.state = state
-        self.scratch: dict[str, Any] = {}
-        self.held: dict[str, Any] = {}
+    def __init__(self, num_steps: Optional[int], epochs: Optional[int] = None, shared: Optional[Tensor] = None
+                 ) -> None:
         self.num_steps = num_steps
-        self.local_epochs = local_epochs
-        self.batches: Optional[Iterable[Any]] = None
-        self.extra_batches: dict[str, Any] = {}
-        self.shared = shared
+        self.epochs = epochs
         self.step_index = 0
         self.steps_taken = 0
-        self.metrics: dict[str, float | Tensor] = {}
-        self.optimizer: Optional[torch.optim.Optimizer] = None
-        self._step_values: dict[str, list[Tensor]] = {}
-        self._means: dict[str, Tensor] = {}
+        self.shared = shared
 
-    # ------------------------------------------------------------ backend operations
     @property
-    def params(self) -> list[Tensor]:
-        """The parameters of the model being trained (do not modify them in place: use :meth:`step`)."""
+    def optimizer(self) -> Optional[torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    @optimizer.setter
+    def optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
         raise NotImplementedError
 
     @property
@@ -125,6 +124,61 @@ class ClientRun:
     def _configure_lr(self, config: ClientConfig) -> None:
         """Set the local optimizer's learning rates as the client's ``config`` says
         (:meth:`~fl_lightning.client_config.ClientConfig.rates`), before ``client_init``."""
+        raise NotImplementedError
+
+
+class ClientRun:
+    """One client's round. Subclassed by each backend, which supplies the model operations.
+
+    Attributes:
+        client_id: the client (None inside a vectorized step: a step must not depend on it).
+        round: the round (the Trainer epoch).
+        layout: the client model's layout (flat vector <-> tensors, named views of a vector).
+        start: the state vector the client starts from (flat fp32, on the device); ``client_init``
+            may set another, from which the trained model then starts.
+        state: the client's declared state entries, on the device (absent entries have no
+            default); what is here after ``client_final`` is stored if the round keeps the update.
+        data: the client's training split (:class:`RunData`).
+        local: the local optimization (:class:`LocalWork`).
+        scratch: the algorithm's per-run values.
+        held: values ``client_init`` leaves for ``client_final`` that no local step reads (a graph
+            to back-propagate through at the round's end): the batched backend neither stacks
+            nor carries them through its steps, where ``held`` is empty. Not ``scratch``, whose
+            every value the batched backend stacks into the block's carry (a graph there would join
+            the clients' graphs into one and go through every vectorized step); sorting graphs out
+            of ``scratch`` at every block would be work per client.
+        metrics: extra scalars reported with the client's update: floats, or 0-dim tensors that
+            the round's end reads with the others at once (no device sync per client).
+    """
+
+    def __init__(self, client_id: int, round_idx: int, layout: Layout, start: Tensor, state: dict[str, Tensor],
+                 data: RunData, local: LocalWork) -> None:
+        self.client_id = client_id
+        self.round = round_idx
+        self.layout = layout
+        self._start = start
+        self.state = state
+        self.data = data
+        self.local = local
+        self.scratch: dict[str, Any] = {}
+        self.held: dict[str, Any] = {}
+        self.metrics: dict[str, float | Tensor] = {}
+        self._step_values: dict[str, list[Tensor]] = {}
+        self._means: dict[str, Tensor] = {}
+
+    @property
+    def start(self) -> Tensor:
+        return self._start
+
+    @start.setter
+    def start(self, start: Tensor) -> None:
+        self._start = start
+        self._restart(start)
+
+    # ------------------------------------------------------------ backend operations
+    @property
+    def params(self) -> list[Tensor]:
+        """The parameters of the model being trained (do not modify them in place: use :meth:`step`)."""
         raise NotImplementedError
 
     def loss_and_grad(
@@ -139,8 +193,8 @@ class ClientRun:
         Args:
             batch: the mini-batch (on the device).
             model: the model to differentiate at: None (the trained model) or a list of
-                tensors in layout order (see :meth:`copy_model`). Its floating buffers are
-                updated as the client's forward updates them (BatchNorm statistics).
+                tensors in layout order (see :meth:`~fl_lightning.vectors.Layout.copy`). Its floating
+                buffers are updated as the client's forward updates them (BatchNorm statistics).
             loss_fn: ``loss_fn(batch) -> loss`` instead of the client module's
                 ``training_step``; it computes outputs with :meth:`forward`.
             has_aux: ``loss_fn`` returns ``(loss, aux)`` (as ``torch.func.grad_and_value``).
@@ -164,22 +218,8 @@ class ClientRun:
         """The trained model's current state vector (flat fp32: parameters, then floating buffers)."""
         raise NotImplementedError
 
-    def restart(self, start: Tensor) -> None:
-        """Start the trained model from ``start`` instead of the global model (in ``client_init``)."""
-        raise NotImplementedError
-
-    def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
-        """A model as a list of new tensors in layout order: a copy of ``vector``, or of the
-        trained model's current state."""
-        source = self.end() if vector is None else vector
-        return [t.clone() for t in self.layout.split(source)]
-
-    def fetch(self, positions: Tensor) -> Any:
-        """The client's training samples at ``positions`` as one batch, ready for a step."""
-        raise NotImplementedError
-
-    def epoch(self, batch_size: int) -> Iterator[Any]:
-        """One pass over the client's training split in index order, in batches ready for a step."""
+    def _restart(self, start: Tensor) -> None:
+        """Load ``start`` into the trained model (setting :attr:`start`)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ bookkeeping (the backends', not an algorithm's)
@@ -201,7 +241,7 @@ class ClientRun:
         here: the round's end reads all its clients' at once), the step count and ``metrics``."""
         out: dict[str, float | Tensor] = {name: step_mean(values) for name, values in self._step_values.items()}
         out.update(self._means)
-        out["steps"] = float(self.steps_taken)
+        out["steps"] = float(self.local.steps_taken)
         out.update(self.metrics)
         return out
 

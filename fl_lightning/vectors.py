@@ -39,6 +39,12 @@ class Layout:
             raise ValueError(f"state vector has {vector.numel()} entries, the model has {self.dim}")
         return [part.view(shape) for part, shape in zip(vector.split(self.numels), self._views)]
 
+    def copy(self, vector: Tensor) -> list[Tensor]:
+        """A model as new tensors shaped like the state: a copy of ``vector`` (length ``dim``), in the order
+        of :meth:`split` (the other models of a client's step: FedDeper's personal model, FedProxVR's
+        reference point)."""
+        return [t.clone() for t in self.split(vector)]
+
     def write(self, tensors: Sequence[Tensor], vector: Tensor) -> None:
         """Write ``vector`` (length ``dim``) into ``tensors`` (shaped like the state), in place: one
         multi-tensor copy."""

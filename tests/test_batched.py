@@ -189,7 +189,7 @@ class _ClientSpecificFinal(SCAFFOLD):
         if self.kind == "client_id":
             out["delta"] = out["delta"] * (1.0 + 0.01 * (run.client_id % 2))
         elif self.kind == "num_samples":
-            out["delta"] = out["delta"] * (run.num_samples / (run.num_samples + 1.0))
+            out["delta"] = out["delta"] * (run.data.num_samples / (run.data.num_samples + 1.0))
         elif self.kind == "metrics":
             run.metrics["delta_norm"] = out["delta"].norm()
         elif self.kind == "log":
@@ -200,7 +200,7 @@ class _ClientSpecificFinal(SCAFFOLD):
 
 
 @pytest.mark.parametrize("kind, reason", [
-    ("client_id", r"reads run.client_id"), ("num_samples", r"reads run.num_samples"),
+    ("client_id", r"reads run.client_id"), ("num_samples", r"reads run.data.num_samples"),
     ("metrics", r"reads run.metrics"), ("log", r"logs 'final_norm' with self.log"),
     ("state", r"changes Python state of the module \(tally\)"),
 ])
@@ -495,9 +495,9 @@ class _OwnOptimizer(FedAvg):
 
     def client_init(self, run) -> None:
         if self.per_client_rate:
-            run.optimizer = ProxSGD(run.params, lr=0.1 * (1 + run.client_id), mu=0.1)
+            run.local.optimizer = ProxSGD(run.params, lr=0.1 * (1 + run.client_id), mu=0.1)
         else:
-            run.optimizer = torch.optim.Adam(run.params)
+            run.local.optimizer = torch.optim.Adam(run.params)
 
 
 @pytest.mark.parametrize(
@@ -549,7 +549,7 @@ class _OptedOut(FedAvg):
 
 
 def test_a_step_that_reads_the_sample_count_is_refused_at_setup_and_the_trial_leaves_no_trace():
-    """PDSGD's step reads ``run.num_samples`` (None in a block's step): the trial of its first step at setup
+    """PDSGD's step reads ``run.data.num_samples`` (None in a block's step): the trial of its first step at setup
     refuses it; its ``client_init`` ran there, on a round start that is gone again, and stored nothing."""
     module = PDSGD(mlp(), lam=1.0, local_steps=2, client_backend="batched", seed=1)
     with pytest.raises(ValueError, match=r"PDSGD.client_step cannot be vectorized over clients \(TypeError"):

@@ -312,11 +312,11 @@ class SecondModel(FedProx):
     batches, with ``run.loss_and_grad(batch, model=...)``."""
 
     def client_init(self, run):
-        run.scratch["other"] = run.copy_model()
+        run.scratch["other"] = run.layout.copy(run.end())
 
     def client_step(self, run, batch):
         loss, grads = run.loss_and_grad(batch, model=run.scratch["other"])
-        run.scratch["other"] = sgd_step(run.scratch["other"], grads, run.lr)
+        run.scratch["other"] = sgd_step(run.scratch["other"], grads, run.local.lr)
         self.prox_steps = getattr(self, "prox_steps", 0) + 1
         return super().client_step(run, batch)
 

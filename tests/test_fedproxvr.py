@@ -302,7 +302,7 @@ class RecordStepSize(FedProxVR):
     def client_init(self, run):
         super().client_init(run)
         self.step_sizes = getattr(self, "step_sizes", {})
-        self.step_sizes.setdefault(run.round, set()).add(run.optimizer.param_groups[0]["lr"])
+        self.step_sizes.setdefault(run.round, set()).add(run.local.optimizer.param_groups[0]["lr"])
 
 
 class RecordFullGradient(FedProxVR):

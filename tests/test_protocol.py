@@ -172,7 +172,7 @@ class RecordLR(FedAvg):
 
     def client_init(self, run):
         self.lrs = getattr(self, "lrs", {})
-        self.lrs.setdefault(run.round, set()).add(run.lr)
+        self.lrs.setdefault(run.round, set()).add(run.local.lr)
 
 
 def scheduled_client(**kwargs):

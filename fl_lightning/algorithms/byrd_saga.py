@@ -87,13 +87,13 @@ class ByrdSAGA(FederatedModule):
 
     def client_init(self, run: ClientRun) -> None:
         """Fill the gradient table at the client's first round; pick this round's minibatch ``j``."""
-        chunks = fixed_minibatches(run.num_samples, self.engine.datamodule.batch_size,
+        chunks = fixed_minibatches(run.data.num_samples, run.data.batch_size,
                                    generator(self.seed, "saga-batches", run.client_id))
         if TABLE not in run.state:
-            run.state[TABLE] = torch.stack([Layout.flatten(run.loss_and_grad(run.fetch(c))[1]) for c in chunks])
+            run.state[TABLE] = torch.stack([Layout.flatten(run.loss_and_grad(run.data.fetch(c))[1]) for c in chunks])
         j = int(torch.randint(len(chunks), (1,), generator=generator(self.seed, "saga-pick", run.round, run.client_id)))
         run.scratch["j"] = j
-        run.batches = [run.fetch(chunks[j])]
+        run.data.batches = [run.data.fetch(chunks[j])]
 
     def client_step(self, run: ClientRun, batch: Any) -> Tensor:
         """``g = grad f_j(w^t)``: a gradient only, no local optimizer step."""

@@ -159,18 +159,18 @@ class PDSGD(SampleLosses, FederatedModule):
 
     def client_init(self, run: ClientRun) -> None:
         """The duals (uniform at the first round) and this round's minibatch indices, keyed by (seed, round)."""
-        n, b = run.num_samples, self.engine.datamodule.batch_size
+        n, b = run.data.num_samples, run.data.batch_size
         if DUAL not in run.state:
             run.state[DUAL] = torch.full((n,), -math.log(n), device=run.start.device, dtype=torch.float64)
-        assert run.num_steps is not None
-        positions = torch.randint(n, (run.num_steps, b), generator=generator(self.seed, "pdsgd", run.round, run.client_id))
+        assert run.local.num_steps is not None
+        positions = torch.randint(n, (run.local.num_steps, b), generator=generator(self.seed, "pdsgd", run.round, run.client_id))
         run.scratch["positions"] = positions.to(run.state[DUAL].device)  # moved once, read at every step
-        run.batches = (run.fetch(p) for p in positions)
+        run.data.batches = (run.data.fetch(p) for p in positions)
 
     def client_step(self, run: ClientRun, batch: Any) -> Tensor:
         """The primal step with the batch's dual weights, then the dual step with the batch's losses."""
-        positions = run.scratch["positions"][run.step_index]
-        n, b = run.num_samples, len(positions)
+        positions = run.scratch["positions"][run.local.step_index]
+        n, b = run.data.num_samples, len(positions)
         weights = (n / b) * run.state[DUAL][positions].exp()
 
         def loss_fn(batch_: Any) -> tuple[Tensor, Tensor]:

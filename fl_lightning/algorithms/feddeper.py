@@ -156,12 +156,12 @@ class FedDeper(FederatedModule):
     def client_init(self, run: ClientRun) -> None:
         run.scratch["x"] = run.layout.split_params(run.start)
         # v_0 = v_i (x with reset_personal); y_0 = x is the run's start
-        run.scratch["v"] = run.copy_model(run.start if self.reset_personal else run.state[PERSONAL])
+        run.scratch["v"] = run.layout.copy(run.start if self.reset_personal else run.state[PERSONAL])
 
     def client_step(self, run: ClientRun, batch: Any) -> dict[str, Tensor]:
         """``y <- y - eta g(y) - rho (v + y - 2x)`` and ``v <- v - eta g(v)``, in the configured order."""
-        v, v_batch = run.scratch["v"], run.extra_batches.get(PERSONAL_BATCHES, batch)
-        lr = run.lr
+        v, v_batch = run.scratch["v"], run.data.extra.get(PERSONAL_BATCHES, batch)
+        lr = run.local.lr
         if self.update_order == "gauss_seidel":  # v steps first; the y-step pulls toward 2x - v_{j+1}
             loss_v, grads_v = run.loss_and_grad(v_batch, model=v)
             v = sgd_step(v, grads_v, lr, self.moves)

@@ -143,14 +143,14 @@ class LockStepCompositional(SampleLosses, LockstepModule):
     # ------------------------------------------------------------- local step
     def client_init(self, run: ClientRun) -> None:
         if self.keeps_previous_iterate:
-            run.scratch[PREVIOUS] = run.copy_model(run.state[PREVIOUS])
+            run.scratch[PREVIOUS] = run.layout.copy(run.state[PREVIOUS])
 
     def client_step(self, run: ClientRun, batch: Any) -> Tensor:
         """``x <- x - eta [grad h(x; b) + grad g(x; b) grad f(y)]``: SGD on the surrogate
         ``mean(h) + <grad f(y), mean(g)>``; returns the batch's mean per-sample loss."""
         y = self.inner_estimate(run, batch)
         if self.keeps_previous_iterate:
-            run.scratch[PREVIOUS] = run.copy_model()  # x_k^t, before its step
+            run.scratch[PREVIOUS] = run.layout.copy(run.end())  # x_k^t, before its step
 
         def loss_fn(b: Any) -> tuple[Tensor, Tensor]:
             losses = self.sample_losses(run.forward(b[0]), b)
@@ -211,10 +211,10 @@ class FedDRO(LockStepCompositional):
     def client_share(self, run: ClientRun, batch: Any) -> Tensor:
         """``y_k``: eq. 8 on ``batch`` (at the very first step, ``g_k(x^0; b)``)."""
         g_cur = self.inner_mean(run, batch)
-        if run.shared is None:
+        if run.local.shared is None:
             return g_cur
         g_prev = self.inner_mean(run, batch, model=run.scratch[PREVIOUS])
-        return storm_estimate(run.shared.to(g_cur.device), g_cur, g_prev, self.beta)
+        return storm_estimate(run.local.shared.to(g_cur.device), g_cur, g_prev, self.beta)
 
     def server_share(self, mean: Tensor) -> Tensor:
         """``y_bar = sum_k w_k y_k``, kept inside the objective's domain (its guard)."""
@@ -226,8 +226,8 @@ class FedDRO(LockStepCompositional):
         return y_bar
 
     def inner_estimate(self, run: ClientRun, batch: Any) -> Tensor:
-        assert run.shared is not None
-        return run.shared
+        assert run.local.shared is not None
+        return run.local.shared
 
 
 class CompositionalFedAvg(LockStepCompositional):
@@ -263,7 +263,7 @@ class CompositionalFedAvg(LockStepCompositional):
         self.case = case
 
     def _global_step(self, run: ClientRun) -> bool:
-        return self.case == "II" and run.step_index == 0
+        return self.case == "II" and run.local.step_index == 0
 
     def client_share(self, run: ClientRun, batch: Any) -> Optional[Tensor]:
         """Case II, first step of a round: the client's ``g_k(x_bar; b)``; otherwise nothing."""
@@ -274,6 +274,6 @@ class CompositionalFedAvg(LockStepCompositional):
 
     def inner_estimate(self, run: ClientRun, batch: Any) -> Tensor:
         if self._global_step(run):
-            assert run.shared is not None
-            return run.shared
+            assert run.local.shared is not None
+            return run.local.shared
         return self.objective.guard(self.inner_mean(run, batch))

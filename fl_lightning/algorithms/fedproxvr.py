@@ -152,20 +152,20 @@ class FedProxVR(FederatedModule):
         """``w_0`` = the global model; ``v_0 = grad F_n(w_0)``, ``w_1 = prox(w_0 - eta v_0)``; the
         steps after it run up to the output iterate. ``v_0`` is taken in eval mode (no Dropout,
         BatchNorm on its running statistics, left unchanged), so it is a deterministic gradient."""
-        target = self.output_index(run.client_id, run.round, run.num_steps)  # tau: the client's configured steps
+        target = self.output_index(run.client_id, run.round, run.local.num_steps)  # tau: the client's configured steps
         run.metrics["output_iterate"] = float(target)
-        eta = self.eta if self.eta is not None else run.lr
-        run.optimizer = ProxSGD(run.params, lr=eta, mu=self.mu)  # anchors: the global model
+        eta = self.eta if self.eta is not None else run.local.lr
+        run.local.optimizer = ProxSGD(run.params, lr=eta, mu=self.mu)  # anchors: the global model
         if self.estimator == "sgd":
-            run.num_steps = target
+            run.local.num_steps = target
             if self.log_local_accuracy and target >= 1:
                 run.scratch["anchor_gradient"] = self.full_gradient(run)
             return
-        run.num_steps = max(target - 1, 0)
+        run.local.num_steps = max(target - 1, 0)
         if target >= 1:
             v0 = self.full_gradient(run)
             run.scratch["anchor_gradient"] = v0
-            run.scratch["reference"] = run.copy_model()  # w_0
+            run.scratch["reference"] = run.layout.copy(run.end())  # w_0
             run.scratch["direction"] = v0
             run.step(v0)
 
@@ -183,7 +183,7 @@ class FedProxVR(FederatedModule):
         else:
             direction = [sarah_direction(g, r, v) for g, r, v in zip(grads, reference_grads, previous)]
             run.scratch["direction"] = direction
-            run.scratch["reference"] = run.copy_model()  # w_t: the previous point of the next step
+            run.scratch["reference"] = run.layout.copy(run.end())  # w_t: the previous point of the next step
         run.step(direction)
         return loss
 
@@ -205,7 +205,7 @@ class FedProxVR(FederatedModule):
         """``grad F_n`` at the run's current model, over the client's whole training split, in eval
         mode (no Dropout, BatchNorm on its running statistics, left unchanged): deterministic."""
         size = self.full_gradient_batch_size or self.engine.datamodule.eval_batch_size
-        chunks = ((batch, len(batch[-1])) for batch in run.epoch(size))
+        chunks = ((batch, len(batch[-1])) for batch in run.data.epoch(size))
         was_training = self.client.training
         self.client.eval()
         try:

@@ -39,14 +39,15 @@ class LocalOnly(FederatedModule):
     def __init__(self, client: pl.LightningModule, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         self.remove_update("delta")  # nothing is sent
-        self.add_client_state(MODEL, default=self.engine.round_start_model)  # the common initial model: never changes
+        self.add_client_state(MODEL)  # absent until the client trained: it starts from the common initial model
 
     def client_init(self, run: ClientRun) -> None:
-        """The client goes on from its own model; one that trained in an earlier round (its model is in
-        the store) has spent its budget and takes no step."""
-        run.restart(run.state[MODEL])
-        if run.client_id in self.engine.store:
-            run.num_steps = 0
+        """A client that trained in an earlier round (its model is in its state) has spent its budget: it
+        keeps its model and takes no step; one that has not starts from the common initial model, the
+        round's start (which never changes)."""
+        if MODEL in run.state:
+            run.start = run.state[MODEL]
+            run.local.num_steps = 0
 
     def client_final(self, run: ClientRun) -> dict[str, Tensor]:
         """The model is kept in the store; nothing is sent."""

@@ -189,7 +189,7 @@ class HypernetworkFederation(FederatedModule):
             leaf, code = self.client_code(run)
             theta = self.hypernetwork(code)
         run.held["leaf"], run.held["theta"] = leaf, theta
-        run.restart(theta.detach())
+        run.start = theta.detach()
 
     def client_step(self, run: ClientRun, batch: Any) -> Tensor:
         """A local step, its gradient clipped to ``client_clip`` (joint norm)."""

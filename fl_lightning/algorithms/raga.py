@@ -179,7 +179,7 @@ class RAGA(FederatedModule):
 
     def client_final(self, run: ClientRun) -> dict[str, Tensor]:
         """Upload the mean of the K minibatch gradients."""
-        return {"grad": Layout.flatten(run.scratch["grad_sum"]) / max(run.steps_taken, 1)}
+        return {"grad": Layout.flatten(run.scratch["grad_sum"]) / max(run.local.steps_taken, 1)}
 
     def server_update(self, aggregate: dict[str, Tensor]) -> None:
         """``w <- w - eta^t z`` (eq. 14; ``eta^t``: the round's local rate, or ``server_lr`` if given)."""

@@ -72,8 +72,8 @@ class SCAFFOLD(FederatedModule):
         return loss
 
     def client_final(self, run: ClientRun) -> dict[str, Tensor]:
-        end, params = run.end(), run.layout.params_of  # c lives on the parameters: their entries of the vectors
-        control = scaffold_control_delta(params(run.start), params(end), self.server_control, run.steps_taken, run.lr)
+        end, params, local = run.end(), run.layout.params_of, run.local  # c lives on the parameters' entries
+        control = scaffold_control_delta(params(run.start), params(end), self.server_control, local.steps_taken, local.lr)
         run.state["control"] = run.state["control"] + control
         return {"delta": end - run.start, "control": control}
 

@@ -37,7 +37,7 @@ from fl_lightning.lightning_compat import routed_log
 from fl_lightning.lightning_package import MixedPrecision, Precision, pl
 from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.optim.param_groups import optimizer_lr
-from fl_lightning.run import ClientRun, Model, StepOutput
+from fl_lightning.run import ClientRun, LocalWork, Model, RunData, StepOutput
 from fl_lightning.schedules import set_lrs, split_optimizer_config
 from fl_lightning.seeding import generator, keyed_rngs
 from fl_lightning.update import ClientUpdate, UpdateSpec
@@ -156,10 +156,12 @@ class ClientBatches:
             yield self.ready(batch)
 
     def step_batches(self, run: ClientRun, extra_streams: Sequence[str]) -> Iterator[tuple[Any, dict[str, Any]]]:
-        """Each local step's batch of ``run`` (``run.batches`` if ``client_init`` gave them) and the batches
-        of the ``extra_streams``."""
-        main = iter(run.batches) if run.batches is not None else self.batches(run.num_steps, epochs=run.local_epochs)
-        extras = {s: self.batches(run.num_steps, s, epochs=run.local_epochs) for s in extra_streams}
+        """Each local step's batch of ``run`` (``run.data.batches`` if ``client_init`` gave them) and the
+        batches of the ``extra_streams``."""
+        local = run.local
+        main = iter(run.data.batches) if run.data.batches is not None else self.batches(local.num_steps,
+                                                                                        epochs=local.epochs)
+        extras = {s: self.batches(local.num_steps, s, epochs=local.epochs) for s in extra_streams}
         for batch in main:
             yield batch, {name: next(it) for name, it in extras.items()}
 
@@ -257,22 +259,47 @@ class ModuleView:
         return cls(params, tensors, precision.forward_context, getattr(precision, "scaler", None))
 
 
+class ModuleLocal(LocalWork):
+    """The local optimization of a :class:`ModuleRun`: a ``torch.optim`` optimizer over the client
+    module's parameters."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, num_steps: Optional[int], epochs: Optional[int] = None,
+                 shared: Optional[Tensor] = None) -> None:
+        super().__init__(num_steps, epochs, shared)
+        self._optimizer = optimizer
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizer = optimizer
+
+    @property
+    def lr(self) -> float:
+        return optimizer_lr(self._optimizer)
+
+    def _configure_lr(self, config: ClientConfig) -> None:
+        groups = [g for g in self._optimizer.param_groups if any(p.requires_grad for p in g["params"])]
+        for group, rate in zip(groups, config.rates([group["lr"] for group in groups])):
+            group["lr"] = rate
+
+
 class ModuleRun(ClientRun):
     """A client's round trained in the client module.
 
     Args:
         services: the client module and its log buffer.
-        batches: the client's batches (:meth:`fetch`, :meth:`epoch`).
-        optimizer: the local optimizer over the client module's parameters.
         view: the module's tensors and precision context.
-        **fields: the :class:`~fl_lightning.run.ClientRun` fields.
+        **fields: the :class:`~fl_lightning.run.ClientRun` fields (``local``: a :class:`ModuleLocal`).
     """
 
-    def __init__(self, services: LocalServices, batches: ClientBatches, optimizer: torch.optim.Optimizer,
-                 view: ModuleView, **fields: Any) -> None:
+    local: ModuleLocal
+
+    def __init__(self, services: LocalServices, view: ModuleView, **fields: Any) -> None:
         super().__init__(**fields)
-        self.services, self.batch_source = services, batches
-        self.optimizer: torch.optim.Optimizer = optimizer
+        self.services = services
         self._params, self._tensors = view.params, view.tensors
         self._forward_context, self._scaler = view.forward_context, view.scaler
         self._active: Model = None  # the model loss_fn's forward uses, if not the module's own
@@ -283,15 +310,6 @@ class ModuleRun(ClientRun):
     @property
     def params(self) -> list[Tensor]:
         return self._params
-
-    @property
-    def lr(self) -> float:
-        return optimizer_lr(self.optimizer)
-
-    def _configure_lr(self, config: ClientConfig) -> None:
-        groups = [g for g in self.optimizer.param_groups if any(p.requires_grad for p in g["params"])]
-        for group, rate in zip(groups, config.rates([group["lr"] for group in groups])):
-            group["lr"] = rate
 
     def loss_and_grad(
         self,
@@ -328,11 +346,11 @@ class ModuleRun(ClientRun):
                     out = loss_fn(batch)
                 else:
                     self._log_batch(batch)
-                    out = training_loss(self.services.client.training_step(batch, self.step_index))
+                    out = training_loss(self.services.client.training_step(batch, self.local.step_index))
             scaled = self._scaled_loss(out)
         scaled.backward()
         if scaler is not None:
-            scaler.unscale_(self.optimizer)
+            scaler.unscale_(self.local.optimizer)
             self._unscaled = True
         return out, [torch.zeros_like(p) if p.grad is None else p.grad for p in self._params]
 
@@ -352,7 +370,7 @@ class ModuleRun(ClientRun):
                         self._active = None
                 else:
                     self._log_batch(batch)
-                    out = training_loss(self.services.stateless.training_step(tensors, batch, self.step_index))
+                    out = training_loss(self.services.stateless.training_step(tensors, batch, self.local.step_index))
             scaled = self._scaled_loss(out)
         grads = torch.autograd.grad(scaled, leaves, allow_unused=True)
         scaler = self._scaler
@@ -378,29 +396,17 @@ class ModuleRun(ClientRun):
         set_grads(self._params, grads)
         scaler = self._scaler
         if scaler is not None and self._unscaled:
-            scaler.step(self.optimizer)  # skipped if the unscaled gradients had an Inf/NaN
+            scaler.step(self.local.optimizer)  # skipped if the unscaled gradients had an Inf/NaN
             scaler.update()
             self._unscaled = False
         else:
-            self.optimizer.step()
+            self.local.optimizer.step()
 
     def end(self) -> Tensor:
         return self.layout.flatten(self._tensors)
 
-    def restart(self, start: Tensor) -> None:
-        self.start = start
+    def _restart(self, start: Tensor) -> None:
         self.layout.write(self._tensors, start)
-
-    def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
-        if vector is not None:
-            return super().copy_model(vector)
-        return [t.detach().clone() for t in self._tensors]
-
-    def fetch(self, positions: Tensor) -> Any:
-        return self.batch_source.fetch(positions)
-
-    def epoch(self, batch_size: int) -> Iterator[Any]:
-        return self.batch_source.epoch(batch_size)
 
     # ------------------------------------------------------------ lock-step rounds
     def park(self) -> None:
@@ -410,9 +416,8 @@ class ModuleRun(ClientRun):
     def activate(self) -> None:
         """Load the parked model back into the module."""
         if self._parked is not None:
-            start = self.start
-            self.restart(self._parked)
-            self.start, self._parked = start, None
+            self._restart(self._parked)
+            self._parked = None
 
 
 def local_optimizer(client: pl.LightningModule, lrs: Optional[Sequence[float]]) -> torch.optim.Optimizer:
@@ -441,7 +446,7 @@ def checked_update(algorithm_name: str, specs: Mapping[str, UpdateSpec], run: Cl
         if value.numel() != spec.size:
             raise ValueError(f"upload {name!r} has {value.numel()} entries, declared {spec.size}")
         tensors[name] = value.reshape(-1).float()
-    return ClientUpdate(run.client_id, run.num_samples, tensors, run._summary())
+    return ClientUpdate(run.client_id, run.data.num_samples, tensors, run._summary())
 
 
 class ClientProgram:
@@ -480,23 +485,24 @@ class ClientProgram:
         The client module is left with the client's trained model."""
         algorithm, settings = self.algorithm, self.settings
         batches = self.batches(client_id, data)
-        run = ModuleRun(self, batches, local_optimizer(self.client, settings.lrs), self.view,
-                        client_id=client_id, round_idx=self.round, num_samples=len(data),
-                        layout=algorithm.global_model.layout, start=start, state=state,
-                        num_steps=settings.steps if config is None else config.local_steps,
-                        local_epochs=settings.epochs if config is None else config.local_epochs)
+        local = ModuleLocal(local_optimizer(self.client, settings.lrs),
+                            settings.steps if config is None else config.local_steps,
+                            settings.epochs if config is None else config.local_epochs)
         if config is not None and config.changes_lr:
-            run._configure_lr(config)
-        run.restart(start)
+            local._configure_lr(config)
+        run = ModuleRun(self, self.view, client_id=client_id, round_idx=self.round,
+                        layout=algorithm.global_model.layout, start=start, state=state,
+                        data=RunData(len(data), data.batch_size, batches.fetch, batches.epoch), local=local)
+        run.start = start  # loads it into the module
         with local_setting(self.client, self.logs, algorithm.seed, client_id, ("round", self.round), self.device,
                            True, self.integer_buffers):
             algorithm.client_init(run)
             with torch.no_grad():
                 for batch, extra in batches.step_batches(run, algorithm.extra_batch_streams):
-                    run.extra_batches = extra
+                    run.data.extra = extra
                     run._record(algorithm.client_step(run, batch))
-                    run.steps_taken += 1
-                    run.step_index += 1
+                    local.steps_taken += 1
+                    local.step_index += 1
             uploads = algorithm.client_final(run)
         return ClientRoundResult(checked_update(type(algorithm).__name__, algorithm.engine.update_specs, run, uploads),
                                  run.state)

@@ -16,7 +16,7 @@ seam for a ``LightningModule``: the client module runs in its own precision cont
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Optional, Protocol, TypeVar, cast
 
 import torch
@@ -32,7 +32,7 @@ from fl_lightning.hooks import FederatedCallback, Federation
 from fl_lightning.lightning_package import pl
 from fl_lightning.local_logging import LocalLogBuffer
 from fl_lightning.paper import PaperDefaults
-from fl_lightning.run import ClientRun, StepOutput, is_default_hook
+from fl_lightning.run import ClientRun, LocalWork, RunData, StepOutput, is_default_hook
 from fl_lightning.seeding import generator
 from fl_lightning.update import ClientUpdate, UpdateSpec
 from fl_lightning.vectors import ModelVector
@@ -247,32 +247,38 @@ class ClientContext:
                 state[name] = value.to(self.device)
         return state
 
-    def new_run(self, run_class: type[RunT], client_id: int, *args: Any, start: Optional[Tensor] = None,
-                plain: bool = False, round_idx: Optional[int] = None) -> RunT:
-        """A ``run_class`` run of ``client_id`` (its backend's ``*args`` first): from ``start``
-        (default: the round's global model) and, unless ``plain`` (plain local work, outside the
-        algorithm, with the module's steps), with the client's configuration of the round (its local
-        work and learning rate: :meth:`client_config`), its declared state entries and the lock-step value."""
+    def new_run(self, run_class: type[RunT], client_id: int, local: Callable[..., LocalWork], *args: Any,
+                batches: Optional[ClientBatches] = None, start: Optional[Tensor] = None, plain: bool = False,
+                round_idx: Optional[int] = None) -> RunT:
+        """A ``run_class`` run of ``client_id`` (its backend's ``*args`` first), its local work
+        ``local(num_steps, epochs, shared)``, reading the client's split from ``batches`` (default: through
+        this context), from ``start`` (default: the round's global model) and, unless ``plain`` (plain local
+        work, outside the algorithm, with the module's steps), with the client's configuration of the round
+        (its local work and learning rate: :meth:`client_config`), its declared state entries and the
+        lock-step value."""
         algorithm = self.algorithm
         if start is None:
             assert algorithm.engine.round_start is not None, "the round has not started"
             start = algorithm.engine.round_start
         config = None if plain else self.round_config(client_id)
-        run = run_class(
+        work = local(algorithm.local_steps if config is None else config.local_steps,
+                     algorithm.local_epochs if config is None else config.local_epochs,
+                     self.lockstep_algorithm().shared if self.lockstep and not plain else None)
+        if config is not None and config.changes_lr:
+            work._configure_lr(config)
+        dm = algorithm.engine.datamodule
+        fetch, epoch = ((batches.fetch, batches.epoch) if batches is not None
+                        else (partial(self.fetch, client_id), partial(self.epoch, client_id)))
+        return run_class(
             *args,
             client_id=client_id,
             round_idx=self.round if round_idx is None else round_idx,
-            num_samples=algorithm.engine.datamodule.num_samples(client_id),
             layout=self.global_model.layout,
             start=start,
             state={} if plain else self.load_client_state(client_id),
-            num_steps=algorithm.local_steps if config is None else config.local_steps,
-            shared=self.lockstep_algorithm().shared if self.lockstep and not plain else None,
-            local_epochs=algorithm.local_epochs if config is None else config.local_epochs,
+            data=RunData(dm.num_samples(client_id), dm.batch_size, fetch, epoch),
+            local=work,
         )
-        if config is not None and config.changes_lr:
-            run._configure_lr(config)
-        return run
 
     def finish(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> None:
         """Hand a finished run's uploads (checked against the declarations) and new state in (:meth:`hand_in`)."""

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterator, Optional
 
 import torch
 from torch import Tensor
 
 from fl_lightning.backends.base import ClientBackend
-from fl_lightning.backends.client_round import ClientProgram, ModuleRun
+from fl_lightning.backends.client_round import ClientProgram, ModuleLocal, ModuleRun
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.run import plain_step
 
@@ -59,9 +60,9 @@ class SequentialBackend(ClientBackend[_Parked]):
     def new_run(self, context: ClientContext, client_id: int) -> ModuleRun:
         """A lock-step run of ``client_id`` starting from the global model (loaded into the client module)."""
         assert self._program is not None, "the round has not started"
-        run = context.new_run(ModuleRun, client_id, context, context.client_batches(client_id),
-                              context.algorithm.engine.local_optimizer(), self._program.view)
-        run.restart(run.start)
+        run = context.new_run(ModuleRun, client_id, partial(ModuleLocal, context.algorithm.engine.local_optimizer()),
+                              context, self._program.view, batches=context.client_batches(client_id))
+        run.start = run.start  # loaded into the client module
         return run
 
     def run_clients(self, context: ClientContext, clients: list[int]) -> None:
@@ -101,18 +102,19 @@ class SequentialBackend(ClientBackend[_Parked]):
 
     def share(self, context: ClientContext, group: _Parked, batches: Any, step: int) -> Optional[tuple[Tensor, Tensor]]:
         run, (batch, extra) = group.run, batches
-        run.extra_batches = extra
+        run.data.extra = extra
         with _activated(context, run, "share"), torch.no_grad():
             value = context.lockstep_algorithm().client_share(run, batch)
-        return None if value is None else (torch.tensor([run.num_samples]), value.unsqueeze(0))
+        return None if value is None else (torch.tensor([run.data.num_samples]), value.unsqueeze(0))
 
     def step(self, context: ClientContext, group: _Parked, batches: Any, step: int) -> None:
         run = group.run
-        run.shared = context.lockstep_algorithm().shared
+        local = run.local
+        local.shared = context.lockstep_algorithm().shared
         with _activated(context, run, "step"), torch.no_grad():
             run._record(context.algorithm.client_step(run, batches[0]))
-            run.steps_taken += 1
-            run.step_index += 1
+            local.steps_taken += 1
+            local.step_index += 1
 
     def finish_group(self, context: ClientContext, group: _Parked) -> None:
         with _activated(context, group.run, "final"):
@@ -126,7 +128,7 @@ def _activated(context: ClientContext, run: ModuleRun, phase: str) -> Iterator[N
     lock-step (keyed by the phase and the step), and parked again afterwards."""
     run.activate()
     try:
-        with context.local_work(run.client_id, phase, run.round, run.step_index):
+        with context.local_work(run.client_id, phase, run.round, run.local.step_index):
             yield
     finally:
         run.park()
@@ -138,10 +140,10 @@ def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: 
     module's loss and optimizer from ``start``, on ``steps`` batches of ``stream`` (keyed by
     ``round_idx``); returns the trained state vector. The client module is left trained: the
     caller restores it."""
-    run = context.new_run(ModuleRun, client_id, context, context.client_batches(client_id, round_idx),
-                          context.algorithm.engine.local_optimizer(), context.module_view(), start=start, plain=True,
-                          round_idx=round_idx)
-    run.restart(start)
+    run = context.new_run(ModuleRun, client_id, partial(ModuleLocal, context.algorithm.engine.local_optimizer()),
+                          context, context.module_view(), batches=context.client_batches(client_id, round_idx),
+                          start=start, plain=True, round_idx=round_idx)
+    run.start = start  # loaded into the client module
     with context.local_work(client_id, stream, round_idx), torch.no_grad():
         for batch in context.batches(client_id, steps, stream, round_idx):
             run._record(plain_step(run, batch))

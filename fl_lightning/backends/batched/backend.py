@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import math
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
@@ -21,7 +22,7 @@ from fl_lightning.backends.batched.evaluate import NotVectorizable, evaluate_vec
 from fl_lightning.backends.batched.final import final_setting, vectorized_final
 from fl_lightning.backends.batched.metrics import MetricCalls
 from fl_lightning.backends.batched.python_state import PythonState
-from fl_lightning.backends.batched.run import FunctionalRun, carried_out
+from fl_lightning.backends.batched.run import FunctionalLocal, FunctionalRun, carried_out
 from fl_lightning.backends.batched.sizing import MEMORY_SHARE, activation_bytes, block_size, free_memory
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
 from fl_lightning.backends.batched.step_trial import NOT_VECTORIZABLE, trial_algorithm_step, trial_vectorized_step
@@ -67,14 +68,14 @@ class Block:
             self._steps_of_all += 1
         else:
             for i in members:
-                self.runs[i].steps_taken += 1
+                self.runs[i].local.steps_taken += 1
 
     def count_steps(self) -> None:
         """Bring every run's ``steps_taken`` up to date with the steps the whole block took (once per
         block, where a thousand clients' counts at every step cost more than the step's launch)."""
         if self._steps_of_all:
             for run in self.runs:
-                run.steps_taken += self._steps_of_all
+                run.local.steps_taken += self._steps_of_all
             self._steps_of_all = 0
 
     def unstack(self) -> None:
@@ -107,7 +108,7 @@ class Block:
         carry's order: the model's tensors, the optimizer state's, then the start)."""
         n, first = len(self.runs), self.runs[0]
         k = len(first.tensors)
-        start = k + sum(isinstance(x, Tensor) for x in tree_flatten(first.opt_state)[0])
+        start = k + sum(isinstance(x, Tensor) for x in tree_flatten(first.local.opt_state)[0])
         shapes = [(n, *shape) for shape in first.layout.shapes]
         if (start >= len(self.tensors) or [tuple(t.shape) for t in self.tensors[:k]] != shapes
                 or tuple(self.tensors[start].shape) != (n, first.layout.dim)):
@@ -313,7 +314,7 @@ class BatchedBackend(ClientBackend[Block]):
     def _halved(self, context: ClientContext, runs: list[FunctionalRun]) -> dict[int, dict[str, Tensor]]:
         """:meth:`_run_block` for each half of ``runs`` after their block ran out of memory."""
         for run in runs:
-            run.steps_taken = 0
+            run.local.steps_taken = 0
         half = self._halve(context, "training", len(runs))
         uploads: dict[int, dict[str, Tensor]] = {}
         for part in (runs[:half], runs[half:]):
@@ -376,16 +377,16 @@ class BatchedBackend(ClientBackend[Block]):
         if context.changes_local_batches or steps is None:
             yield from train_one_by_one(context, client_ids, start, steps, stream, round_idx)
             return
-        function = functional_optimizer(context.algorithm.engine.local_optimizer(), context.global_model.params)
+        local = self._local_work(context)
         views = context.global_model.layout.split(start)  # shared by the runs until their block stacks them
         first = 0
         while first < len(client_ids):
             size = self._plain_block(context, len(client_ids) - first)
             runs = []
             for client_id in client_ids[first:first + size]:
-                run = context.new_run(FunctionalRun, client_id, context, function, [], start=start, plain=True,
+                run = context.new_run(FunctionalRun, client_id, local, context, list(views), start=start, plain=True,
                                       round_idx=round_idx)
-                run.num_steps, run.tensors = steps, list(views)
+                run.local.num_steps = steps
                 runs.append(run)
             try:
                 for members, plan in self._blocks_of(context, runs, stream):
@@ -411,21 +412,24 @@ class BatchedBackend(ClientBackend[Block]):
                    self._fitting.get("training", clients))
 
     # ------------------------------------------------------------ runs
-    def new_run(self, context: ClientContext, client_id: int, function: Optional[FunctionalSGD] = None,
+    @staticmethod
+    def _local_work(context: ClientContext) -> Callable[..., FunctionalLocal]:
+        """The round's local work of a run (:meth:`ClientContext.new_run`'s ``local``): the local optimizer as a
+        function, the same for every client of a round, since it holds no state."""
+        params = context.global_model.params
+        function = functional_optimizer(context.algorithm.engine.local_optimizer(), params)
+        return partial(FunctionalLocal, function, [not p.requires_grad for p in params])
+
+    def new_run(self, context: ClientContext, client_id: int, local: Optional[Callable[..., FunctionalLocal]] = None,
                 views: Optional[list[Tensor]] = None) -> FunctionalRun:
-        """A run of ``client_id`` from the global model, with its state and ``function``, the round's
-        local optimizer as a function (default: made from the client's; the same for every client
-        of a round, since it holds no state). Its tensors are a copy of the start of its own, or
-        ``views`` of the round's start that the block's runs share: for runs that nothing writes
-        before their block stacks them (no ``client_init``), which saves a copy per client (on a GPU,
-        a launch each) and a split."""
-        if function is None:
-            function = functional_optimizer(context.algorithm.engine.local_optimizer(), context.global_model.params)
-        run = context.new_run(FunctionalRun, client_id, context, function, [])
+        """A run of ``client_id`` from the global model, with its state and ``local`` work (default: the
+        round's, :meth:`_local_work`). Its tensors are a copy of the start of its own, or ``views`` of the
+        round's start that the block's runs share: for runs that nothing writes before their block stacks
+        them (no ``client_init``), which saves a copy per client (on a GPU, a launch each) and a split."""
+        run = context.new_run(FunctionalRun, client_id, local or self._local_work(context), context,
+                              [] if views is None else list(views))
         if views is None:
-            run.restart(run.start)
-        else:
-            run.tensors = list(views)
+            run.start = run.start  # a copy of its own
         return run
 
     def _start_runs(self, context: ClientContext, clients: list[int]) -> list[FunctionalRun]:
@@ -433,28 +437,28 @@ class BatchedBackend(ClientBackend[Block]):
         a step to take finished at once)."""
         algorithm = context.algorithm
         runs = []
-        function = functional_optimizer(algorithm.engine.local_optimizer(), context.global_model.params)
+        local = self._local_work(context)
         assert algorithm.engine.round_start is not None, "the round has not started"
         views = None if context.prepares_rounds else context.global_model.layout.split(algorithm.engine.round_start)
         for cid in clients:
             if not context.lockstep and context.is_forged(cid):
                 context.skip_forged(cid)
                 continue
-            run = self.new_run(context, cid, function, views)
+            run = self.new_run(context, cid, local, views)
             if context.prepares_rounds:
                 with context.local_work(cid, "round", run.round):
                     algorithm.client_init(run)
                 run.flush_logs()
-            if run.optimizer is not None:
+            if run.local.optimizer is not None:
                 raise ValueError(f"{type(algorithm).__name__}.client_init sets a torch optimizer of its own, "
-                                 f"{type(run.optimizer).__name__}; the batched backend runs the local optimizer as a "
+                                 f"{type(run.local.optimizer).__name__}; the batched backend runs the local optimizer as a "
                                  "function and knows SGD and ProxSGD: use client_backend='sequential'")
-            if context.lockstep and runs and run.function != runs[0].function:
+            if context.lockstep and runs and run.local.function != runs[0].local.function:
                 raise ValueError(f"{type(algorithm).__name__} gives the clients of a lock-step round different local "
-                                 f"optimizers ({run.function} and {runs[0].function}: client_init, or the learning "
+                                 f"optimizers ({run.local.function} and {runs[0].local.function}: client_init, or the learning "
                                  "rates of their configurations); a lock-step block steps its clients with one: use "
                                  "client_backend='sequential'")
-            if run.num_steps == 0 and not context.lockstep:  # no step to take (LocalOnly's spent budget): done now
+            if run.local.num_steps == 0 and not context.lockstep:  # no step to take (LocalOnly's spent budget): done now
                 self._finish_runs(context, [run])
                 continue
             runs.append(run)
@@ -469,11 +473,11 @@ class BatchedBackend(ClientBackend[Block]):
         one-time warning that says why, and each client runs its own, eagerly."""
         runs = block.runs
         block.count_steps()
-        if not runs or self._eager_final is not None or len({run.steps_taken for run in runs}) > 1:
+        if not runs or self._eager_final is not None or len({run.local.steps_taken for run in runs}) > 1:
             return None
         first, last = runs[0], runs[-1]
         side: dict[str, Any] = {}
-        work = context.local_work(first.client_id, "block", first.round, last.client_id, "final", first.steps_taken)
+        work = context.local_work(first.client_id, "block", first.round, last.client_id, "final", first.local.steps_taken)
         try:
             with work, final_setting(context.algorithm, context.client, first=not self._final_tried):
                 tensors, uploads = vectorized_final(context.algorithm.client_final, first, block.spec, block.static,
@@ -528,12 +532,12 @@ class BatchedBackend(ClientBackend[Block]):
 
     def share(self, context: ClientContext, group: Block, batches: Any, step: int) -> Optional[tuple[Tensor, Tensor]]:
         shares = self._advance(context, group, batches, step, "share")
-        return None if shares is None else (torch.tensor([run.num_samples for run in group.runs]), shares)
+        return None if shares is None else (torch.tensor([run.data.num_samples for run in group.runs]), shares)
 
     def step(self, context: ClientContext, group: Block, batches: Any, step: int) -> None:
         shared = context.lockstep_algorithm().shared
         for run in group.runs:
-            run.shared = shared
+            run.local.shared = shared
         self._advance(context, group, batches, step, "step")
 
     def finish_group(self, context: ClientContext, group: Block) -> None:
@@ -627,7 +631,7 @@ class BatchedBackend(ClientBackend[Block]):
             side["recording"] = recording
         guard = None if block.checked else PythonState(context.client)  # at the block's first step
         plain = (phase == "step" and (block.step is plain_step or (block.step is None and context.plain_steps))
-                 and type(block.runs[0].function) is FunctionalSGD)
+                 and type(block.runs[0].local.function) is FunctionalSGD)
         try:
             with recording.installed() if recording is not None else nullcontext():
                 if plain and self._vectorized is vectorized_hook:  # eager: the gradient outside vmap
@@ -684,11 +688,11 @@ class BatchedBackend(ClientBackend[Block]):
 def same_optimizer(runs: list[FunctionalRun]) -> list[list[FunctionalRun]]:
     """``runs`` in groups of equal local optimizer functions (a block steps its clients with one), in
     the order of their first run; one group where all runs have the round's (none for no run)."""
-    if all(run.function is runs[0].function for run in runs):  # the round's (the runs share it)
+    if all(run.local.function is runs[0].local.function for run in runs):  # the round's (the runs share it)
         return [runs] if runs else []
     groups: list[list[FunctionalRun]] = []
     for run in runs:
-        group = next((g for g in groups if g[0].function == run.function), None)
+        group = next((g for g in groups if g[0].local.function == run.local.function), None)
         if group is None:
             groups.append([run])
         else:
@@ -774,7 +778,7 @@ def vectorized_plain_step(template: FunctionalRun, spec: Any, static: dict[int, 
         grads = torch.autograd.grad(loss_requiring_grad(losses).sum(), params, allow_unused=True)
     grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
     # SGD's update is elementwise with the clients' shared hyperparameters: one call on the stacked tensors
-    carry["opt"] = template.function.step_(carry["tensors"][:k], grads, carry["opt"])
+    carry["opt"] = template.local.function.step_(carry["tensors"][:k], grads, carry["opt"])
     new_leaves, side["spec"] = tree_flatten(carry)
     new_tensors, side["static"] = split_leaves(new_leaves)
     logged = {name: total.detach() for name, total in logs.items()}

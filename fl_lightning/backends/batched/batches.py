@@ -79,7 +79,7 @@ StepGroup = IndexGroup | BatchGroup | GatheredGroup
 def real_batches(context: ClientContext, runs: list[FunctionalRun]) -> bool:
     """Whether ``runs`` step on real batches (a callback rewrites local batches, or ``client_init`` gave
     a run its own) rather than on the engine's index tables."""
-    return context.changes_local_batches or any(run.batches is not None for run in runs)
+    return context.changes_local_batches or any(run.data.batches is not None for run in runs)
 
 
 def plan_steps(context: ClientContext, runs: list[FunctionalRun]) -> Iterator[list[StepGroup]]:
@@ -111,13 +111,13 @@ def fixed_groups(context: ClientContext, runs: list[FunctionalRun], stream: Opti
     same at every step. The streams are the round's (its batches, the algorithm's extra streams), or
     ``stream`` alone as the main batches (plain local training). None otherwise (``local_epochs``,
     real batches)."""
-    if real_batches(context, runs) or any(run.num_steps is None for run in runs):
+    if real_batches(context, runs) or any(run.local.num_steps is None for run in runs):
         return None
     streams = {"batches": stream} if stream is not None else {s: s for s in _streams(context)}
     splits = [context.client_data(run.client_id) for run in runs]
     members: dict[tuple[int, int], list[int]] = {}  # the shape of a step's batch indices -> its clients
     for i, (run, split) in enumerate(zip(runs, splits)):
-        members.setdefault((run.num_steps, split.step_batch_size), []).append(i)
+        members.setdefault((run.local.num_steps, split.step_batch_size), []).append(i)
     groups = []
     for (steps, _), group in members.items():
         chosen = [splits[i] for i in group]
@@ -183,10 +183,11 @@ def index_groups(steps: list[dict[str, Sequence[Tensor]]], k: int) -> list[Index
 
 def _index_steps(context: ClientContext, run: FunctionalRun, stream: str) -> Sequence[Tensor]:
     """A run's step indices in ``stream``: its table ``[num_steps, batch]``, or its epochs' batches."""
-    if run.num_steps is not None:
-        return context.index_table(run.client_id, run.num_steps, stream)
-    assert run.local_epochs is not None, "a run without num_steps takes local_epochs passes"
-    return list(context.epoch_indices(run.client_id, run.local_epochs, stream))
+    local = run.local
+    if local.num_steps is not None:
+        return context.index_table(run.client_id, local.num_steps, stream)
+    assert local.epochs is not None, "a run without num_steps takes epochs passes"
+    return list(context.epoch_indices(run.client_id, local.epochs, stream))
 
 
 def _group_batches(items: list[Optional[Item]]) -> list[StepGroup]:

@@ -9,10 +9,10 @@ A vectorized ``client_final`` must be refused, not merely slower, where it would
 results than each client's own call. ``vmap`` refuses a random draw (``randomness="error"``) and a
 tensor's value read in Python; the rest is made to fail here, so that no such hook is vectorized:
 
-* the run's per-client fields that the stacked carry does not hold: ``client_id``, ``num_samples``,
-  ``held``, ``batches``, ``extra_batches`` and ``metrics`` (read or written through the view of the block,
+* the run's per-client fields that the stacked carry does not hold: ``client_id``, ``held``, ``metrics``,
+  ``data.num_samples``, ``data.batches`` and ``data.extra`` (read or written through the view of the block,
   :class:`BlockFinalRun`, each raises :class:`ClientSpecific`), and with them the client's data
-  (``run.fetch``, ``run.epoch``) and every draw keyed by the client;
+  (``run.data.fetch``, ``run.data.epoch``) and every draw keyed by the client;
 * ``self.log`` of the algorithm or of its client module (:func:`final_setting`; in the client's
   ``training_step``, through ``run.loss_and_grad``, :func:`vectorized_final`);
 * Python state of the algorithm's module (an attribute, a list appended to, a counter) that the hook
@@ -36,6 +36,7 @@ from fl_lightning.backends.batched.run import FunctionalRun, carried_out
 from fl_lightning.backends.batched.stacking import merge_leaves
 from fl_lightning.backends.trial import client_state_kept
 from fl_lightning.lightning_compat import routed_log, tree_unflatten
+from fl_lightning.run import RunData
 
 
 class ClientSpecific(Exception):
@@ -45,7 +46,14 @@ class ClientSpecific(Exception):
 class PerClient:
     """A field of the block's view (:class:`BlockFinalRun`) that each client of the block has its own of,
     which the view does not hold: reading it raises :class:`ClientSpecific` (a vectorized hook that read one
-    client's value would silently give it to all); the run's constructor's write is ignored."""
+    client's value would silently give it to all); the run's constructor's write is ignored.
+
+    Args:
+        prefix: where the field is, from the run (``"data."``).
+    """
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -53,7 +61,7 @@ class PerClient:
     def __get__(self, run: Any, owner: Optional[type] = None) -> Any:
         if run is None:
             return self
-        raise ClientSpecific(f"it reads run.{self.name}, which each client of a block has its own of")
+        raise ClientSpecific(f"it reads run.{self.prefix}{self.name}, which each client of a block has its own of")
 
     def __set__(self, run: Any, value: Any) -> None:
         """The run's constructor sets every field: a view holds none of these."""
@@ -65,11 +73,31 @@ class BlockFinalRun(FunctionalRun):
     (round, steps taken, learning rate, layout), and no per-client field (:class:`PerClient`)."""
 
     client_id = PerClient()
-    num_samples = PerClient()
     held = PerClient()
-    batches = PerClient()
-    extra_batches = PerClient()
     metrics = PerClient()
+
+    @classmethod
+    def view(cls, template: FunctionalRun, carry: dict[str, Any], step: int, round_idx: int, extras: Any
+             ) -> "FunctionalRun":
+        run = super().view(template, carry, step, round_idx, extras)
+        run.data = BlockFinalData(None, template.data.batch_size)
+        return run
+
+
+class BlockFinalData(RunData):
+    """The client's data as the view of a block (:class:`BlockFinalRun`) has it: the batch size the clients share,
+    and no per-client field or read (each raises :class:`ClientSpecific`)."""
+
+    __slots__ = ()
+    num_samples = PerClient("data.")
+    batches = PerClient("data.")
+    extra = PerClient("data.")
+
+    def fetch(self, positions: Tensor) -> Any:
+        raise ClientSpecific("it reads the client's data (run.data.fetch)")
+
+    def epoch(self, batch_size: Optional[int] = None) -> Iterator[Any]:
+        raise ClientSpecific("it reads the client's data (run.data.epoch)")
 
 
 def _refuse_log(name: str, *args: Any, **kwargs: Any) -> None:
@@ -99,13 +127,13 @@ def vectorized_final(hook: Callable[[FunctionalRun], dict[str, Tensor]], templat
                      static: dict[int, Any], side: dict[str, Any], tensors: list[Tensor]
                      ) -> tuple[list[Tensor], dict[str, Tensor]]:
     """``hook`` (``client_final``) for every client of a stacked carry ``tensors`` (``template``'s
-    fields: every client took ``template.steps_taken`` steps), ``vmap``-ped over the clients, no random
+    fields: every client took ``template.local.steps_taken`` steps), ``vmap``-ped over the clients, no random
     draws allowed, each client's run a :class:`BlockFinalRun`: returns the new stacked carry's tensors (the
     state entries the hook set) and the uploads, stacked; ``side`` receives the new carry's structure
     (``"spec"``, ``"static"``)."""
 
     def one_client(tensors: list[Tensor]) -> tuple[list[Tensor], dict[str, Tensor]]:
-        run = BlockFinalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), template.steps_taken,
+        run = BlockFinalRun.view(template, tree_unflatten(merge_leaves(tensors, static), spec), template.local.steps_taken,
                                  template.round, None)
         uploads = dict(hook(run))
         if run.logs or run.metric_calls:  # the client's own training_step (run.loss_and_grad) logged

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -19,7 +19,55 @@ from fl_lightning.lightning_package import extract_batch_size
 from fl_lightning.local_logging import call_options
 from fl_lightning.optim.prox_sgd import FunctionalProxSGD, ProxSGD
 from fl_lightning.optim.sgd_function import FunctionalSGD
-from fl_lightning.run import ClientRun, Model
+from fl_lightning.run import ClientRun, LocalWork, Model, RunData
+
+
+class FunctionalLocal(LocalWork):
+    """The local optimization of a :class:`FunctionalRun`: the local optimizer as a function and its state.
+
+    Args:
+        function: the local optimizer as a function.
+        frozen: which of the model's parameters are frozen (for an optimizer set in ``client_init`` that
+            this backend runs as a function).
+        opt_state: the optimizer's state (None: :meth:`~fl_lightning.optim.sgd_function.FunctionalSGD.
+            initial_state`).
+        **fields: the :class:`~fl_lightning.run.LocalWork` fields.
+    """
+
+    def __init__(self, function: FunctionalSGD | FunctionalProxSGD, frozen: Sequence[bool], num_steps: Optional[int],
+                 epochs: Optional[int] = None, shared: Optional[Tensor] = None,
+                 opt_state: Optional[list[Optional[Tensor]]] = None) -> None:
+        super().__init__(num_steps, epochs, shared)
+        self.function = function
+        self.frozen = frozen
+        self.opt_state: list[Optional[Tensor]] = (
+            opt_state if opt_state is not None else function.initial_state() if isinstance(function, FunctionalSGD)
+            else [])
+        self._optimizer: Optional[torch.optim.Optimizer] = None
+
+    @property
+    def optimizer(self) -> Optional[torch.optim.Optimizer]:
+        """An optimizer of its own that ``client_init`` set and this backend cannot run (None: the
+        ``function``). One it runs as a function (:class:`~fl_lightning.optim.prox_sgd.ProxSGD`)
+        becomes the ``function`` and optimizer state when it is set."""
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
+        self._optimizer = optimizer
+        if isinstance(optimizer, ProxSGD):
+            self.function, self.opt_state = optimizer.functional(self.frozen)  # type: ignore[assignment]
+            self._optimizer = None
+
+    @property
+    def lr(self) -> float:
+        return self.function.lr
+
+    def _configure_lr(self, config: ClientConfig) -> None:
+        """The run's own local optimizer function at the configured rates (a block steps the runs of
+        one function together: :meth:`~fl_lightning.backends.batched.BatchedBackend.run_clients`)."""
+        assert isinstance(self.function, FunctionalSGD), "a run's rates are configured before client_init"
+        self.function = self.function.with_rates(config.rates)
 
 
 class FunctionalRun(ClientRun):
@@ -27,25 +75,20 @@ class FunctionalRun(ClientRun):
 
     In ``client_init`` and ``client_final`` it is one client's run, evaluated eagerly; in
     ``client_step`` and ``client_share`` (under ``vmap``) it is one client's view of the block
-    (``client_id`` and ``num_samples`` are None there: a step must not depend on them).
+    (``client_id`` and ``data.num_samples`` are None there: a step must not depend on them).
 
     Args:
         context: the engine's services for local work.
-        function: the local optimizer as a function.
         tensors: the trained model (parameters, then floating buffers).
-        **fields: the :class:`~fl_lightning.run.ClientRun` fields.
+        **fields: the :class:`~fl_lightning.run.ClientRun` fields (``local``: a :class:`FunctionalLocal`).
     """
 
-    def __init__(self, context: ClientContext, function: FunctionalSGD | FunctionalProxSGD, tensors: list[Tensor],
-                 **fields: Any) -> None:
+    local: FunctionalLocal
+
+    def __init__(self, context: ClientContext, tensors: list[Tensor], **fields: Any) -> None:
         super().__init__(**fields)
         self.context = context
-        self.function = function
         self.tensors = tensors
-        #: the optimizer's state (before the first step:
-        #: :meth:`~fl_lightning.optim.sgd_function.FunctionalSGD.initial_state`)
-        self.opt_state: list[Optional[Tensor]] = (function.initial_state() if isinstance(function, FunctionalSGD)
-                                                  else [])
         #: ``self.log`` calls of the client during a vectorized step: name -> value * batch size
         self.logs: dict[str, Tensor] = {}
         #: their options and batch sizes (the same for every client of a vectorized step), by name
@@ -62,31 +105,6 @@ class FunctionalRun(ClientRun):
     @property
     def params(self) -> list[Tensor]:
         return self.tensors[: self.layout.num_param_tensors]
-
-    @property
-    def optimizer(self) -> Optional[torch.optim.Optimizer]:
-        """An optimizer of its own that ``client_init`` set and this backend cannot run (None: the run's
-        ``function``). One it runs as a function (:class:`~fl_lightning.optim.prox_sgd.ProxSGD`)
-        becomes the run's ``function`` and optimizer state when it is set."""
-        return self._optimizer
-
-    @optimizer.setter
-    def optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
-        self._optimizer = optimizer
-        if isinstance(optimizer, ProxSGD):
-            frozen = [not p.requires_grad for p in self.context.global_model.params]
-            self.function, self.opt_state = optimizer.functional(frozen)  # type: ignore[assignment]
-            self._optimizer = None
-
-    @property
-    def lr(self) -> float:
-        return self.function.lr
-
-    def _configure_lr(self, config: ClientConfig) -> None:
-        """The run's own local optimizer function at the configured rates (a block steps the runs of
-        one function together: :meth:`~fl_lightning.backends.batched.BatchedBackend.run_clients`)."""
-        assert isinstance(self.function, FunctionalSGD), "a run's rates are configured before client_init"
-        self.function = self.function.with_rates(config.rates)
 
     def loss_and_grad(
         self,
@@ -138,7 +156,7 @@ class FunctionalRun(ClientRun):
                     if loss_fn is not None:
                         out = loss_fn(batch)
                     else:
-                        out = training_loss(stateless.training_step(tensors, batch, self.step_index), check_grad)
+                        out = training_loss(stateless.training_step(tensors, batch, self.local.step_index), check_grad)
             finally:
                 self._active = None
                 calls, metric_tensors = self.recording.end() if self.recording is not None else ([], [])
@@ -195,37 +213,24 @@ class FunctionalRun(ClientRun):
             return self.context.stateless.forward(list(tensors), *args)
 
     def step(self, grads: Sequence[Tensor]) -> None:
-        self.opt_state = self.function.step_(self.tensors[: self.layout.num_param_tensors], grads, self.opt_state)
+        local = self.local
+        local.opt_state = local.function.step_(self.tensors[: self.layout.num_param_tensors], grads, local.opt_state)
 
     def end(self) -> Tensor:
         return self.layout.flatten(self.tensors)
 
-    def restart(self, start: Tensor) -> None:
-        self.start = start
+    def _restart(self, start: Tensor) -> None:
         self.tensors = self.layout.split(start.clone())  # one copy (views of it), not one per tensor
-
-    def copy_model(self, vector: Optional[Tensor] = None) -> list[Tensor]:
-        if vector is not None:
-            return super().copy_model(vector)
-        return [t.clone() for t in self.tensors]
-
-    def fetch(self, positions: Tensor) -> Any:
-        assert self.client_id is not None, "fetch is for client_init and client_final"
-        return self.context.fetch(self.client_id, positions)
-
-    def epoch(self, batch_size: int) -> Iterator[Any]:
-        assert self.client_id is not None, "epoch is for client_init and client_final"
-        return self.context.epoch(self.client_id, batch_size)
 
     # ------------------------------------------------------------ the carry: what a step reads and writes
     def carry(self) -> dict[str, Any]:
         """The run's per-client values (a pytree; its non-tensor leaves must agree over a block)."""
-        return {"tensors": self.tensors, "opt": self.opt_state, "start": self.start, "state": self.state,
+        return {"tensors": self.tensors, "opt": self.local.opt_state, "start": self._start, "state": self.state,
                 "scratch": self.scratch}
 
     def load_carry(self, carry: dict[str, Any]) -> None:
         """Take the values of :meth:`carry` back."""
-        self.tensors, self.opt_state, self.start = list(carry["tensors"]), list(carry["opt"]), carry["start"]
+        self.tensors, self.local.opt_state, self._start = list(carry["tensors"]), list(carry["opt"]), carry["start"]
         self.state, self.scratch = dict(carry["state"]), dict(carry["scratch"])
 
     @classmethod
@@ -235,11 +240,14 @@ class FunctionalRun(ClientRun):
         block's ``template`` run's fields and optimizer, with the client's carry (no client id, no sample
         count). The step and the round are given, not read from ``template``, so that a compiled step
         holds them as symbols (:class:`~fl_lightning.backends.batched.compiled.CompiledStep`)."""
-        run = cls(template.context, template.function, list(carry["tensors"]), client_id=None,  # type: ignore[arg-type]
-                  round_idx=round_idx, num_samples=None, layout=template.layout,  # type: ignore[arg-type]
-                  start=carry["start"], state={}, num_steps=template.num_steps, shared=template.shared)
-        run.load_carry(carry)
-        run.step_index, run.steps_taken, run.extra_batches = step, step, extras  # a client at step k took k steps
+        model = template.local
+        local = FunctionalLocal(model.function, model.frozen, model.num_steps, shared=model.shared,
+                                opt_state=list(carry["opt"]))
+        local.step_index = local.steps_taken = step  # a client at step k took k steps
+        run = cls(template.context, list(carry["tensors"]), client_id=None, round_idx=round_idx,  # type: ignore[arg-type]
+                  layout=template.layout, start=carry["start"], state=dict(carry["state"]),
+                  data=RunData(None, template.data.batch_size, extra=extras), local=local)
+        run.scratch = dict(carry["scratch"])
         return run
 
 

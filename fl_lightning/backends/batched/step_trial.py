@@ -83,7 +83,7 @@ def trial_algorithm_step(context: ClientContext, start_runs: Callable[[list[int]
     leaves no trace (:func:`algorithm_trial`). The backend finds out itself what it cannot run, which the
     algorithm need not declare: a torch optimizer of its own, clients with different Python values in
     their runs (ByrdSAGA's minibatch index), a step that reads a client's own field (PDSGD's
-    ``run.num_samples``) or a tensor's value in Python.
+    ``run.data.num_samples``) or a tensor's value in Python.
 
     Raises:
         ValueError: the backend's refusal, with the reason and the way out. Where ``client_init`` fails at
@@ -112,7 +112,7 @@ def trial_algorithm_step(context: ClientContext, start_runs: Callable[[list[int]
                 return
             raise ValueError(f"{name}.client_step cannot be vectorized over clients ({type(error).__name__}: "
                              f"{error}): a block's step has no client id or sample count (run.client_id, "
-                             "run.num_samples are None there) and reads tensors only; use "
+                             "run.data.num_samples are None there) and reads tensors only; use "
                              "client_backend='sequential'") from error
 
 
@@ -122,7 +122,7 @@ def steps_eagerly(context: ClientContext, start_runs: Callable[[list[int]], list
     try:
         run, = start_runs([client_id])
         batch, extras = next(iter(context.step_batches(run)))
-        run.extra_batches = extras
+        run.data.extra = extras
         with context.local_work(client_id, "trial"), torch.no_grad():
             context.algorithm.client_step(run, batch)
     except Exception:  # noqa: BLE001
