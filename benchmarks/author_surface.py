@@ -3,7 +3,8 @@
 Counts the public names a subclass of ``FederatedModule`` sees beyond ``pl.LightningModule``'s (class
 attributes, methods, properties, and the attributes ``__init__`` sets): the constructor's arguments set
 apart, the others (the author's surface) split into hooks and declarations and the rest; and the public
-names of ``ClientRun`` and of its two groups, ``run.data`` and ``run.local``. Run it in two trees to compare (``PYTHONPATH=<tree> python benchmarks/author_surface.py``).
+names of ``ClientRun`` and of its two groups, ``run.data`` and ``run.local``; and the methods of the client
+backend protocol, ``ClientBackend`` (the abstract ones apart). Run it in two trees to compare (``PYTHONPATH=<tree> python benchmarks/author_surface.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import fl_lightning
 from fl_lightning.algorithms import FedAvg
 from fl_lightning.module import FederatedModule
+from fl_lightning.backends import ClientBackend
 from fl_lightning.run import ClientRun, LocalWork, RunData
 
 
@@ -53,6 +55,10 @@ def main() -> None:
     print(f"ClientRun: {len(run_names)} public names: {', '.join(run_names)}")
     for name, members in groups.items():
         print(f"  run.{name}: {len(members)} names: {', '.join(members)}")
+    protocol = [n for n in public(set(dir(ClientBackend))) if callable(getattr(ClientBackend, n))]
+    abstract = sorted(ClientBackend.__abstractmethods__)
+    print(f"ClientBackend: {len(protocol)} public methods ({', '.join(protocol)}), {len(abstract)} abstract "
+          f"({', '.join(abstract)})")
 
 
 if __name__ == "__main__":

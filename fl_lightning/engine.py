@@ -31,6 +31,7 @@ from torch import Tensor
 
 from fl_lightning.aggregation import aggregate, find_aggregator
 from fl_lightning.backends import BACKENDS, BatchedBackend, ClientBackend, ClientContext
+from fl_lightning.backends.base import work_items_per_round
 from fl_lightning.backends.evaluate import check_evaluation
 from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.client_store import ClientStateStore, StateSpec, run_folder
@@ -114,15 +115,10 @@ class FederationEngine:
             asked = (f"min_clients={module.min_clients} (with clients_fraction={module.clients_fraction})"
                      if module.clients_fraction is not None else f"clients_per_round={module.clients_per_round}")
             raise ValueError(f"{asked} is above the number of training clients ({len(dm.train_clients)})")
-        refusals = type(self.backend).check(self.context)
-        if refusals:
-            raise ValueError(f"client_backend={module.client_backend!r} cannot run {type(module).__name__}: "
-                             + "; ".join(refusals))
         check_classes(module.client, dm)
         if stage == "fit":
             check_client_takes_data(self.context)  # the client's step on one batch: an error that names both
-            self.backend.try_step(self.context)  # and as the backend runs it (the batched backend: vectorized)
-        self.backend.configure(self.context, module.clients_per_round)
+        self.backend.setup(self.context, module.clients_per_round, fit=stage == "fit")  # its refusals, its trial step
         dm.work_items_per_round = self.num_work_items()
 
     def optimizers(self) -> Any:
@@ -152,7 +148,7 @@ class FederationEngine:
 
     def num_work_items(self) -> int:
         """Work items per round on each process (the length of the train loader)."""
-        return self.backend.num_work_items(self.context, self.module.clients_per_round)
+        return work_items_per_round(self.backend, self.context, self.module.clients_per_round)
 
     def sample_round(self, round_idx: int) -> list[int]:
         """The clients of round ``round_idx``, from (seed, round) only."""
@@ -180,12 +176,12 @@ class FederationEngine:
         self.context.start_round(callbacks)
         for cb in callbacks:
             cb.on_round_start(trainer, module, index, self.round_clients)
-        work = self.backend.start_round(self.context, self.context.taking_part(self.round_clients[rank::world]))
+        work = self.backend.round(self.context, self.context.taking_part(self.round_clients[rank::world]))
         updates: list[ClientUpdate] = []
         states: dict[int, Optional[dict[str, Tensor]]] = {}
-        for item in range(self.num_work_items()):  # the same count on every process; some have nothing left
+        for _ in range(self.num_work_items()):  # the same count on every process; some have nothing left
             yield
-            for result in self.backend.run_work_item(self.context, work[item]) if item < len(work) else ():
+            for result in next(work, ()):
                 update = result.update
                 for cb in callbacks:
                     update = cb.on_client_update(trainer, module, update)

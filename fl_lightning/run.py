@@ -99,21 +99,14 @@ class LocalWork:
             optimizer as a function (the batched one) support the optimizers they name.
     """
 
-    def __init__(self, num_steps: Optional[int], epochs: Optional[int] = None, shared: Optional[Tensor] = None
-                 ) -> None:
+    def __init__(self, num_steps: Optional[int], epochs: Optional[int] = None, shared: Optional[Tensor] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None) -> None:
         self.num_steps = num_steps
         self.epochs = epochs
         self.step_index = 0
         self.steps_taken = 0
         self.shared = shared
-
-    @property
-    def optimizer(self) -> Optional[torch.optim.Optimizer]:
-        raise NotImplementedError
-
-    @optimizer.setter
-    def optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
-        raise NotImplementedError
+        self.optimizer = optimizer
 
     @property
     def lr(self) -> float:

@@ -1,9 +1,10 @@
 """A backend returns each work item's results (the clients it finished) and never hands an update on
-itself: the engine's round takes them from ``run_work_item`` and passes them through the callbacks."""
+itself: the engine's round takes them from the backend's ``round`` and passes them through the callbacks."""
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -27,22 +28,27 @@ class NoUpdateWhileRunning(FederatedCallback):
 
 
 def record_work_items(module: FederatedModule) -> tuple[list[tuple[Any, Any]], NoUpdateWhileRunning]:
-    """Every work item ``module``'s backend runs, with what it returned, and a callback (for the
-    Trainer) that fails if an update reaches the callbacks while the backend runs one."""
+    """Every work item ``module``'s backend runs (its clients, or in a lock-step round its step), with what
+    it returned, and a callback (for the Trainer) that fails if an update reaches the callbacks while the
+    backend runs one."""
     items: list[tuple[Any, Any]] = []
-    run_work_item = module.engine.backend.run_work_item
+    round_ = module.engine.backend.round
     guard = NoUpdateWhileRunning()
 
-    def recording(context: Any, item: Any) -> Any:
-        guard.running = True
-        try:
-            results = run_work_item(context, item)
-        finally:
-            guard.running = False
-        items.append((item, results))
-        return results
+    def recording(context: Any, clients: list[int]) -> Iterator[Any]:
+        work, size = round_(context, clients), module.engine.backend.clients_per_block
+        for index in itertools.count():
+            guard.running = True
+            try:
+                results = next(work, None)
+            finally:
+                guard.running = False
+            if results is None:
+                return
+            items.append((index if context.lockstep else clients[index * size:(index + 1) * size], results))
+            yield results
 
-    module.engine.backend.run_work_item = recording
+    module.engine.backend.round = recording
     return items, guard
 
 

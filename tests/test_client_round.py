@@ -53,20 +53,20 @@ class RoundRecorder(FederatedCallback):
         self.lrs = [group["lr"] for group in module.engine.local_optimizer().param_groups]  # the round's scheduled rates
         self.broadcast = {name: t.clone() for name, t in broadcast_state(module).items()}
         self.states = {c: {k: v.clone() for k, v in module.engine.context.load_client_state(c).items()} for c in clients}
-        run_work_item = module.engine.backend.run_work_item
+        round_ = module.engine.backend.round
 
-        def recording(context: Any, item: Any) -> Any:
-            results = run_work_item(context, item)
-            for result in results:
-                self.results[result.update.client_id] = (result.update,
-                                                         {k: v.clone() for k, v in (result.state or {}).items()})
-            return results
+        def recording(context: Any, clients: list[int]) -> Any:
+            for results in round_(context, clients):
+                for result in results:
+                    self.results[result.update.client_id] = (result.update,
+                                                             {k: v.clone() for k, v in (result.state or {}).items()})
+                yield results
 
-        module.engine.backend.run_work_item = recording
+        module.engine.backend.round = recording
 
     def on_round_end(self, trainer: Any, module: Any, round_idx: int, aggregate: Any) -> None:
         if round_idx == ROUND:
-            del module.engine.backend.run_work_item  # the class's method again
+            del module.engine.backend.round  # the class's method again
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -82,8 +82,8 @@ def test_same_seed_same_model_other_seed_other_model():
 class ReversedOrder(SequentialBackend):
     """Runs the round's clients in the reverse order."""
 
-    def start_round(self, module, clients):
-        return list(reversed(super().start_round(module, clients)))
+    def round(self, context, clients):
+        return super().round(context, list(reversed(clients)))
 
 
 def test_result_does_not_depend_on_client_order():

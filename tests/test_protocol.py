@@ -250,8 +250,8 @@ class DropoutClient(pl.LightningModule):
 class ReversedBackend(SequentialBackend):
     """Runs the round's clients in the reverse order."""
 
-    def start_round(self, module, clients):
-        return list(reversed(super().start_round(module, clients)))
+    def round(self, context, clients):
+        return super().round(context, list(reversed(clients)))
 
 
 def dropout_fedavg(**kwargs):

@@ -134,16 +134,12 @@ def resolve_short_reference(app: Sphinx, env, node, contnode):
 
 
 def public_bases(app: Sphinx, name: str, obj: object, options: dict, bases: list) -> None:
-    """``autodoc-process-bases``: a private base class (``_FedAdaptive``) replaced by its own bases, a
-    generic base over a private class (``ClientBackend[_Parked]``) by the generic class."""
+    """``autodoc-process-bases``: a private base class (``_FedAdaptive``) replaced by its own bases."""
     i = 0
     while i < len(bases):
         base = bases[i]
-        arguments = typing.get_args(base)
         if isinstance(base, type) and base.__name__.startswith("_"):
             bases[i:i + 1] = [b for b in base.__bases__ if b is not object]
-        elif any(isinstance(a, type) and a.__name__.startswith("_") for a in arguments):  # Generic[_Private]
-            bases[i] = typing.get_origin(base)
         else:
             i += 1
 

@@ -260,28 +260,17 @@ class ModuleView:
 
 
 class ModuleLocal(LocalWork):
-    """The local optimization of a :class:`ModuleRun`: a ``torch.optim`` optimizer over the client
-    module's parameters."""
+    """The local optimization of a :class:`ModuleRun`: ``optimizer``, a ``torch.optim`` optimizer over the
+    client module's parameters."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, num_steps: Optional[int], epochs: Optional[int] = None,
-                 shared: Optional[Tensor] = None) -> None:
-        super().__init__(num_steps, epochs, shared)
-        self._optimizer = optimizer
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._optimizer
-
-    @optimizer.setter
-    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        self._optimizer = optimizer
+    optimizer: torch.optim.Optimizer
 
     @property
     def lr(self) -> float:
-        return optimizer_lr(self._optimizer)
+        return optimizer_lr(self.optimizer)
 
     def _configure_lr(self, config: ClientConfig) -> None:
-        groups = [g for g in self._optimizer.param_groups if any(p.requires_grad for p in g["params"])]
+        groups = [g for g in self.optimizer.param_groups if any(p.requires_grad for p in g["params"])]
         for group, rate in zip(groups, config.rates([group["lr"] for group in groups])):
             group["lr"] = rate
 
@@ -485,15 +474,15 @@ class ClientProgram:
         The client module is left with the client's trained model."""
         algorithm, settings = self.algorithm, self.settings
         batches = self.batches(client_id, data)
-        local = ModuleLocal(local_optimizer(self.client, settings.lrs),
-                            settings.steps if config is None else config.local_steps,
-                            settings.epochs if config is None else config.local_epochs)
+        local = ModuleLocal(settings.steps if config is None else config.local_steps,
+                            settings.epochs if config is None else config.local_epochs,
+                            optimizer=local_optimizer(self.client, settings.lrs))
         if config is not None and config.changes_lr:
             local._configure_lr(config)
         run = ModuleRun(self, self.view, client_id=client_id, round_idx=self.round,
                         layout=algorithm.global_model.layout, start=start, state=state,
                         data=RunData(len(data), data.batch_size, batches.fetch, batches.epoch), local=local)
-        run.start = start  # loads it into the module
+        run._restart(start)  # into the module
         with local_setting(self.client, self.logs, algorithm.seed, client_id, ("round", self.round), self.device,
                            True, self.integer_buffers):
             algorithm.client_init(run)

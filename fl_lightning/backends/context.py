@@ -4,9 +4,8 @@ A backend (:mod:`fl_lightning.backends.base`) runs the client protocol of the al
 process's clients of a round. It reads nothing of the federated module directly: it asks the
 context for a client's run (:meth:`ClientContext.new_run`, the one place a run is built), its
 batches (the engine's keyed streams, as batches or as dataset indices), the setting of its local
-work (:meth:`ClientContext.local_work`), and hands the finished run in
-(:meth:`ClientContext.finish`), kept as one of the work item's results (:meth:`ClientContext.take_results`)
-and returned by the backend. The context, in turn, reads the module through
+work (:meth:`ClientContext.local_work`), and the result of a finished run
+(:meth:`ClientContext.result`), which the backend returns. The context, in turn, reads the module through
 :class:`Algorithm`, the declared list of what it needs of it.
 
 FedJAX's ``for_each_client`` takes the client functions and the data; this object is the same
@@ -110,7 +109,6 @@ class ClientContext:
         #: the round's configuration of each client asked for (:meth:`client_config`), and the module's
         self._configs: dict[int, ClientConfig] = {}
         self._module_config: Optional[ClientConfig] = None
-        self._results: list[ClientRoundResult] = []  # the clients finished in the current work item
         self._integer_buffers: Optional[list[Tensor]] = None
 
     # ------------------------------------------------------------ the round
@@ -124,7 +122,6 @@ class ClientContext:
                                   if type(cb).configure_client is not FederatedCallback.configure_client]
         self._configs, self._module_config = {}, None
         self._integer_buffers = None  # looked up again once per round (the module may have moved)
-        self._results = []
 
     # ------------------------------------------------------------ the clients' configuration
     def client_config(self, client_id: int) -> ClientConfig:
@@ -280,31 +277,23 @@ class ClientContext:
             local=work,
         )
 
-    def finish(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> None:
-        """Hand a finished run's uploads (checked against the declarations) and new state in (:meth:`hand_in`)."""
+    def result(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> ClientRoundResult:
+        """A finished run's result: its uploads (checked against the declarations), sample count, metrics and
+        new state."""
         update = checked_update(type(self.algorithm).__name__, self.algorithm.engine.update_specs, run, uploads)
-        self._results.append(ClientRoundResult(update, run.state))  # hand_in's, without a call per client
-
-    def hand_in(self, result: ClientRoundResult) -> None:
-        """Keep a finished client's ``result`` for the work item's results (:meth:`take_results`)."""
-        self._results.append(result)
-
-    def take_results(self) -> list[ClientRoundResult]:
-        """The results handed in since the last call, in the order they came (a work item's)."""
-        results, self._results = self._results, []
-        return results
+        return ClientRoundResult(update, run.state)
 
     def is_forged(self, client_id: int) -> bool:
         """Whether a callback will replace ``client_id``'s upload without reading it (its local
         work is then skipped: the result is the same, only faster)."""
         return any(cb.forges_upload(self.trainer, self.algorithm, client_id) for cb in self._callbacks)
 
-    def skip_forged(self, client_id: int) -> None:
-        """Hand in zeros of the declared shapes for ``client_id``, whose upload a callback forges (no new state)."""
+    def forged_result(self, client_id: int) -> ClientRoundResult:
+        """The result of ``client_id``, whose upload a callback forges: zeros of the declared shapes, no new state."""
         specs = self.algorithm.engine.update_specs
         zeros = {name: torch.zeros(spec.size, device=self.device) for name, spec in specs.items()}
-        self.hand_in(ClientRoundResult(ClientUpdate(client_id, self.algorithm.engine.datamodule.num_samples(client_id), zeros),
-                                       {}))
+        return ClientRoundResult(ClientUpdate(client_id, self.algorithm.engine.datamodule.num_samples(client_id), zeros),
+                                 {})
 
     # ------------------------------------------------------------ batches
     @property

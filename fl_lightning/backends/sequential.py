@@ -13,7 +13,6 @@ step per work item; their trained models are parked as flat vectors between thei
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterator, Optional
 
@@ -21,20 +20,12 @@ import torch
 from torch import Tensor
 
 from fl_lightning.backends.base import ClientBackend
-from fl_lightning.backends.client_round import ClientProgram, ModuleLocal, ModuleRun
+from fl_lightning.backends.client_round import ClientProgram, ClientRoundResult, ModuleLocal, ModuleRun
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.run import plain_step
 
 
-@dataclass
-class _Parked:
-    """A lock-step client: its run, parked between steps, and its stream of step batches."""
-
-    run: ModuleRun
-    batches: Iterator[tuple[Any, dict[str, Any]]]
-
-
-class SequentialBackend(ClientBackend[_Parked]):
+class SequentialBackend(ClientBackend):
     """Runs the round's clients one after another (lock-step algorithms: one step of all of this
     process's clients per work item), in the client module.
 
@@ -50,65 +41,70 @@ class SequentialBackend(ClientBackend[_Parked]):
         super().__init__(clients_per_block or 1)
         self._program: Optional[ClientProgram] = None
 
-    def group_size(self, context: ClientContext) -> int:
-        return 1 if context.lockstep else self.clients_per_block  # a lock-step group is one parked client
+    def setup(self, context: ClientContext, clients_per_round: int, fit: bool) -> None:
+        if context.lockstep:
+            self.clients_per_block = 1  # a lock-step group is one parked client
 
-    def start_round(self, context: ClientContext, clients: list[int]) -> list[Any]:
+    def round(self, context: ClientContext, clients: list[int]) -> Iterator[list[ClientRoundResult]]:
         self._program = context.client_program()
-        return super().start_round(context, clients)
+        yield from super().round(context, clients)
 
     def new_run(self, context: ClientContext, client_id: int) -> ModuleRun:
         """A lock-step run of ``client_id`` starting from the global model (loaded into the client module)."""
         assert self._program is not None, "the round has not started"
-        run = context.new_run(ModuleRun, client_id, partial(ModuleLocal, context.algorithm.engine.local_optimizer()),
-                              context, self._program.view, batches=context.client_batches(client_id))
+        local = partial(ModuleLocal, optimizer=context.algorithm.engine.local_optimizer())
+        run = context.new_run(ModuleRun, client_id, local, context, self._program.view,
+                              batches=context.client_batches(client_id))
         run.start = run.start  # loaded into the client module
         return run
 
-    def run_clients(self, context: ClientContext, clients: list[int]) -> None:
+    def run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:
         """The whole round of each of ``clients`` (a block), one after another."""
-        for client_id in clients:
-            self.run_client(context, client_id)
+        return [self.run_client(context, client_id) for client_id in clients]
 
-    def run_client(self, context: ClientContext, client_id: int) -> None:
+    def run_client(self, context: ClientContext, client_id: int) -> ClientRoundResult:
         """One client's whole round: the round's client program run for it (``client_init``, its steps,
-        ``client_final``, in one local-work setting), its result handed in."""
+        ``client_final``, in one local-work setting)."""
         if context.is_forged(client_id):
-            context.skip_forged(client_id)
-            return
+            return context.forged_result(client_id)
         assert self._program is not None, "the round has not started"
         algorithm = context.algorithm
         assert algorithm.engine.round_start is not None, "the round has not started"
-        result = self._program.run(client_id, algorithm.engine.round_start, context.load_client_state(client_id),
-                                   context.client_data(client_id), context.round_config(client_id))
-        context.hand_in(result)
+        return self._program.run(client_id, algorithm.engine.round_start, context.load_client_state(client_id),
+                                 context.client_data(client_id), context.round_config(client_id))
 
     def train_clients_plainly(self, context: ClientContext, client_ids: list[int], start: Tensor, steps: Optional[int],
                               stream: str, round_idx: int) -> Iterator[tuple[int, Tensor]]:
         """One client after another (:func:`train_plainly`)."""
         return train_one_by_one(context, client_ids, start, steps, stream, round_idx)
 
-    # ------------------------------------------------------------ lock-step group operations (one client each)
-    def start_group(self, context: ClientContext, clients: list[int]) -> _Parked:
+    def lockstep_group(self, context: ClientContext, clients: list[int]) -> "_Parked":
         (client_id,) = clients
         run = self.new_run(context, client_id)
         with context.local_work(client_id, "init", run.round):
             context.algorithm.client_init(run)
         run.park()
-        return _Parked(run, context.step_batches(run))
+        return _Parked(context, run, context.step_batches(run))
 
-    def next_batches(self, context: ClientContext, group: _Parked) -> Any:
-        return next(group.batches)
 
-    def share(self, context: ClientContext, group: _Parked, batches: Any, step: int) -> Optional[tuple[Tensor, Tensor]]:
-        run, (batch, extra) = group.run, batches
+class _Parked:
+    """A lock-step group of one client: its run, parked between steps, and its stream of step batches."""
+
+    def __init__(self, context: ClientContext, run: ModuleRun, batches: Iterator[tuple[Any, dict[str, Any]]]) -> None:
+        self.context, self.run, self.batches = context, run, batches
+
+    def next_batches(self) -> Any:
+        return next(self.batches)
+
+    def share(self, batches: Any, step: int) -> Optional[tuple[Tensor, Tensor]]:
+        run, (batch, extra) = self.run, batches
         run.data.extra = extra
-        with _activated(context, run, "share"), torch.no_grad():
-            value = context.lockstep_algorithm().client_share(run, batch)
+        with _activated(self.context, run, "share"), torch.no_grad():
+            value = self.context.lockstep_algorithm().client_share(run, batch)
         return None if value is None else (torch.tensor([run.data.num_samples]), value.unsqueeze(0))
 
-    def step(self, context: ClientContext, group: _Parked, batches: Any, step: int) -> None:
-        run = group.run
+    def step(self, batches: Any, step: int) -> None:
+        run, context = self.run, self.context
         local = run.local
         local.shared = context.lockstep_algorithm().shared
         with _activated(context, run, "step"), torch.no_grad():
@@ -116,10 +112,10 @@ class SequentialBackend(ClientBackend[_Parked]):
             local.steps_taken += 1
             local.step_index += 1
 
-    def finish_group(self, context: ClientContext, group: _Parked) -> None:
-        with _activated(context, group.run, "final"):
-            uploads = context.algorithm.client_final(group.run)
-        context.finish(group.run, uploads)
+    def finish(self) -> list[ClientRoundResult]:
+        with _activated(self.context, self.run, "final"):
+            uploads = self.context.algorithm.client_final(self.run)
+        return [self.context.result(self.run, uploads)]
 
 
 @contextmanager
@@ -140,9 +136,10 @@ def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: 
     module's loss and optimizer from ``start``, on ``steps`` batches of ``stream`` (keyed by
     ``round_idx``); returns the trained state vector. The client module is left trained: the
     caller restores it."""
-    run = context.new_run(ModuleRun, client_id, partial(ModuleLocal, context.algorithm.engine.local_optimizer()),
-                          context, context.module_view(), batches=context.client_batches(client_id, round_idx),
-                          start=start, plain=True, round_idx=round_idx)
+    local = partial(ModuleLocal, optimizer=context.algorithm.engine.local_optimizer())
+    run = context.new_run(ModuleRun, client_id, local, context, context.module_view(),
+                          batches=context.client_batches(client_id, round_idx), start=start, plain=True,
+                          round_idx=round_idx)
     run.start = start  # loaded into the client module
     with context.local_work(client_id, stream, round_idx), torch.no_grad():
         for batch in context.batches(client_id, steps, stream, round_idx):

@@ -29,7 +29,8 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fl_lightning.algorithms.pefll import HypernetworkFederation
-from fl_lightning.backends.base import ClientBackend
+from fl_lightning.backends.base import ClientBackend, LockstepGroup, refusal
+from fl_lightning.backends.client_round import ClientRoundResult
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.sequential import train_one_by_one
 from fl_lightning.broadcast import broadcast_state
@@ -37,7 +38,6 @@ from fl_lightning.deployment.messages import (CLIENTS_QUERY, NO_STATE, TRAIN, Jo
                                               job_content, local_privacy, privacy_settings, read_clients, read_reply)
 from fl_lightning.hooks import FederatedCallback
 from fl_lightning.lightning_compat import log_agreed
-from fl_lightning.backends.client_round import ClientRoundResult
 from fl_lightning.module import FederatedModule
 from fl_lightning.validation import check_number
 
@@ -80,7 +80,7 @@ def check_deployable(algorithm: FederatedModule, callbacks: Iterable[object] = (
         raise ValueError("cannot deploy: " + "; ".join(reasons))
 
 
-class DeploymentBackend(ClientBackend[None]):
+class DeploymentBackend(ClientBackend):
     """Runs the round's clients on Flower SuperNodes through ``grid`` (a ``ServerApp``'s).
 
     Args:
@@ -101,17 +101,18 @@ class DeploymentBackend(ClientBackend[None]):
         #: the local differential privacy every reply must say its node applied (:func:`privacy_settings`)
         self.privacy: list[float] = []
 
-    @classmethod
-    def check(cls, context: ClientContext) -> list[str]:
-        return deployment_refusals(context.algorithm, context.trainer.callbacks)  # type: ignore[arg-type]
-
-    def configure(self, context: ClientContext, clients_per_round: int) -> None:
-        """One work item a round, all its messages sent at once; the nodes asked which clients they hold; the
-        local mode of ``DifferentialPrivacy`` left to the nodes (each reply must say its node applied it).
+    def setup(self, context: ClientContext, clients_per_round: int, fit: bool) -> None:
+        """Refuse what a deployment cannot run (:func:`deployment_refusals`); one work item a round, all its
+        messages sent at once; the nodes asked which clients they hold; the local mode of
+        ``DifferentialPrivacy`` left to the nodes (each reply must say its node applied it).
 
         Raises:
-            ValueError: a client held by two nodes, or training clients held by none.
+            ValueError: an algorithm or callback a deployment cannot run, a client held by two nodes, or
+                training clients held by none.
         """
+        reasons = deployment_refusals(context.algorithm, context.trainer.callbacks)  # type: ignore[arg-type]
+        if reasons:
+            raise refusal(context, reasons)
         self.clients_per_block = clients_per_round
         privacy = local_privacy(context.trainer.callbacks)
         for cb in privacy:
@@ -151,8 +152,8 @@ class DeploymentBackend(ClientBackend[None]):
             answered.add(node)
         self.node_of, self._nodes = node_of, answered
 
-    def run_clients(self, context: ClientContext, clients: list[int]) -> None:
-        """The round of ``clients``: a job to each one's node, the checked replies handed to the round."""
+    def run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:
+        """The round of ``clients``: a job to each one's node; the checked replies' results."""
         if set(self.grid.get_node_ids()) != self._nodes:
             self.discover()  # a node joined, left or came back (with a new id)
         algorithm = context.algorithm
@@ -164,10 +165,11 @@ class DeploymentBackend(ClientBackend[None]):
         start = algorithm.engine.round_start
         sent: dict[int, int] = {}
         messages = []
+        results = []
         self.left_out = []
         for client_id in clients:
             if context.is_forged(client_id):
-                context.skip_forged(client_id)
+                results.append(context.forged_result(client_id))
                 continue
             node = self.node_of.get(client_id)
             if node is None:
@@ -211,7 +213,8 @@ class DeploymentBackend(ClientBackend[None]):
                         context.logs.add(name, total, weight, options, [client_id])
                 marker = float(round_idx) if got.state_finite else float("nan")  # NaN: excluded as a non-finite state
                 state = {STATE_VERSION: torch.tensor(marker, dtype=torch.float64)} if algorithm.engine.state_specs else None
-                context.hand_in(ClientRoundResult(got.update, state or {}))  # returned as the work item's results
+                results.append(ClientRoundResult(got.update, state or {}))
+        return results
 
     @staticmethod
     def _state_version(algorithm: FederatedModule, client_id: int) -> int:
@@ -232,11 +235,9 @@ class DeploymentBackend(ClientBackend[None]):
         data are not reached."""
         return train_one_by_one(context, client_ids, start, steps, stream, round_idx)
 
-    def _no_lockstep(self, *args: object) -> None:
-        """The lock-step group operations: a deployment has none (lock-step algorithms are refused at setup)."""
+    def lockstep_group(self, context: ClientContext, clients: list[int]) -> LockstepGroup:
+        """None: a deployment does not run lock-step rounds (lock-step algorithms are refused at setup)."""
         raise ValueError("a deployment does not run lock-step rounds")
-
-    start_group = next_batches = share = step = finish_group = _no_lockstep  # type: ignore[assignment]
 
 
 def _claimed_client(reply: Message) -> int:

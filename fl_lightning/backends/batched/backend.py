@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch._dynamo.exc import TorchDynamoException
 from torch.func import vmap
 
-from fl_lightning.backends.base import ClientBackend
+from fl_lightning.backends.base import ClientBackend, refusal
 from fl_lightning.backends.batched.batches import (IndexGroup, StepGroup, fixed_groups, plan_steps, real_batches,
                                                    steps_of)
 from fl_lightning.backends.batched.compiled import CompiledStep
@@ -26,6 +26,7 @@ from fl_lightning.backends.batched.run import FunctionalLocal, FunctionalRun, ca
 from fl_lightning.backends.batched.sizing import MEMORY_SHARE, activation_bytes, block_size, free_memory
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
 from fl_lightning.backends.batched.step_trial import NOT_VECTORIZABLE, trial_algorithm_step, trial_vectorized_step
+from fl_lightning.backends.client_round import ClientRoundResult
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
 from fl_lightning.backends.sequential import train_one_by_one
@@ -133,18 +134,18 @@ class Block:
         return means, [i for i, v in enumerate(values) if v]
 
 
-class BatchedBackend(ClientBackend[Block]):
+class BatchedBackend(ClientBackend):
     """Runs blocks of ``clients_per_block`` clients, each block's local steps vectorized.
 
     Args:
         clients_per_block: how many clients advance together (memory grows with it). None: every
             client of the round (this process's share under DDP) in one block, as far as a quarter
             of the device's free memory holds their runs and their steps' activations (:func:`~fl_lightning.backends.batched.
-            sizing.block_size`), settled once the run's device is known (:meth:`configure`); a block
+            sizing.block_size`), settled once the run's device is known (:meth:`setup`); a block
             that runs out of device memory all the same steps again in halves, and no later block is
             larger (:meth:`_run_block`). In lock-step rounds (FedDRO) every client's run is held
             through the round, a block counts its steps' activations beside them, and out of memory
-            is raised, with what to change (:meth:`lockstep_step`). A number is the user's: out of
+            is raised, with what to change (:meth:`round`). A number is the user's: out of
             memory is their error.
         compile_step: capture each vectorized step with ``torch.compile`` (:func:`vectorized_hook`,
             :class:`~fl_lightning.backends.batched.compiled.CompiledStep`): one compile per structure of
@@ -157,7 +158,7 @@ class BatchedBackend(ClientBackend[Block]):
 
     def __init__(self, clients_per_block: Optional[int] = None, compile_step: bool = False) -> None:
         super().__init__(clients_per_block or 1)
-        #: the block size asked for (None: settled by :meth:`configure`)
+        #: the block size asked for (None: settled by :meth:`setup`)
         self.requested_block = clients_per_block
         if not isinstance(compile_step, bool):
             raise ValueError(f"compile_step must be True or False, got {compile_step!r}")
@@ -179,7 +180,18 @@ class BatchedBackend(ClientBackend[Block]):
         #: the client module and the recording of its metric objects (:meth:`_recording`)
         self._metric_calls: Optional[tuple[nn.Module, Optional[MetricCalls]]] = None
 
-    def configure(self, context: ClientContext, clients_per_round: int) -> None:
+    def setup(self, context: ClientContext, clients_per_round: int, fit: bool) -> None:
+        """Refuse what the batched backend cannot run (:func:`refusals`); in a fit, try its first local step as
+        it will run it (:meth:`_try_step`); with ``clients_per_block=None``, settle the block that memory
+        holds (:meth:`_size_blocks`)."""
+        reasons = refusals(context)
+        if reasons:
+            raise refusal(context, reasons)
+        if fit:
+            self._try_step(context)
+        self._size_blocks(context, clients_per_round)
+
+    def _size_blocks(self, context: ClientContext, clients_per_round: int) -> None:
         """With ``clients_per_block=None``: the block that memory holds, a client counted as its run's
         tensors (``FederatedModule.client_bytes``) and its activations in a local step (for training
         blocks) or in an evaluation batch (for evaluation blocks:
@@ -201,7 +213,7 @@ class BatchedBackend(ClientBackend[Block]):
             self._memory = (tensors + activations.evaluation, context.device)
             self._plain_memory = tensors + activations.step
 
-    def try_step(self, context: ClientContext) -> None:
+    def _try_step(self, context: ClientContext) -> None:
         """The client's ``training_step`` under ``vmap`` on one batch, its metric objects recorded
         (:func:`~fl_lightning.backends.batched.step_trial.trial_vectorized_step`): a step that changes the
         client's Python state, uses a metric otherwise than the backend records, or reads a tensor's
@@ -221,7 +233,7 @@ class BatchedBackend(ClientBackend[Block]):
                     self._advance(context, block, groups, 0, "step")
 
         try:
-            trial_algorithm_step(context, lambda clients: self._start_runs(context, clients), first_step)
+            trial_algorithm_step(context, lambda clients: self._start_runs(context, clients)[0], first_step)
         finally:
             self._vectorized = vectorized
 
@@ -235,35 +247,24 @@ class BatchedBackend(ClientBackend[Block]):
         return min(block_size(max(clients, 1), client_bytes, free_memory(device)),
                    self._fitting.get("evaluation", clients))
 
-    @classmethod
-    def check(cls, context: ClientContext) -> list[str]:
-        reasons = []
-        if not context.algorithm.batchable:
-            reasons.append(f"{type(context.algorithm).__name__} declares batchable = False (its client protocol "
-                           "vectorized would differ from its clients' own); use client_backend='sequential'")
-        if context.grad_scaler is not None:
-            reasons.append("precision '16-mixed' scales each optimizer's loss; the batched client backend runs the "
-                           "optimizer as a function: use 'bf16-mixed' or client_backend='sequential'")
-        return reasons
-
-    def run_clients(self, context: ClientContext, clients: list[int]) -> None:
+    def run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:
         """A block's whole round: every client's ``client_init``, the block's vectorized steps, every
         client's ``client_final`` (in the clients' order). Clients whose batches differ in shape at
         every step (smaller clients than the batch) step as blocks of their own, each step one call
         over a whole block: no client's values are gathered out of a block and written back. Python's
         garbage collector is paused meanwhile (:func:`collection_paused`)."""
         with collection_paused():
-            self._run_clients(context, clients)
+            return self._run_clients(context, clients)
 
-    def _run_clients(self, context: ClientContext, clients: list[int]) -> None:
+    def _run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:
         """:meth:`run_clients`' work (in parts of the block that fits, once a block ran out of memory)."""
-        runs = self._start_runs(context, clients)
+        runs, results = self._start_runs(context, clients)
         uploads: dict[int, dict[str, Tensor]] = {}
         size = self._fitting.get("training", max(len(runs), 1))
         for start in range(0, len(runs), size):
             for members, plan in self._blocks_of(context, runs[start:start + size]):
                 uploads.update(self._run_block(context, members, plan))
-        self._finish_runs(context, runs, uploads)
+        return results + self._finish_runs(context, runs, uploads)
 
     @staticmethod
     def _blocks_of(context: ClientContext, runs: list[FunctionalRun], stream: Optional[str] = None
@@ -432,17 +433,19 @@ class BatchedBackend(ClientBackend[Block]):
             run.start = run.start  # a copy of its own
         return run
 
-    def _start_runs(self, context: ClientContext, clients: list[int]) -> list[FunctionalRun]:
-        """The runs of ``clients`` after their ``client_init`` (forged clients skipped; clients without
-        a step to take finished at once)."""
+    def _start_runs(self, context: ClientContext, clients: list[int]
+                    ) -> tuple[list[FunctionalRun], list[ClientRoundResult]]:
+        """The runs of ``clients`` after their ``client_init``, and the results of the clients finished at once
+        (forged clients, and clients without a step to take), in the clients' order."""
         algorithm = context.algorithm
-        runs = []
+        runs: list[FunctionalRun] = []
+        results: list[ClientRoundResult] = []
         local = self._local_work(context)
         assert algorithm.engine.round_start is not None, "the round has not started"
         views = None if context.prepares_rounds else context.global_model.layout.split(algorithm.engine.round_start)
         for cid in clients:
             if not context.lockstep and context.is_forged(cid):
-                context.skip_forged(cid)
+                results.append(context.forged_result(cid))
                 continue
             run = self.new_run(context, cid, local, views)
             if context.prepares_rounds:
@@ -459,10 +462,10 @@ class BatchedBackend(ClientBackend[Block]):
                                  "rates of their configurations); a lock-step block steps its clients with one: use "
                                  "client_backend='sequential'")
             if run.local.num_steps == 0 and not context.lockstep:  # no step to take (LocalOnly's spent budget): done now
-                self._finish_runs(context, [run])
+                results.extend(self._finish_runs(context, [run]))
                 continue
             runs.append(run)
-        return runs
+        return runs, results
 
     def _vectorized_finals(self, context: ClientContext, block: Block) -> Optional[dict[int, dict[str, Tensor]]]:
         """Every run's ``client_final`` computed once for ``block``, ``vmap``-ped over its stacked carry
@@ -497,53 +500,38 @@ class BatchedBackend(ClientBackend[Block]):
 
     @staticmethod
     def _finish_runs(context: ClientContext, runs: list[FunctionalRun],
-                     computed: Optional[dict[int, dict[str, Tensor]]] = None) -> None:
-        """``client_final`` of each run, and its uploads handed to the round (``computed``: the
-        default ``client_final``'s uploads of some runs, by ``id``, computed by their block)."""
+                     computed: Optional[dict[int, dict[str, Tensor]]] = None) -> list[ClientRoundResult]:
+        """``client_final`` of each run: their results (``computed``: the default ``client_final``'s uploads of
+        some runs, by ``id``, computed by their block)."""
+        results = []
         for run in runs:
             uploads = computed.get(id(run)) if computed else None
             if uploads is None:
                 with context.local_work(run.client_id, "final", run.round) if context.finalizes_rounds else nullcontext():
                     uploads = context.algorithm.client_final(run)
                 run.flush_logs()
-            context.finish(run, uploads)
+            results.append(context.result(run, uploads))
+        return results
 
-    # ------------------------------------------------------------ lock-step group operations (a block each)
-    def lockstep_step(self, context: ClientContext, step: int) -> None:
-        """The shared lock-step driver; out of memory is raised with what to change, since a
-        lock-step round is not retried in smaller blocks: its clients have already exchanged shares
-        with the server (which may keep state of them) by the step that fails."""
+    # ------------------------------------------------------------ lock-step rounds (a block each group)
+    def round(self, context: ClientContext, clients: list[int]) -> Iterator[list[ClientRoundResult]]:
+        """The round (:meth:`ClientBackend.round`); in a lock-step round, out of memory is raised with what
+        to change, since a lock-step round is not retried in smaller blocks: its clients have already
+        exchanged shares with the server (which may keep state of them) by the step that fails."""
         try:
-            super().lockstep_step(context, step)
+            yield from super().round(context, clients)
         except torch.cuda.OutOfMemoryError as error:
-            clients = sum(len(group) for group in self._lockstep_plan)
+            if not context.lockstep:
+                raise
             error.add_note(f"fl_lightning: the batched backend holds all of a process's clients of a lock-step round "
-                           f"({clients} here, in blocks of {self.clients_per_block}) and does not retry it in smaller "
-                           "blocks: set clients_per_block lower (a block's activations), clients_per_round lower, add "
-                           "processes (strategy='fl_ddp') or use client_backend='sequential'")
+                           f"({len(clients)} here, in blocks of {self.clients_per_block}) and does not retry it in "
+                           "smaller blocks: set clients_per_block lower (a block's activations), clients_per_round "
+                           "lower, add processes (strategy='fl_ddp') or use client_backend='sequential'")
             raise
 
-    def start_group(self, context: ClientContext, clients: list[int]) -> Block:
-        runs = self._start_runs(context, clients)
-        return Block(runs, plan_steps(context, runs))
-
-    def next_batches(self, context: ClientContext, group: Block) -> Any:
-        return next(group.plan)
-
-    def share(self, context: ClientContext, group: Block, batches: Any, step: int) -> Optional[tuple[Tensor, Tensor]]:
-        shares = self._advance(context, group, batches, step, "share")
-        return None if shares is None else (torch.tensor([run.data.num_samples for run in group.runs]), shares)
-
-    def step(self, context: ClientContext, group: Block, batches: Any, step: int) -> None:
-        shared = context.lockstep_algorithm().shared
-        for run in group.runs:
-            run.local.shared = shared
-        self._advance(context, group, batches, step, "step")
-
-    def finish_group(self, context: ClientContext, group: Block) -> None:
-        group.unstack()
-        group.flush_logs(context)
-        self._finish_runs(context, group.runs)
+    def lockstep_group(self, context: ClientContext, clients: list[int]) -> "_LockstepBlock":
+        runs, _ = self._start_runs(context, clients)  # a lock-step round finishes no client early
+        return _LockstepBlock(self, context, Block(runs, plan_steps(context, runs)))
 
     # ------------------------------------------------------------ one vectorized step of a block
     def _steps(self, context: ClientContext, block: Block) -> None:
@@ -683,6 +671,44 @@ class BatchedBackend(ClientBackend[Block]):
             rank_zero_warn(f"compile_step: the batched step could not be compiled, it runs eagerly: {reason}")
             self._vectorized = vectorized_hook
             return vectorized_hook(*args)
+
+
+class _LockstepBlock:
+    """A lock-step group of the batched backend: a block of runs, each step one vectorized call over it."""
+
+    def __init__(self, backend: BatchedBackend, context: ClientContext, block: Block) -> None:
+        self.backend, self.context, self.block = backend, context, block
+
+    def next_batches(self) -> Any:
+        return next(self.block.plan)
+
+    def share(self, batches: Any, step: int) -> Optional[tuple[Tensor, Tensor]]:
+        shares = self.backend._advance(self.context, self.block, batches, step, "share")
+        return None if shares is None else (torch.tensor([run.data.num_samples for run in self.block.runs]), shares)
+
+    def step(self, batches: Any, step: int) -> None:
+        shared = self.context.lockstep_algorithm().shared
+        for run in self.block.runs:
+            run.local.shared = shared
+        self.backend._advance(self.context, self.block, batches, step, "step")
+
+    def finish(self) -> list[ClientRoundResult]:
+        self.block.unstack()
+        self.block.flush_logs(self.context)
+        return self.backend._finish_runs(self.context, self.block.runs)
+
+
+def refusals(context: ClientContext) -> list[str]:
+    """Why the batched backend cannot run ``context``'s algorithm in this Trainer (each reason with the way
+    out); empty when it can."""
+    reasons = []
+    if not context.algorithm.batchable:
+        reasons.append(f"{type(context.algorithm).__name__} declares batchable = False (its client protocol "
+                       "vectorized would differ from its clients' own); use client_backend='sequential'")
+    if context.grad_scaler is not None:
+        reasons.append("precision '16-mixed' scales each optimizer's loss; the batched client backend runs the "
+                       "optimizer as a function: use 'bf16-mixed' or client_backend='sequential'")
+    return reasons
 
 
 def same_optimizer(runs: list[FunctionalRun]) -> list[list[FunctionalRun]]:

@@ -37,13 +37,12 @@ class FunctionalLocal(LocalWork):
     def __init__(self, function: FunctionalSGD | FunctionalProxSGD, frozen: Sequence[bool], num_steps: Optional[int],
                  epochs: Optional[int] = None, shared: Optional[Tensor] = None,
                  opt_state: Optional[list[Optional[Tensor]]] = None) -> None:
-        super().__init__(num_steps, epochs, shared)
         self.function = function
         self.frozen = frozen
         self.opt_state: list[Optional[Tensor]] = (
             opt_state if opt_state is not None else function.initial_state() if isinstance(function, FunctionalSGD)
             else [])
-        self._optimizer: Optional[torch.optim.Optimizer] = None
+        super().__init__(num_steps, epochs, shared)  # its optimizer None: the function
 
     @property
     def optimizer(self) -> Optional[torch.optim.Optimizer]:
