@@ -49,19 +49,22 @@ class RunData:
     Attributes:
         num_samples: the size of the split (None inside a vectorized step: a step must not depend on it).
         batch_size: the federation's local batch size (the datamodule's ``batch_size``).
+        eval_batch_size: the batch size of a pass over the split that trains nothing, a full gradient (the
+            datamodule's ``eval_batch_size``).
         batches: None draws the steps' batches from the engine's keyed stream; ``client_init`` may
             give its own (from :meth:`fetch`).
         extra: the current step's batch of each of the algorithm's other streams
             (``FederatedModule.extra_batch_streams``).
     """
 
-    __slots__ = ("num_samples", "batch_size", "batches", "extra", "_fetch", "_epoch")
+    __slots__ = ("num_samples", "batch_size", "eval_batch_size", "batches", "extra", "_fetch", "_epoch")
 
-    def __init__(self, num_samples: Optional[int], batch_size: Optional[int],
+    def __init__(self, num_samples: Optional[int], batch_size: Optional[int], eval_batch_size: Optional[int] = None,
                  fetch: Optional[Callable[[Tensor], Any]] = None, epoch: Optional[Callable[[int], Iterator[Any]]] = None,
                  extra: Optional[dict[str, Any]] = None) -> None:
         self.num_samples = num_samples
         self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
         self.batches: Optional[Iterable[Any]] = None
         self.extra: dict[str, Any] = {} if extra is None else extra
         self._fetch, self._epoch = fetch, epoch  # the backend's reads of the client's split
@@ -112,6 +115,12 @@ class LocalWork:
     def lr(self) -> float:
         """The one learning rate of the local optimizer's trainable parameters, this round
         (ValueError if they have several: see :func:`~fl_lightning.optim.param_groups.single_lr`)."""
+        raise NotImplementedError
+
+    @property
+    def moves(self) -> list[bool]:
+        """Which of the model's parameters a step of the local optimizer moves (it holds them and they require a
+        gradient): another model a client steps by hand leaves the others as they are (FedDeper's personal model)."""
         raise NotImplementedError
 
     def _configure_lr(self, config: ClientConfig) -> None:

@@ -33,7 +33,6 @@ from fl_lightning.functional.prox import depersonalization_gradient, depersonali
 from fl_lightning.lightning_package import pl
 from fl_lightning.module import FederatedModule
 from fl_lightning.paper import PaperDefaults
-from fl_lightning.optim.param_groups import moved_by
 from fl_lightning.optim.plain_sgd import require_plain_sgd
 from fl_lightning.run import ClientRun
 from fl_lightning.vectors import Layout
@@ -134,10 +133,7 @@ class FedDeper(FederatedModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        optimizer = self.engine.local_optimizer()
-        require_plain_sgd(optimizer, "FedDeper")
-        #: which parameters a local step moves (the others stay put in ``y`` and in ``v``)
-        self.moves = moved_by(optimizer, self.global_model.params)
+        require_plain_sgd(self.engine.local_optimizer(), "FedDeper")
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
@@ -164,7 +160,7 @@ class FedDeper(FederatedModule):
         lr = run.local.lr
         if self.update_order == "gauss_seidel":  # v steps first; the y-step pulls toward 2x - v_{j+1}
             loss_v, grads_v = run.loss_and_grad(v_batch, model=v)
-            v = sgd_step(v, grads_v, lr, self.moves)
+            v = sgd_step(v, grads_v, lr, run.local.moves)
         loss_y, grads = run.loss_and_grad(batch)
         if self.rho > 0:
             grads = depersonalization_gradient(
@@ -172,7 +168,7 @@ class FedDeper(FederatedModule):
         run.step(grads)
         if self.update_order == "jacobi":  # the y-step above used v_j, before v's own step
             loss_v, grads_v = run.loss_and_grad(v_batch, model=v)
-            v = sgd_step(v, grads_v, lr, self.moves)
+            v = sgd_step(v, grads_v, lr, run.local.moves)
         run.scratch["v"] = v
         return {"loss": loss_y, "personal_loss": loss_v}
 

@@ -204,7 +204,7 @@ class FedProxVR(FederatedModule):
     def full_gradient(self, run: ClientRun) -> list[Tensor]:
         """``grad F_n`` at the run's current model, over the client's whole training split, in eval
         mode (no Dropout, BatchNorm on its running statistics, left unchanged): deterministic."""
-        size = self.full_gradient_batch_size or self.engine.datamodule.eval_batch_size
+        size = self.full_gradient_batch_size or run.data.eval_batch_size
         chunks = ((batch, len(batch[-1])) for batch in run.data.epoch(size))
         was_training = self.client.training
         self.client.eval()

@@ -36,7 +36,7 @@ from fl_lightning.datamodules.client_data import ClientData, prefetched, to_devi
 from fl_lightning.lightning_compat import routed_log
 from fl_lightning.lightning_package import MixedPrecision, Precision, pl
 from fl_lightning.local_logging import LocalLogBuffer
-from fl_lightning.optim.param_groups import optimizer_lr
+from fl_lightning.optim.param_groups import moved_by, optimizer_lr
 from fl_lightning.run import ClientRun, LocalWork, Model, RunData, StepOutput
 from fl_lightning.schedules import set_lrs, split_optimizer_config
 from fl_lightning.seeding import generator, keyed_rngs
@@ -261,13 +261,30 @@ class ModuleView:
 
 class ModuleLocal(LocalWork):
     """The local optimization of a :class:`ModuleRun`: ``optimizer``, a ``torch.optim`` optimizer over the
-    client module's parameters."""
+    client module's parameters ``params``.
+
+    Args:
+        params: the client module's parameters, in the model's order.
+        **fields: the :class:`~fl_lightning.run.LocalWork` fields.
+    """
 
     optimizer: torch.optim.Optimizer
+
+    def __init__(self, params: Sequence[Tensor], num_steps: Optional[int], epochs: Optional[int] = None,
+                 shared: Optional[Tensor] = None, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        super().__init__(num_steps, epochs, shared, optimizer)
+        self._params = params
+        self._moves: Optional[list[bool]] = None
 
     @property
     def lr(self) -> float:
         return optimizer_lr(self.optimizer)
+
+    @property
+    def moves(self) -> list[bool]:
+        if self._moves is None:
+            self._moves = moved_by(self.optimizer, self._params)
+        return self._moves
 
     def _configure_lr(self, config: ClientConfig) -> None:
         groups = [g for g in self.optimizer.param_groups if any(p.requires_grad for p in g["params"])]
@@ -474,14 +491,15 @@ class ClientProgram:
         The client module is left with the client's trained model."""
         algorithm, settings = self.algorithm, self.settings
         batches = self.batches(client_id, data)
-        local = ModuleLocal(settings.steps if config is None else config.local_steps,
+        local = ModuleLocal(self.view.params, settings.steps if config is None else config.local_steps,
                             settings.epochs if config is None else config.local_epochs,
                             optimizer=local_optimizer(self.client, settings.lrs))
         if config is not None and config.changes_lr:
             local._configure_lr(config)
         run = ModuleRun(self, self.view, client_id=client_id, round_idx=self.round,
                         layout=algorithm.global_model.layout, start=start, state=state,
-                        data=RunData(len(data), data.batch_size, batches.fetch, batches.epoch), local=local)
+                        data=RunData(len(data), data.batch_size, data.eval_batch_size, batches.fetch, batches.epoch),
+                        local=local)
         run._restart(start)  # into the module
         with local_setting(self.client, self.logs, algorithm.seed, client_id, ("round", self.round), self.device,
                            True, self.integer_buffers):

@@ -273,7 +273,7 @@ class ClientContext:
             layout=self.global_model.layout,
             start=start,
             state={} if plain else self.load_client_state(client_id),
-            data=RunData(dm.num_samples(client_id), dm.batch_size, fetch, epoch),
+            data=RunData(dm.num_samples(client_id), dm.batch_size, dm.eval_batch_size, fetch, epoch),
             local=work,
         )
 

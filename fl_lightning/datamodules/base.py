@@ -481,10 +481,10 @@ class FederatedDataModule(pl.LightningDataModule):
         # value (a block of a thousand clients asks for each several times a round; its making is most of a call)
         kept = self._client_data.get((client_id, split))
         if kept is not None and kept[0] is source and kept[1].dataset is self.pool and \
-                kept[1].batch_size == self.batch_size:
+                kept[1].batch_size == self.batch_size and kept[1].eval_batch_size == self.eval_batch_size:
             return kept[1]
         data = ClientData(self.pool, source if self._device_splits is not None else torch.from_numpy(source),
-                          self.batch_size)
+                          self.batch_size, self.eval_batch_size)
         self._client_data[(client_id, split)] = (source, data)
         return data
 

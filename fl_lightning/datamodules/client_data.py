@@ -92,14 +92,20 @@ def prefetched(items: Iterable[T], move: Callable[[T], U]) -> Iterator[U]:
 
 
 class ClientData:
-    """The samples ``indices`` of ``dataset`` that belong to one client split."""
+    """The samples ``indices`` of ``dataset`` that belong to one client split, read in batches of ``batch_size``
+    (a local step's) or ``eval_batch_size`` (a pass over the split that trains nothing: a full gradient;
+    default: ``batch_size``)."""
 
-    def __init__(self, dataset: Dataset, indices: Tensor, batch_size: int) -> None:
+    def __init__(self, dataset: Dataset, indices: Tensor, batch_size: int, eval_batch_size: Optional[int] = None
+                 ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if eval_batch_size is not None and eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}")
         self.dataset = dataset
         self.indices = torch.as_tensor(indices, dtype=torch.long)
         self.batch_size = batch_size
+        self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
         self._size = len(self.indices)  # a Python int: a block of a thousand clients asks for it thousands of times
 
     def __len__(self) -> int:

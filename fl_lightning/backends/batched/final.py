@@ -80,12 +80,12 @@ class BlockFinalRun(FunctionalRun):
     def view(cls, template: FunctionalRun, carry: dict[str, Any], step: int, round_idx: int, extras: Any
              ) -> "FunctionalRun":
         run = super().view(template, carry, step, round_idx, extras)
-        run.data = BlockFinalData(None, template.data.batch_size)
+        run.data = BlockFinalData(None, template.data.batch_size, template.data.eval_batch_size)
         return run
 
 
 class BlockFinalData(RunData):
-    """The client's data as the view of a block (:class:`BlockFinalRun`) has it: the batch size the clients share,
+    """The client's data as the view of a block (:class:`BlockFinalRun`) has it: the batch sizes the clients share,
     and no per-client field or read (each raises :class:`ClientSpecific`)."""
 
     __slots__ = ()

@@ -62,6 +62,13 @@ class FunctionalLocal(LocalWork):
     def lr(self) -> float:
         return self.function.lr
 
+    @property
+    def moves(self) -> list[bool]:
+        function = self.function
+        if isinstance(function, FunctionalSGD):
+            return [not h.frozen for h in function.groups]
+        return [not frozen for frozen in function.frozen]
+
     def _configure_lr(self, config: ClientConfig) -> None:
         """The run's own local optimizer function at the configured rates (a block steps the runs of
         one function together: :meth:`~fl_lightning.backends.batched.BatchedBackend.run_clients`)."""
@@ -245,7 +252,8 @@ class FunctionalRun(ClientRun):
         local.step_index = local.steps_taken = step  # a client at step k took k steps
         run = cls(template.context, list(carry["tensors"]), client_id=None, round_idx=round_idx,  # type: ignore[arg-type]
                   layout=template.layout, start=carry["start"], state=dict(carry["state"]),
-                  data=RunData(None, template.data.batch_size, extra=extras), local=local)
+                  data=RunData(None, template.data.batch_size, template.data.eval_batch_size, extra=extras),
+                  local=local)
         run.scratch = dict(carry["scratch"])
         return run
 
