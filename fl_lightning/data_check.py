@@ -90,7 +90,9 @@ def extreme_samples(labels: np.ndarray) -> list[int]:
 def check_client_takes_data(context: ClientContext) -> None:
     """Run the client's ``training_step`` once (in the setup's trial, which leaves no trace) on a
     batch of a local step's size: the largest training client's first samples, the last of them
-    replaced by the pool's samples of the smallest and largest label (:func:`extreme_samples`).
+    replaced by the pool's samples of the smallest and largest label (:func:`extreme_samples`). Nothing
+    is tried where that client's data are not here (``holds_data``: a deployment's server, which reads
+    only its clients' index).
 
     Raises:
         ValueError: the step fails with one of :data:`STEP_ERRORS` (chained): the message names
@@ -99,7 +101,7 @@ def check_client_takes_data(context: ClientContext) -> None:
     """
     data = context.algorithm.engine.datamodule
     client_id = largest_client(data)
-    if client_id is None:
+    if client_id is None or not data.holds_data(client_id):  # (a deployment's server: the data are on the nodes)
         return
     split = data.client_data(client_id, "train")
     indices = split.indices[:split.step_batch_size].clone()

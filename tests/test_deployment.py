@@ -7,6 +7,7 @@ are never aggregated; an update the server drops does not advance the client's s
 from __future__ import annotations
 
 import csv
+import json
 import os
 import runpy
 import warnings
@@ -16,6 +17,7 @@ from typing import Any, Callable, Optional
 import pytest
 import pytorch_lightning as pl
 import torch
+from torch.utils.data import TensorDataset
 
 pytest.importorskip("flwr")
 
@@ -27,6 +29,7 @@ from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, Label
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
 from fl_lightning.cli import main  # noqa: E402
 from fl_lightning.datamodules import ClientFilesFederated, SyntheticFederated, write_client_files  # noqa: E402
+from fl_lightning.datamodules.client_index import ClientIndex  # noqa: E402
 from fl_lightning.deployment import (LEFT_OUT, STATE_VERSION, ClientNode, LocalGrid, client_app, deploy,  # noqa: E402
                                      node_clients)
 from fl_lightning.deployment.app import build_node, cli_args, round_timeout  # noqa: E402
@@ -584,77 +587,210 @@ def test_a_node_built_from_the_yaml_applies_its_local_privacy():
     assert [(cb.clip_norm, cb.noise_multiplier, cb.mode) for cb in node.privacy] == [(0.1, 1.0, "local")]
 
 
-def test_a_node_reads_only_its_own_clients_files_and_gives_the_simulation_s_bits():
-    """The clients' files of a partition (write_client_files), each node's folder holding the index and only its
-    own clients' files (the others' moved away): the nodes run their clients, the simulation's bits."""
-    everything = scratch_folder()
-    write_client_files(synthetic(CLIENTS), everything)
-    folders = {}
-    for node, config in NODES.items():
+def client_folders(data: Any, nodes: dict[int, dict[str, str]]) -> dict[Any, str]:
+    """``data``'s client files: every client's (``"all"``, a simulation's), the index alone (``"server"``) and each
+    node's own clients' (by node id)."""
+    folders = {"all": scratch_folder(), "server": scratch_folder()}
+    write_client_files(data, folders["all"])
+    write_client_files(data, folders["server"], [])
+    for node, config in nodes.items():
         folders[node] = scratch_folder()
-        write_client_files(synthetic(CLIENTS), folders[node], node_clients(config["clients"]))
-    simulation = build("SCAFFOLD")
-    trainer(ROUNDS).fit(simulation, ClientFilesFederated(everything, batch_size=16))
+        write_client_files(data, folders[node], node_clients(config["clients"]))
+    return folders
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_the_server_reads_only_the_index_each_node_its_own_files_the_simulation_s_bits(name):
+    """The clients' files of a partition (write_client_files, with unseen clients): the server's folder holds only
+    the index, each node's the index and its own clients' files; sampling, weighting and the partition's record are
+    the index's, and the run gives the simulation's bits. Without read_index_only the server would open a client's
+    file, which its folder does not have."""
+    folders = client_folders(synthetic(CLIENTS, unseen_fraction=0.2, val_fraction=0.2), NODES)
+    assert sorted(os.listdir(folders["server"])) == ["index.json"]
+    simulation = build(name)
+    simulated = ClientFilesFederated(folders["all"], batch_size=16)
+    trainer(ROUNDS).fit(simulation, simulated)
     state = scratch_folder()
 
     def node(context: Any) -> ClientNode:
-        return ClientNode(build("SCAFFOLD"), ClientFilesFederated(folders[context.node_id], batch_size=16),
+        return ClientNode(build(name), ClientFilesFederated(folders[context.node_id], batch_size=16),
                           node_clients(context.node_config["clients"]), f"{state}/node_{context.node_id}")
 
     nodes: dict[int, ClientNode] = {}
-    module = deploy(build("SCAFFOLD"), LocalGrid({n: client_app(node, nodes) for n in NODES}, NODES))
-    trainer(ROUNDS).fit(module, ClientFilesFederated(everything, batch_size=16))
+    grid = LocalGrid({n: client_app(node, nodes) for n in NODES}, NODES)
+    with pytest.raises(FileNotFoundError, match="client_"):  # the test would see a server that opens a client's file
+        trainer(ROUNDS).fit(deploy(build(name), grid), ClientFilesFederated(folders["server"], batch_size=16))
+    server = ClientFilesFederated(folders["server"], batch_size=16)
+    module = deploy(build(name), grid, datamodule=server)
+    with pytest.warns(UserWarning, match="reads only the index .* the server's validation is skipped"):
+        trainer(ROUNDS).fit(module, server)
     assert torch.equal(global_vector(module), global_vector(simulation))
-    assert torch.equal(module.server_control, simulation.server_control)
+    for key, value in broadcast_state(simulation).items():  # SCAFFOLD's server control variate
+        assert torch.equal(broadcast_state(module)[key], value), key
+    assert server.index_only and server.pool is None
+    assert server.train_clients == simulated.train_clients and len(server.train_clients) < CLIENTS
+    assert [server.num_samples(c) for c in range(CLIENTS)] == [simulated.num_samples(c) for c in range(CLIENTS)]
+    assert server.partition_hash() == simulated.partition_hash()
+    assert server.partition_record() == simulated.partition_record()
     for node_id, built in nodes.items():
         held = node_clients(NODES[node_id]["clients"])
         data = built.datamodule
         assert sorted(os.listdir(folders[node_id])) == sorted(["index.json", *(f"client_{c}.pt" for c in held)])
         assert [c for c in range(CLIENTS) if len(data.splits["train"][c])] == held  # only its own clients' data
-        assert [data.num_samples(c) for c in range(CLIENTS)] == [module.engine.datamodule.num_samples(c)
-                                                                  for c in range(CLIENTS)]
+        assert data.partition_hash() == simulated.partition_hash()
 
 
 def test_client_files_read_back_the_datamodule_s_splits():
-    source = synthetic(CLIENTS)
+    source = synthetic(CLIENTS, unseen_fraction=0.4, val_fraction=0.2, test_fraction=0.1)
     folder = scratch_folder()
-    write_client_files(source, folder)
+    index = write_client_files(source, folder)
+    assert index == ClientIndex.read(folder)
     read = ClientFilesFederated(folder, batch_size=16)
     read.setup("fit")
     for split in ("train", "val", "test"):
         for c in range(CLIENTS):
             expected, got = source.client_data(c, split), read.client_data(c, split)
-            assert len(got) == len(expected)
+            assert len(got) == len(expected) == read.split_size(c, split)
             for mine, theirs in zip(got.dataset.tensors, expected.dataset.tensors):
                 assert torch.equal(mine[got.indices], theirs[expected.indices]), (split, c)
+    assert (read.train_clients, read.unseen_clients) == (source.train_clients, source.unseen_clients)
+    assert [read.label_histogram(c).tolist() for c in range(CLIENTS)] == \
+        [source.label_histogram(c).tolist() for c in range(CLIENTS)]
+    assert read.describe_targets() == source.describe_targets()
     some = ClientFilesFederated(folder)
-    with pytest.raises(ValueError, match=r"clients must be one or more ids in \[0, 6\), got \[6\]"):
-        some.select_clients([6])
+    with pytest.raises(ValueError, match=r"clients must be one or more of the client ids of .*index.json, \[0, 6\), "
+                                         r"got \[0, 6\] \(\[6\] not in it\)"):
+        some.select_clients([0, 6])
     with pytest.raises(ValueError, match="has no index.json"):
         ClientFilesFederated(scratch_folder())
 
 
-def test_the_flower_app_s_nodes_read_their_own_client_files_named_by_their_node_config():
-    """The app's YAML with ClientFilesFederated: the server reads the folder of every client, each node the folder
-    its node config's ``args`` names (the index and its own clients' files); the simulation's bits."""
-    simulated, deployed, files = scratch_folder(), scratch_folder(), scratch_folder()
+def test_a_datamodule_that_reads_only_the_index_holds_no_client_data_and_says_so():
+    source = synthetic(CLIENTS)
+    folder = scratch_folder()
+    write_client_files(source, folder, [])
+    data = ClientFilesFederated(folder, batch_size=16)
+    data.read_index_only()
+    data.setup("fit")
+    assert data.pool is None and not any(data.holds_data(c) for c in range(CLIENTS))
+    assert [data.label_histogram(c).tolist() for c in range(CLIENTS)] == \
+        [source.label_histogram(c).tolist() for c in range(CLIENTS)]
+    assert "6 clients, 6 training / 0 unseen, the index of" in data.summary()
+    with pytest.raises(ValueError, match=r"client_id must be a client whose file is read here: .* reads only the "
+                                         r"index, got 2 \(its data are on the node that holds it\)"):
+        data.client_data(2)
+    with pytest.raises(ValueError, match="has no global test set .* reads only the index"):
+        data.global_test_set()
+    with pytest.warns(UserWarning, match="the server's validation is skipped"):
+        assert len(data.validation_set()) == 0
+    with pytest.raises(ValueError, match="read_index_only must come before setup"):
+        data.read_index_only()
+
+
+class WithTestSet(SyntheticFederated):
+    """Generated clients and a global test set of 30 samples."""
+
+    def build_datasets(self) -> tuple[Any, Any]:
+        pool, _ = super().build_datasets()
+        return pool, TensorDataset(torch.randn(30, 20, generator=torch.Generator().manual_seed(1)),
+                                   torch.arange(30) % 10)
+
+
+def test_the_global_test_set_is_written_beside_the_index_and_read_by_a_datamodule_that_reads_only_the_index():
+    source = WithTestSet(num_clients=3, dim=20, min_samples=20, max_samples=40, batch_size=16)
+    folder = scratch_folder()
+    write_client_files(source, folder, [])
+    assert sorted(os.listdir(folder)) == ["index.json", "test_set.pt"]
+    data = ClientFilesFederated(folder)
+    data.read_index_only()
+    data.setup("test")
+    for mine, theirs in zip(data.global_test_set().tensors, source.test_set.tensors):
+        assert torch.equal(mine, theirs)
+    os.remove(f"{folder}/test_set.pt")
+    data = ClientFilesFederated(folder)
+    with pytest.raises(ValueError, match="must hold the global test set that its index.json names, test_set.pt"):
+        data.global_test_set()
+
+
+def rewrite_index(folder: str, change: Callable[[dict], Any]) -> None:
+    with open(f"{folder}/index.json") as file:
+        index = json.load(file)
+    change(index)
+    with open(f"{folder}/index.json", "w") as file:
+        json.dump(index, file)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda index: index.pop("version"), r"'version' must be 1, got '<missing>'"),
+    (lambda index: index.update(num_clients=0), r"'num_clients' must be an integer >= 1, got 0"),
+    (lambda index: index["samples"]["val"].pop(), r"'samples' must be .*each 6 sample counts \(integers >= 0\)"),
+    (lambda index: index["samples"]["train"].__setitem__(0, -1), r"'samples' must be"),
+    (lambda index: index.update(unseen_clients=[7]), r"'unseen_clients' must be a list of client ids in \[0, 6\)"),
+    (lambda index: index.update(checksums=["crc32:0"]), r"'checksums' must be 6 strings"),
+    (lambda index: index.update(label_counts=[[1, 2]]), r"'label_counts' must be null or 6 lists"),
+    (lambda index: index.update(test_set="test_set.pt"), r"'test_set' must be true or false, got 'test_set.pt'"),
+])
+def test_a_malformed_index_is_refused_naming_the_field_its_value_and_what_it_must_be(change, message):
+    folder = scratch_folder()
+    write_client_files(synthetic(CLIENTS), folder)
+    rewrite_index(folder, change)
+    with pytest.raises(ValueError, match=rf"index.json: {message}"):
+        ClientFilesFederated(folder)
+
+
+def test_an_index_that_is_not_json_is_refused():
+    folder = scratch_folder()
+    Path(folder, "index.json").write_text("{'num_clients': 2")
+    with pytest.raises(ValueError, match="index.json must be the JSON index that write_client_files writes"):
+        ClientFilesFederated(folder)
+
+
+def test_a_client_file_that_is_not_the_index_s_is_refused():
+    folder = scratch_folder()
+    write_client_files(synthetic(CLIENTS), folder)
+    path = f"{folder}/client_1.pt"
+    written = torch.load(path, weights_only=True)
+    torch.save({**written, "train": [t[1:] for t in written["train"]]}, path)  # a sample fewer than the index's
+    with pytest.raises(ValueError, match=r"client_1.pt must hold client 1's splits as \{split: \[tensor, ...\]\} of "
+                                         r"\{'train': \d+, 'val': \d+, 'test': \d+\} samples \(the index's\), got"):
+        ClientFilesFederated(folder).setup("fit")
+    torch.save({**written, "train": [written["train"][0] + 1, written["train"][1]]}, path)  # the counts, other data
+    with pytest.raises(ValueError, match=r"client_1.pt must be the file of client 1 that index.json names "
+                                         r"\(checksum crc32:\w+\), got one whose checksum is crc32:\w+"):
+        ClientFilesFederated(folder).setup("fit")
+
+
+def test_a_node_config_naming_a_client_the_index_does_not_have_is_refused():
+    folder = scratch_folder()
+    write_client_files(synthetic(CLIENTS), folder, [0])
+    with pytest.raises(ValueError, match=r"clients must be one or more of the client ids of .*index.json, \[0, 6\), "
+                                         r"got \[0, 9\] \(\[9\] not in it\)"):
+        ClientNode(build("FedAvg"), ClientFilesFederated(folder), [0, 9], scratch_folder())
+
+
+def test_the_flower_app_s_server_reads_the_index_and_its_nodes_their_own_client_files():
+    """The app's YAML with ClientFilesFederated: the server's folder holds only the index, each node's the index and
+    its own clients' files (the folder its node config's ``args`` names); the simulation's bits."""
+    simulated, deployed = scratch_folder(), scratch_folder()
     main(["fit", "--config", str(APP / "scaffold.yaml"), f"--trainer.default_root_dir={simulated}"])
     data = SyntheticFederated(num_clients=4, dim=20, min_samples=20, max_samples=60, batch_size=16, seed=0)  # YAML's
-    write_client_files(data, f"{files}/all")
     nodes = {11: {"clients": "0,2"}, 22: {"clients": "1,3"}}
+    folders = client_folders(data, nodes)
     for node, config in nodes.items():
-        write_client_files(data, f"{files}/{node}", node_clients(config["clients"]))
-        config.update({"state-dir": f"{files}/state_{node}", "args": f"--data.init_args.root={files}/{node}"})
+        config.update({"state-dir": f"{folders[node]}/state", "args": f"--data.init_args.root={folders[node]}"})
     server = runpy.run_path(str(APP / "app.py"))["server"]
     run_config = {"config": "scaffold.yaml", "timeout": 0,
                   "args": f"--trainer.default_root_dir={deployed} --data=fl_lightning.datamodules.ClientFilesFederated "
-                          f"--data.root={files}/all --data.batch_size=16"}
+                          f"--data.root={folders['server']} --data.batch_size=16"}
     built: dict[int, ClientNode] = {}
     grid = LocalGrid({n: client_app(lambda context: build_node(str(APP), context), built) for n in nodes}, nodes,
                      run_config)  # the app's ClientApp, its nodes kept to look at
     server(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    assert sorted(os.listdir(folders["server"])) == ["index.json"]
     expected, got = final_state(simulated), final_state(deployed)
     assert expected.keys() == got.keys() and expected
     for key, value in expected.items():
         assert torch.equal(got[key], value), key
-    assert {n: node.datamodule.root for n, node in built.items()} == {n: f"{files}/{n}" for n in nodes}
+    assert {n: node.datamodule.root for n, node in built.items()} == {n: folders[n] for n in nodes}
+    with open(next(Path(deployed).glob("lightning_logs/version_*/partition.json"))) as file:
+        assert json.load(file) == ClientFilesFederated(folders["all"]).partition_record()

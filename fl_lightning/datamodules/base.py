@@ -492,6 +492,15 @@ class FederatedDataModule(pl.LightningDataModule):
         """Size of the client's training split."""
         return len(self.splits["train"][client_id])
 
+    def split_size(self, client_id: int, split: Split) -> int:
+        """Size of the client's ``split``."""
+        return len(self.splits[split][client_id])
+
+    def holds_data(self, client_id: int) -> bool:
+        """Whether this process has client ``client_id``'s data (here: every client's; a datamodule that reads only
+        some clients' data says which, :class:`~fl_lightning.datamodules.ClientFilesFederated`)."""
+        return True
+
     def partition_hash(self) -> str:
         """A short digest of the data configuration: the datamodule's class, the targets
         (:func:`targets_digest`) and the features of the pool (:func:`feature_checksums`) and every
@@ -584,19 +593,19 @@ class FederatedDataModule(pl.LightningDataModule):
         for c in range(min(self.num_clients, max_clients)):
             if classes:
                 cells = "[" + " ".join(str(int(v)) for v in self.label_histogram(c)) + "]"
-            elif scalar:
+            elif scalar and self.holds_data(c):
                 values = self.pool_targets[self.splits["train"][c]].astype(np.float64)
                 cells = f"{values.mean():>9.4g} {values.std():>9.4g}"
             else:
                 cells = ""
             mark = "*" if c in self.unseen_clients else " "
             lines.append(
-                f"{c:>5}{mark} {len(self.splits['train'][c]):>6} {len(self.splits['val'][c]):>5} "
-                f"{len(self.splits['test'][c]):>5}  {cells}".rstrip()
+                f"{c:>5}{mark} {self.split_size(c, 'train'):>6} {self.split_size(c, 'val'):>5} "
+                f"{self.split_size(c, 'test'):>5}  {cells}".rstrip()
             )
         if self.num_clients > max_clients:
             lines.append(f"... {self.num_clients - max_clients} more clients")
-        sizes = np.array([len(i) for i in self.splits["train"]])
+        sizes = np.array([self.num_samples(c) for c in range(self.num_clients)])
         lines.append(f"train sizes: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()}")
         return "\n".join(lines)
 

@@ -67,9 +67,10 @@ class DeploymentCLI(FederatedCLI):
         trainer["default_root_dir"] = os.path.abspath(trainer.get("default_root_dir") or os.getcwd())
 
     def instantiate_classes(self) -> None:
-        """The configured classes, the model's client backend that of the deployment."""
+        """The configured classes, the model's client backend that of the deployment (and a datamodule that can read
+        its clients' index alone told to: :func:`~fl_lightning.deployment.deploy`)."""
         super().instantiate_classes()
-        deploy(self.model, self._grid, self._timeout)
+        deploy(self.model, self._grid, self._timeout, self.datamodule)
 
 
 def cli_args(directory: str, run_config: Mapping[str, Any]) -> list[str]:

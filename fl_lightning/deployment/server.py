@@ -252,15 +252,21 @@ def _claimed_client(reply: Message) -> int:
         raise ReplyError(f"a malformed reply from node {reply.metadata.src_node_id}: no {error}") from error
 
 
-def deploy(module: FederatedModule, grid: Grid, timeout: Optional[float] = None) -> FederatedModule:
+def deploy(module: FederatedModule, grid: Grid, timeout: Optional[float] = None,
+           datamodule: Optional[object] = None) -> FederatedModule:
     """Make ``module`` run its clients on the SuperNodes of ``grid``: its client backend becomes a
-    :class:`DeploymentBackend`. Returns ``module``.
+    :class:`DeploymentBackend`. ``datamodule``: the server's, which a fit of ``module`` will be given; one that can
+    read its clients' index alone (``read_index_only``: :class:`~fl_lightning.datamodules.ClientFilesFederated`) is
+    told to, so that the server opens no client's data. Returns ``module``.
 
     Raises:
         ValueError: an algorithm that cannot be deployed (:func:`deployment_refusals`), refused before anything
-            starts; the Trainer's callbacks are checked at setup.
+            starts (the Trainer's callbacks are checked at setup); a ``datamodule`` set up already.
     """
     check_deployable(module)
+    read_index_only = getattr(datamodule, "read_index_only", None)
+    if callable(read_index_only):
+        read_index_only()
     module.engine.backend = DeploymentBackend(grid, timeout)
     module.client_backend = "deployment"  # type: ignore[assignment]
     return module
