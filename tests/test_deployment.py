@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import runpy
 import warnings
 from pathlib import Path
@@ -696,16 +697,20 @@ class WithTestSet(SyntheticFederated):
                                    torch.arange(30) % 10)
 
 
-def test_the_global_test_set_is_written_beside_the_index_and_read_by_a_datamodule_that_reads_only_the_index():
+def test_the_global_test_set_is_written_beside_the_index_and_a_server_that_reads_only_the_index_tests_on_it():
     source = WithTestSet(num_clients=3, dim=20, min_samples=20, max_samples=40, batch_size=16)
-    folder = scratch_folder()
+    folder, everything = scratch_folder(), scratch_folder()
     write_client_files(source, folder, [])
+    write_client_files(source, everything)
     assert sorted(os.listdir(folder)) == ["index.json", "test_set.pt"]
     data = ClientFilesFederated(folder)
     data.read_index_only()
-    data.setup("test")
+    module = build("FedAvg")
+    tested = trainer(1).test(module, data)
     for mine, theirs in zip(data.global_test_set().tensors, source.test_set.tensors):
         assert torch.equal(mine, theirs)
+    assert tested[0] and tested == trainer(1).test(module, ClientFilesFederated(everything))
+    assert tested == trainer(1).test(module, source)
     os.remove(f"{folder}/test_set.pt")
     data = ClientFilesFederated(folder)
     with pytest.raises(ValueError, match="must hold the global test set that its index.json names, test_set.pt"):
@@ -794,3 +799,11 @@ def test_the_flower_app_s_server_reads_the_index_and_its_nodes_their_own_client_
     assert {n: node.datamodule.root for n, node in built.items()} == {n: folders[n] for n in nodes}
     with open(next(Path(deployed).glob("lightning_logs/version_*/partition.json"))) as file:
         assert json.load(file) == ClientFilesFederated(folders["all"]).partition_record()
+
+
+def test_the_index_the_how_to_shows_is_the_one_written():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "deployment.md").read_text()
+    (shown,) = re.findall(r"```json\n(.*?)```", page, re.S)
+    folder = scratch_folder()
+    write_client_files(SyntheticFederated(num_clients=2, dim=20, min_samples=20, max_samples=60, seed=0), folder)
+    assert json.loads(Path(folder, "index.json").read_text()) == json.loads(shown)

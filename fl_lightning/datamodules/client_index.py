@@ -6,14 +6,14 @@ checksum of each client's file, what the targets are (and, for class labels, eac
 counts) and whether the folder has a global test set. It is plain JSON, read without running code: a
 deployment's server reads it and nothing of the clients' data (:class:`ClientIndex`).
 
-The file, for 2 clients (``checksums`` as :func:`fl_lightning.checkpoints.checksum` gives them)::
+The file of ``SyntheticFederated(num_clients=2, dim=20, min_samples=20, max_samples=60, seed=0)``::
 
     {"version": 1, "num_clients": 2,
-     "samples": {"train": [41, 18], "val": [5, 2], "test": [0, 0]},
+     "samples": {"train": [42, 43], "val": [6, 6], "test": [12, 11]},
      "unseen_clients": [],
-     "checksums": ["crc32:1c291ca3", "crc32:0b6e33a1"],
-     "targets": {"kind": "class labels", "dtype": "int64", "shape": [], "num_classes": 10},
-     "label_counts": [[4, 0, 11, 26, 0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 17, 0, 0, 0, 0, 0]],
+     "checksums": ["crc32:8b9a0a0d", "crc32:735b1f37"],
+     "targets": {"kind": "class labels", "dtype": "int64", "shape": [], "num_classes": 8},
+     "label_counts": [[0, 11, 0, 0, 0, 0, 0, 31], [1, 0, 1, 0, 2, 0, 20, 19]],
      "test_set": false}
 """
 

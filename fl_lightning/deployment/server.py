@@ -12,6 +12,10 @@ and the run goes on. The client module's ``self.log`` calls on the nodes come ba
 logged as a simulation logs them (``train_loss``); ``DifferentialPrivacy`` in local mode is left to the nodes,
 whose replies must say they applied the run's.
 
+The clients' data stay on their nodes: the server needs of them only their ids and sample counts, which a
+:class:`~fl_lightning.datamodules.ClientFilesFederated` reads from its clients' index alone (:func:`deploy` tells
+it to), opening no client's file.
+
 The clients' state stays on their nodes. The server keeps, per client, only which round's state the
 client has (a scalar entry of the client state store, :data:`STATE_VERSION`, stored as the engine stores
 a client's state: only if the round keeps the client's update): each job names it, so that an update the
@@ -232,7 +236,8 @@ class DeploymentBackend(ClientBackend):
     def train_clients_plainly(self, context: ClientContext, client_ids: list[int], start: torch.Tensor,
                               steps: Optional[int], stream: str, round_idx: int):  # type: ignore[override]
         """Plain local training on the server's data (what evaluation callbacks ask: finetuning); the nodes'
-        data are not reached."""
+        data are not reached, and a server that reads only its clients' index has none (an error names the
+        client)."""
         return train_one_by_one(context, client_ids, start, steps, stream, round_idx)
 
     def lockstep_group(self, context: ClientContext, clients: list[int]) -> LockstepGroup:
