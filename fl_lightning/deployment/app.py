@@ -11,7 +11,8 @@ from the folder it is in. Its run config (``[tool.flwr.app.config]``, or ``flwr 
 * ``ckpt-path``: resume the server from this round checkpoint (``last``: the run's latest).
 
 The server runs ``fl-lightning fit`` on these (:class:`DeploymentCLI`: the same callbacks, round
-checkpoints and history as a simulation) with its clients on the SuperNodes. Each SuperNode builds the
+checkpoints and history as a simulation) with its clients on the SuperNodes; its datamodule, where it is a
+:class:`~fl_lightning.datamodules.ClientFilesFederated`, reads only the clients' index. Each SuperNode builds the
 configured algorithm and datamodule from the same YAML, without a Trainer run, and holds the clients its
 ``--node-config`` names: ``clients="0,2,4"`` and ``state-dir="/path"`` (the folder of their state), and,
 optionally, ``args="..."``: more ``fl-lightning fit`` options of this node's (where its data are).
