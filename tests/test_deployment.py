@@ -24,7 +24,8 @@ pytest.importorskip("flwr")
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 
-from fl_lightning.algorithms import SCAFFOLD, FedAvg, FedDRO, PeFLL  # noqa: E402
+from fl_lightning.algorithms import (RAGA, RFA, SCAFFOLD, ByrdSAGA, FastDRO, FedAvg, FedDeper, FedDRO,  # noqa: E402
+                                     FedProx, FedProxVR, LocalOnly, PeFLL)
 from fl_lightning.broadcast import broadcast_state  # noqa: E402
 from fl_lightning.callbacks import DifferentialPrivacy, FederatedCallback, LabelFlipAttack, Stragglers  # noqa: E402
 from fl_lightning.checkpoints import load_checkpoint  # noqa: E402
@@ -46,9 +47,24 @@ SEED = 5
 #: two nodes and the clients each holds (its node config)
 NODES = {11: {"clients": "0,2,4"}, 22: {"clients": "1,3,5"}}
 
+#: every algorithm of the package that can be deployed (not lock-step, no server network trained on client
+#: data, not PDSGD's one-client federation): the stateless, the stateful (SCAFFOLD, FedDeper, ByrdSAGA,
+#: LocalOnly), the robust (RAGA, RFA) and those whose clients read their whole split (FedProxVR, FastDRO)
 ALGORITHMS: dict[str, Callable[[], FederatedModule]] = {
-    "FedAvg": lambda: FedAvg(tiny_client(hidden=(8,)), clients_per_round=PER_ROUND, local_steps=2, seed=SEED),
-    "SCAFFOLD": lambda: SCAFFOLD(tiny_client(hidden=(8,)), clients_per_round=PER_ROUND, local_steps=2, seed=SEED),
+    name: (lambda cls=cls, kwargs=kwargs: cls(tiny_client(hidden=(8,)), clients_per_round=PER_ROUND, seed=SEED,
+                                              **kwargs))
+    for name, (cls, kwargs) in {
+        "FedAvg": (FedAvg, {"local_steps": 2}),
+        "SCAFFOLD": (SCAFFOLD, {"local_steps": 2}),
+        "FedProx": (FedProx, {"local_steps": 2, "mu": 0.1}),
+        "FedDeper": (FedDeper, {"local_steps": 2}),
+        "ByrdSAGA": (ByrdSAGA, {}),
+        "LocalOnly": (LocalOnly, {"local_steps": 2}),
+        "RAGA": (RAGA, {"local_steps": 2}),
+        "RFA": (RFA, {"local_steps": 2}),
+        "FedProxVR": (FedProxVR, {"local_steps": 2, "log_local_accuracy": True}),
+        "FastDRO": (FastDRO, {"local_steps": 2}),
+    }.items()
 }
 
 
