@@ -88,7 +88,7 @@ class FederationEngine:
         self._round: Optional[Iterator[None]] = None  # the running round (:meth:`round`)
         self._refused_a_round = False  # from the first refused round on, ``round/refused`` is logged every round
         #: the engine's services for the clients' local work, which backends use
-        self.context = ClientContext(module)
+        self.context = ClientContext(module, self)
 
     # ------------------------------------------------------------------ the run
     @property

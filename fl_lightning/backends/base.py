@@ -141,7 +141,7 @@ def lockstep_round(backend: ClientBackend, context: ClientContext, clients: list
     size = backend.clients_per_block
     groups = [backend.lockstep_group(context, clients[i:i + size]) for i in range(0, len(clients), size)]
     algorithm = context.lockstep_algorithm()
-    engine = algorithm.engine
+    engine = context.engine
     round_samples = float(sum(engine.datamodule.num_samples(c) for c in engine.round_clients))
     steps = work_items_per_round(backend, context, 0)
     for step in range(steps):

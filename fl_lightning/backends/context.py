@@ -39,6 +39,30 @@ from fl_lightning.vectors import ModelVector
 RunT = TypeVar("RunT", bound=ClientRun)
 
 
+class Engine(Protocol):
+    """What the client context and the backends read of the federation's engine
+    (:class:`~fl_lightning.engine.FederationEngine` satisfies it)."""
+
+    #: the declared uploads and per-client state entries
+    update_specs: dict[str, UpdateSpec]
+    state_specs: dict[str, StateSpec]
+    #: the client state store
+    store: ClientStateStore
+    #: the global model at the start of the current round, and the round's clients
+    round_start: Optional[Tensor]
+    round_clients: list[int]
+
+    @property
+    def datamodule(self) -> Any:
+        """The federation's datamodule (``FederatedDataModule``)."""
+
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        """A fresh local optimizer at the round's scheduled rate."""
+
+    def client_bytes(self) -> int:
+        """About what one client's run holds in memory."""
+
+
 class Algorithm(Federation, Protocol):
     """What the client context reads of the federated module (``FederatedModule`` satisfies it):
     the client protocol's hooks and declarations, and the run's settings."""
@@ -47,18 +71,11 @@ class Algorithm(Federation, Protocol):
     extra_batch_streams: tuple[str, ...]
     #: False: the batched backend refuses the algorithm (see ``FederatedModule.batchable``)
     batchable: bool
-    #: the declared uploads and per-client state entries
-    update_specs: dict[str, UpdateSpec]
-    state_specs: dict[str, StateSpec]
-    #: the client state store
-    store: ClientStateStore
     #: local steps per round (None: ``local_epochs`` passes)
     local_steps: Optional[int]
     local_epochs: Optional[int]
     #: the settings the algorithm's paper fixes (its fewest local steps)
     paper: PaperDefaults
-    #: the global model at the start of the current round
-    round_start: Optional[Tensor]
 
     @property
     def trainer(self) -> pl.Trainer:
@@ -90,10 +107,12 @@ class ClientContext:
 
     Args:
         algorithm: the federated module.
+        engine: its engine.
     """
 
-    def __init__(self, algorithm: Algorithm) -> None:
+    def __init__(self, algorithm: Algorithm, engine: Engine) -> None:
         self.algorithm = algorithm
+        self.engine = engine
         #: the client module (it holds the global model between rounds)
         self.client: pl.LightningModule = algorithm.client
         #: the client module as a function of its tensors
@@ -236,8 +255,8 @@ class ClientContext:
     def load_client_state(self, client_id: int) -> dict[str, Tensor]:
         """Client ``client_id``'s declared state entries, on the device (defaults where absent)."""
         state = {}
-        for name, spec in self.algorithm.engine.state_specs.items():
-            value = self.algorithm.engine.store.get(client_id, name, device=self.device)
+        for name, spec in self.engine.state_specs.items():
+            value = self.engine.store.get(client_id, name, device=self.device)
             if value is None:
                 value = spec.initial()
             if value is not None:
@@ -255,15 +274,15 @@ class ClientContext:
         lock-step value."""
         algorithm = self.algorithm
         if start is None:
-            assert algorithm.engine.round_start is not None, "the round has not started"
-            start = algorithm.engine.round_start
+            assert self.engine.round_start is not None, "the round has not started"
+            start = self.engine.round_start
         config = None if plain else self.round_config(client_id)
         work = local(algorithm.local_steps if config is None else config.local_steps,
                      algorithm.local_epochs if config is None else config.local_epochs,
                      self.lockstep_algorithm().shared if self.lockstep and not plain else None)
         if config is not None and config.changes_lr:
             work._configure_lr(config)
-        dm = algorithm.engine.datamodule
+        dm = self.engine.datamodule
         fetch, epoch = ((batches.fetch, batches.epoch) if batches is not None
                         else (partial(self.fetch, client_id), partial(self.epoch, client_id)))
         return run_class(
@@ -280,7 +299,7 @@ class ClientContext:
     def result(self, run: ClientRun, uploads: Mapping[str, Tensor]) -> ClientRoundResult:
         """A finished run's result: its uploads (checked against the declarations), sample count, metrics and
         new state."""
-        update = checked_update(type(self.algorithm).__name__, self.algorithm.engine.update_specs, run, uploads)
+        update = checked_update(type(self.algorithm).__name__, self.engine.update_specs, run, uploads)
         return ClientRoundResult(update, run.state)
 
     def is_forged(self, client_id: int) -> bool:
@@ -290,9 +309,9 @@ class ClientContext:
 
     def forged_result(self, client_id: int) -> ClientRoundResult:
         """The result of ``client_id``, whose upload a callback forges: zeros of the declared shapes, no new state."""
-        specs = self.algorithm.engine.update_specs
+        specs = self.engine.update_specs
         zeros = {name: torch.zeros(spec.size, device=self.device) for name, spec in specs.items()}
-        return ClientRoundResult(ClientUpdate(client_id, self.algorithm.engine.datamodule.num_samples(client_id), zeros),
+        return ClientRoundResult(ClientUpdate(client_id, self.engine.datamodule.num_samples(client_id), zeros),
                                  {})
 
     # ------------------------------------------------------------ batches
@@ -304,7 +323,7 @@ class ClientContext:
 
     def client_data(self, client_id: int) -> ClientData:
         """The client's training split."""
-        return self.algorithm.engine.datamodule.client_data(client_id, "train")
+        return self.engine.datamodule.client_data(client_id, "train")
 
     def _on_local_batch(self, client_id: int, batch: Any) -> Any:
         """``batch`` after the callbacks' ``on_local_batch`` (data poisoning)."""
@@ -323,7 +342,7 @@ class ClientContext:
         Trainer's precision plugin, the scheduled learning rates), its clients' logs buffered, their batches
         passed through the callbacks' ``on_local_batch``."""
         algorithm = self.algorithm
-        lrs = [group["lr"] for group in algorithm.engine.local_optimizer().param_groups]
+        lrs = [group["lr"] for group in self.engine.local_optimizer().param_groups]
         settings = LocalSettings(algorithm.local_steps, algorithm.local_epochs, lrs, self.trainer.precision_plugin,
                                  self.device)
         return ClientProgram(algorithm, self.round, settings, self.logs,
@@ -367,7 +386,7 @@ class ClientContext:
     def gather(self, indices: Tensor) -> Any:
         """The samples of the dataset pool at ``indices`` (any shape, e.g. ``[clients, batch]``), on the
         device (one gather there when the pool and the indices are: ``FederatedDataModule.place_pool``)."""
-        return to_device(gather(self.algorithm.engine.datamodule.pool, indices), self.device)
+        return to_device(gather(self.engine.datamodule.pool, indices), self.device)
 
     def step_batches(self, run: ClientRun) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Each local step's batch and the batches of the extra streams, for ``run``."""

@@ -140,7 +140,7 @@ def check_evaluation(client: pl.LightningModule, split: str, hook: str) -> None:
 
 def evaluated_splits(context: ClientContext, client_ids: Sequence[int], split: str) -> list[tuple[int, ClientData]]:
     """Each client's ``split``, in ``client_ids`` order, the empty ones left out."""
-    datamodule = context.algorithm.engine.datamodule
+    datamodule = context.engine.datamodule
     splits = [(cid, datamodule.client_data(cid, split)) for cid in client_ids]
     return [(cid, data) for cid, data in splits if len(data) > 0]
 
@@ -175,7 +175,7 @@ def evaluate_in_module(context: ClientContext, client_ids: Sequence[int], state_
     the client module: each client's model (``state_of(client)``, None: the global model) loaded
     into it, its ``Metric`` objects reset, ``hook`` run on each batch of its ``split``."""
     client, device = context.client, context.device
-    batch_size = context.algorithm.engine.datamodule.eval_batch_size
+    batch_size = context.engine.datamodule.eval_batch_size
     results = []
     with evaluation_setting(context) as (global_state, metrics):
         loaded: Optional[Tensor] = None  # the state in the module, if not the global model

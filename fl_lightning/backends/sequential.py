@@ -52,7 +52,7 @@ class SequentialBackend(ClientBackend):
     def new_run(self, context: ClientContext, client_id: int) -> ModuleRun:
         """A lock-step run of ``client_id`` starting from the global model (loaded into the client module)."""
         assert self._program is not None, "the round has not started"
-        local = partial(ModuleLocal, self._program.view.params, optimizer=context.algorithm.engine.local_optimizer())
+        local = partial(ModuleLocal, self._program.view.params, optimizer=context.engine.local_optimizer())
         run = context.new_run(ModuleRun, client_id, local, context, self._program.view,
                               batches=context.client_batches(client_id))
         run.start = run.start  # loaded into the client module
@@ -68,9 +68,9 @@ class SequentialBackend(ClientBackend):
         if context.is_forged(client_id):
             return context.forged_result(client_id)
         assert self._program is not None, "the round has not started"
-        algorithm = context.algorithm
-        assert algorithm.engine.round_start is not None, "the round has not started"
-        return self._program.run(client_id, algorithm.engine.round_start, context.load_client_state(client_id),
+        start = context.engine.round_start
+        assert start is not None, "the round has not started"
+        return self._program.run(client_id, start, context.load_client_state(client_id),
                                  context.client_data(client_id), context.round_config(client_id))
 
     def train_clients_plainly(self, context: ClientContext, client_ids: list[int], start: Tensor, steps: Optional[int],
@@ -137,7 +137,7 @@ def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: 
     ``round_idx``); returns the trained state vector. The client module is left trained: the
     caller restores it."""
     view = context.module_view()
-    local = partial(ModuleLocal, view.params, optimizer=context.algorithm.engine.local_optimizer())
+    local = partial(ModuleLocal, view.params, optimizer=context.engine.local_optimizer())
     run = context.new_run(ModuleRun, client_id, local, context, view,
                           batches=context.client_batches(client_id, round_idx), start=start, plain=True,
                           round_idx=round_idx)

@@ -89,7 +89,7 @@ def step_flops(context: "ClientContext") -> int:
     ``training_step`` on a batch of the largest training client's first samples, in the trial's
     setting), as ``torch.utils.flop_counter`` counts them (matrix products and convolutions); 0 where
     there is no training client."""
-    data = context.algorithm.engine.datamodule
+    data = context.engine.datamodule
     client_id = largest_client(data)
     if client_id is None:
         return 0

@@ -199,7 +199,7 @@ class BatchedBackend(ClientBackend):
         if self.requested_block is None:
             _, world = rank_and_world()
             clients = math.ceil(clients_per_round / world)
-            tensors, activations = context.algorithm.engine.client_bytes(), activation_bytes(context)
+            tensors, activations = context.engine.client_bytes(), activation_bytes(context)
             free = free_memory(context.device)
             # a lock-step round holds every client's run through the round: a block adds its steps' activations
             held = clients * tensors if context.lockstep else 0
@@ -418,7 +418,7 @@ class BatchedBackend(ClientBackend):
         """The round's local work of a run (:meth:`ClientContext.new_run`'s ``local``): the local optimizer as a
         function, the same for every client of a round, since it holds no state."""
         params = context.global_model.params
-        function = functional_optimizer(context.algorithm.engine.local_optimizer(), params)
+        function = functional_optimizer(context.engine.local_optimizer(), params)
         return partial(FunctionalLocal, function, [not p.requires_grad for p in params])
 
     def new_run(self, context: ClientContext, client_id: int, local: Optional[Callable[..., FunctionalLocal]] = None,
@@ -441,8 +441,8 @@ class BatchedBackend(ClientBackend):
         runs: list[FunctionalRun] = []
         results: list[ClientRoundResult] = []
         local = self._local_work(context)
-        assert algorithm.engine.round_start is not None, "the round has not started"
-        views = None if context.prepares_rounds else context.global_model.layout.split(algorithm.engine.round_start)
+        assert context.engine.round_start is not None, "the round has not started"
+        views = None if context.prepares_rounds else context.global_model.layout.split(context.engine.round_start)
         for cid in clients:
             if not context.lockstep and context.is_forged(cid):
                 results.append(context.forged_result(cid))

@@ -137,7 +137,7 @@ def steps_of(context: ClientContext, groups: list[IndexGroup]) -> Iterator[list[
     batch is a contiguous slice: one gather (on a GPU, one launch per tensor; from a pool on the
     host, one copy) for many steps, the same values as a gather per step. Other pools are gathered
     a step at a time, inside the step's local work (their ``__getitem__`` may draw random numbers)."""
-    ahead = isinstance(context.algorithm.engine.datamodule.pool, TensorDataset)
+    ahead = isinstance(context.engine.datamodule.pool, TensorDataset)
     lengths = [len(g.indices["batches"][0]) for g in groups]  # each group's number of steps
     chunks: list[tuple[int, int, dict[str, Any]]] = [(0, 0, {}) for _ in groups]  # steps [start, end) gathered
     for k in range(max(lengths, default=0)):
@@ -160,7 +160,7 @@ def steps_of(context: ClientContext, groups: list[IndexGroup]) -> Iterator[list[
 
 def _steps_ahead(context: ClientContext, group: IndexGroup) -> int:
     """How many steps of ``group``'s batches :data:`GATHER_AHEAD_BYTES` holds (at least one)."""
-    row = sum(t.element_size() * t[0].numel() for t in context.algorithm.engine.datamodule.pool.tensors)
+    row = sum(t.element_size() * t[0].numel() for t in context.engine.datamodule.pool.tensors)
     step = row * sum(rows[:, 0].numel() for rows in group.indices.values())
     return max(1, GATHER_AHEAD_BYTES // max(step, 1))
 

@@ -60,7 +60,7 @@ def _evaluate_block(context: ClientContext, block: list[tuple[int, ClientData]],
     """The evaluation of a block's clients at their stacked state vectors ``models`` ``[clients, dim]``."""
     model = context.global_model
     stacked = [part.to(t.dtype) for part, t in zip(_split_stacked(model.layout, models), model.tensors)]
-    batch_size = context.algorithm.engine.datamodule.eval_batch_size
+    batch_size = context.engine.datamodule.eval_batch_size
     chunks = [list(data.epoch_indices(1, batch_size=batch_size)) for _, data in block]
     logs = [ClientLogs(hook) for _ in block]
     guard = PythonState(context.client)  # the client module's Python state, which a vectorized hook must not change

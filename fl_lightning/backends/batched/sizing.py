@@ -170,7 +170,7 @@ def activation_bytes(context: "ClientContext") -> Activations:
     Both run in the setup's trial of the client's steps (:func:`~fl_lightning.backends.trial.trial_setting`),
     so that the run is what it would be without them. ``benchmarks/block_memory.py`` measures both
     against a block's peak memory."""
-    data = context.algorithm.engine.datamodule
+    data = context.engine.datamodule
     client_id = largest_client(data)
     if client_id is None:
         return Activations(0, 0)

@@ -43,7 +43,7 @@ def trial_vectorized_step(context: ClientContext, recording: Optional[MetricCall
             than the backend records (:class:`~fl_lightning.backends.batched.metrics.MetricMisuse`), or
             cannot run under ``vmap`` (:data:`NOT_VECTORIZABLE`); each says the way out.
     """
-    data = context.algorithm.engine.datamodule
+    data = context.engine.datamodule
     client_id = largest_client(data)
     if client_id is None:
         return
@@ -90,7 +90,7 @@ def trial_algorithm_step(context: ClientContext, start_runs: Callable[[list[int]
             setup otherwise, or the step fails in the client's own, eager run too, nothing is refused here:
             the first round raises the hook's own error.
     """
-    data = context.algorithm.engine.datamodule
+    data = context.engine.datamodule
     clients = sorted(data.train_clients, key=data.num_samples, reverse=True)[:2]
     name = type(context.algorithm).__name__
     tried = f"{name}'s first step of a round, tried at setup as the batched backend runs it"
