@@ -26,8 +26,9 @@ DOCS = ROOT / "docs"
 DOCS_PACKAGES = ("sphinx", "myst_parser", "furo")
 #: pages where commit hashes belong: the paper reproductions' provenance and the developers' notes
 PROVENANCE = (DOCS / "results", DOCS / "dev")
-#: a commit hash as the docs write one: 7 to 40 hexadecimal digits, with a digit and a letter
-COMMIT = re.compile(r"(?<![\w.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+#: a commit hash as the docs write one: 7 to 40 hexadecimal digits, with a digit and a letter (not the value of
+#: a named checksum, ``crc32:8b9a0a0d``)
+COMMIT = re.compile(r"(?<![\w.:-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
 
 
 def user_pages() -> list[Path]:
@@ -42,7 +43,8 @@ def commit_hashes(text: str) -> list[str]:
 
 def test_the_commit_pattern_finds_hashes_and_nothing_else():
     assert commit_hashes("fixed in `d891250`; since 20a8acb, (commit 646989b)") == ["d891250", "20a8acb", "646989b"]
-    assert commit_hashes("1234567 rounds, deadbeef, 1e-5, 0x1f2e3d4c, sha256 ab12, crc-32, a3185ad-dirty") == []
+    assert commit_hashes("1234567 rounds, deadbeef, 1e-5, 0x1f2e3d4c, sha256 ab12, crc-32, a3185ad-dirty, "
+                          "crc32:8b9a0a0d") == []
 
 
 def test_no_user_page_names_a_commit():
