@@ -249,6 +249,21 @@ def test_scaffold_on_a_superlink_and_two_supernodes_gives_the_simulation_s_bits(
           f"{', '.join(f'{r:.1f}' for r in rounds)} s (load average {os.getloadavg()[0]:.1f})")
 
 
+def test_feddeper_s_personal_models_on_the_supernodes_give_the_simulation_s_bits(deployment, tmp_path):
+    """A second, stateful algorithm through the same SuperLink and SuperNodes: FedDeper, whose clients' personal
+    models stay on their nodes from round to round (the app's ``feddeper.yaml``)."""
+    simulated, deployed = tmp_path / "simulated", tmp_path / "deployed"
+    main(["fit", "--config", str(APP / "feddeper.yaml"), f"--trainer.default_root_dir={simulated}"])
+    result, ends = deployment.run(deployed, 'timeout=0 config="feddeper.yaml"')
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{deployment.logs()}"
+    assert len(history(deployed)) == 3, f"{result.stdout}\n{deployment.logs()}"
+    expected, got = final_state(simulated), final_state(deployed)
+    assert expected.keys() == got.keys() and expected
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key
+    assert [row["val_loss"] for row in history(deployed)] == [row["val_loss"] for row in history(simulated)]
+
+
 def test_a_supernode_killed_during_a_round_has_its_clients_left_out_and_rejoins_when_restarted(deployment, tmp_path):
     root = tmp_path / "deployed"
 
