@@ -247,6 +247,54 @@ def test_two_processes_that_differ_from_one_are_caught():
                         local_steps=2)
 
 
+class ReadsTheTrainersData(FedAvg):
+    """Its client step reads the batch size from the engine's datamodule, which a node without a Trainer lacks."""
+
+    def client_step(self, run, batch):
+        loss, grads = run.loss_and_grad(batch)
+        run.step([g * (self.engine.datamodule.batch_size / len(batch[0])) for g in grads])
+        return loss
+
+
+class UndeclaredServerState(FedAvg):
+    """Its clients read a server value (a buffer the server update changes) that it does not declare with
+    ``add_broadcast``: a node's copy of the algorithm keeps the initial value."""
+
+    def __init__(self, client, **kwargs):
+        super().__init__(client, **kwargs)
+        self.register_buffer("scale", torch.ones(()))
+
+    def client_step(self, run, batch):
+        loss, grads = run.loss_and_grad(batch)
+        run.step([g * self.scale for g in grads])
+        return loss
+
+    def server_update(self, aggregate):
+        super().server_update(aggregate)
+        self.scale.mul_(0.5)
+
+
+@pytest.mark.parametrize("cls, found", [
+    (ReadsTheTrainersData, "round of round 1 without a Trainer fails (RuntimeError: ReadsTheTrainersData is not "
+                           "attached to a `Trainer`.)"),
+    (UndeclaredServerState, "round of round 1 without a Trainer differs from the fit's in upload delta"),
+])
+def test_client_hooks_that_need_more_than_a_node_has_are_caught(cls, found):
+    with pytest.raises(AssertionError, match=re.escape(f"check_algorithm({cls.__name__}) [without_trainer]: client ")
+                       + ".*" + re.escape(found) + ".*run.data.*self.add_broadcast"):
+        check_algorithm(cls, properties="without_trainer", rounds=2, local_steps=2)
+
+
+def test_declared_server_state_reaches_a_node():
+    class DeclaredServerState(UndeclaredServerState):
+        def __init__(self, client, **kwargs):
+            super().__init__(client, **kwargs)
+            self.add_broadcast("scale")
+
+    assert check_algorithm(DeclaredServerState, properties="without_trainer", rounds=2, local_steps=2) == {
+        "without_trainer": "passed"}
+
+
 def test_a_module_that_does_not_pickle_is_caught_before_starting_processes():
     class Local(FedAvg):
         pass
@@ -261,7 +309,8 @@ def test_a_correct_algorithm_passes_and_the_global_rng_is_left_alone():
     expected = torch.rand(3)
     torch.manual_seed(123)
     report = check_algorithm(FedAvg, properties=[p for p in PROPERTIES if p != "two_processes"], local_steps=2)
-    assert report == {"client_state": "passed", "batched": "passed", "resume": "passed", "nonfinite_update": "passed"}
+    assert report == {"client_state": "passed", "batched": "passed", "resume": "passed", "nonfinite_update": "passed",
+                      "without_trainer": "passed"}
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -282,7 +331,7 @@ def test_the_batched_backends_arguments_go_to_the_batched_run_only():
 
 @pytest.mark.parametrize("arguments, error, words", [
     (dict(properties="speed"), ValueError, "properties must be one or some of ['client_state', 'batched', 'resume', "
-                                           "'nonfinite_update', 'two_processes'], got 'speed'"),
+                                           "'nonfinite_update', 'without_trainer', 'two_processes'], got 'speed'"),
     (dict(properties=[]), ValueError, "properties must be one or some of"),
     (dict(rounds=1), ValueError, "rounds must be >= 2 and an integer, got 1"),
     (dict(client_backend="batched"), ValueError, "client_backend='batched': the checks choose the backend"),

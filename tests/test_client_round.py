@@ -10,11 +10,10 @@ import torch
 
 from fl_lightning.algorithms import RAGA, SCAFFOLD, FedAvg, FedDRO, FedProx
 from fl_lightning.backends import LocalSettings, run_client
-from fl_lightning.broadcast import broadcast_state
 from fl_lightning.functional.dro import KLDRO
-from fl_lightning.hooks import FederatedCallback
 from fl_lightning.lightning_compat import attached_trainer
 from fl_lightning.module import FederatedModule
+from fl_lightning.testing.properties import RoundRecorder
 from tests.helpers import synthetic, tiny_client, trainer
 
 CLIENTS, ROUNDS, ROUND = 6, 2, 1
@@ -35,43 +34,9 @@ def build(name: str) -> FederatedModule:
     return CASES[name][0]()
 
 
-class RoundRecorder(FederatedCallback):
-    """What round ``ROUND`` of a fit gave each client (start model, state entries, broadcast state) and
-    what each client's round gave back (its update and new state)."""
-
-    def __init__(self) -> None:
-        self.start: Any = None
-        self.lrs: list[float] = []
-        self.broadcast: dict[str, torch.Tensor] = {}
-        self.states: dict[int, dict[str, torch.Tensor]] = {}
-        self.results: dict[int, tuple[Any, dict[str, torch.Tensor]]] = {}
-
-    def on_round_start(self, trainer: Any, module: Any, round_idx: int, clients: list[int]) -> None:
-        if round_idx != ROUND:
-            return
-        self.start = module.engine.round_start.clone()
-        self.lrs = [group["lr"] for group in module.engine.local_optimizer().param_groups]  # the round's scheduled rates
-        self.broadcast = {name: t.clone() for name, t in broadcast_state(module).items()}
-        self.states = {c: {k: v.clone() for k, v in module.engine.context.load_client_state(c).items()} for c in clients}
-        round_ = module.engine.backend.round
-
-        def recording(context: Any, clients: list[int]) -> Any:
-            for results in round_(context, clients):
-                for result in results:
-                    self.results[result.update.client_id] = (result.update,
-                                                             {k: v.clone() for k, v in (result.state or {}).items()})
-                yield results
-
-        module.engine.backend.round = recording
-
-    def on_round_end(self, trainer: Any, module: Any, round_idx: int, aggregate: Any) -> None:
-        if round_idx == ROUND:
-            del module.engine.backend.round  # the class's method again
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_client_round_without_a_trainer_is_the_fit_s(name):
-    recorder = RoundRecorder()
+    recorder = RoundRecorder(ROUND)
     trainer(ROUNDS, callbacks=[recorder]).fit(build(name), synthetic(CLIENTS))
     assert recorder.results, "the fit ran no client in the recorded round"
     node, data = build(name), synthetic(CLIENTS)  # a node's own copy of the algorithm and its data
@@ -93,7 +58,7 @@ def test_a_client_round_without_a_trainer_is_the_fit_s(name):
 
 
 def test_mixed_precision_is_the_fit_s():
-    recorder = RoundRecorder()
+    recorder = RoundRecorder(ROUND)
     trainer(ROUNDS, callbacks=[recorder], precision="bf16-mixed").fit(build("FedAvg"), synthetic(CLIENTS))
     node, data = build("FedAvg"), synthetic(CLIENTS)
     data.setup("fit")

@@ -14,6 +14,8 @@ rounds; each overridable) and checks each promise, one function per property
                          run's results, bitwise (:func:`check_resume`)
 ``"nonfinite_update"``   a client whose update holds NaN is left out and the round goes on with the others
                          (:func:`check_nonfinite_update`)
+``"without_trainer"``    a client's round without a Trainer (``run_client``, what a deployment node runs)
+                         gives the fit's, bitwise (:func:`check_without_trainer`)
 ``"two_processes"``      two processes give the results of one (:func:`check_two_processes`)
 =======================  ==================================================================================
 
@@ -51,6 +53,7 @@ from fl_lightning.testing.properties import (
     check_nonfinite_update,
     check_resume,
     check_two_processes,
+    check_without_trainer,
 )
 from fl_lightning.testing.state_probe import StateProbe
 
@@ -71,6 +74,7 @@ __all__ = [
     "check_nonfinite_update",
     "check_resume",
     "check_two_processes",
+    "check_without_trainer",
     "default_client",
     "default_datamodule",
     "first_difference",

@@ -9,14 +9,17 @@ import math
 import os
 import pickle
 import tempfile
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
 
+from fl_lightning.algorithms.pefll import HypernetworkFederation
+from fl_lightning.backends import LocalSettings, run_client
+from fl_lightning.broadcast import broadcast_state
 from fl_lightning.callbacks import FederatedCallback, RoundCheckpoint
 from fl_lightning.lightning_package import pl
-from fl_lightning.testing.federation import TOLERANCE, AlgorithmCheck, first_difference
+from fl_lightning.testing.federation import TOLERANCE, AlgorithmCheck, first_difference, quiet
 from fl_lightning.testing.state_probe import few, same
 from fl_lightning.update import ClientUpdate
 
@@ -286,6 +289,101 @@ def check_two_processes(check: AlgorithmCheck) -> str:
     return PASSED
 
 
+class RoundRecorder(FederatedCallback):
+    """What round ``round_idx`` of a fit gave its clients (the start model, the scheduled learning rates, the
+    declared broadcast state, each client's state entries) and what each client's round returned (its update and
+    new state, by client), taken from the backend's results as the round runs."""
+
+    def __init__(self, round_idx: int) -> None:
+        self.round_idx = round_idx
+        self.start: Optional[Tensor] = None
+        self.lrs: list[float] = []
+        self.broadcast: dict[str, Tensor] = {}
+        self.states: dict[int, dict[str, Tensor]] = {}
+        self.results: dict[int, tuple[ClientUpdate, dict[str, Tensor]]] = {}
+
+    def on_round_start(self, trainer: pl.Trainer, module: Any, round_idx: int, clients: list[int]) -> None:
+        if round_idx != self.round_idx:
+            return
+        engine = module.engine
+        self.start = engine.round_start.clone()
+        self.lrs = [group["lr"] for group in engine.local_optimizer().param_groups]  # the round's scheduled rates
+        self.broadcast = {name: t.clone() for name, t in broadcast_state(module).items()}
+        self.states = {c: {k: v.clone() for k, v in engine.context.load_client_state(c).items()} for c in clients}
+        backend_round = engine.backend.round
+
+        def recording(context: Any, round_clients: list[int]) -> Iterator[Any]:
+            for results in backend_round(context, round_clients):
+                for result in results:
+                    self.results[result.update.client_id] = (
+                        result.update, {k: v.clone() for k, v in (result.state or {}).items()})
+                yield results
+
+        engine.backend.round = recording
+
+    def on_round_end(self, trainer: pl.Trainer, module: Any, round_idx: int,
+                     aggregate: Optional[dict[str, Tensor]]) -> None:
+        if round_idx == self.round_idx:
+            del module.engine.backend.round  # the class's method again
+
+
+def check_without_trainer(check: AlgorithmCheck) -> str:
+    """A client's round without a Trainer (:func:`~fl_lightning.backends.run_client`, what a deployment node
+    runs), given what the last round of a fit gave the client (start model, state entries, broadcast state,
+    learning rates) and the client's training split, on a fresh copy of the algorithm, returns the fit's
+    uploads, new state entries and sample count, bitwise. Skipped for lock-step algorithms (their clients need
+    the server at every step) and for server networks that train on the clients' data (PeFLL, pFedHN: the
+    client's round is part of the server's).
+
+    Raises:
+        AssertionError: naming the client and what differed or failed, and the likely cause.
+    """
+    module = check.build()
+    if getattr(module, "lockstep", False):
+        return "skipped: a lock-step algorithm's clients need the server's reply at every step"
+    if isinstance(module, HypernetworkFederation):
+        return "skipped: its server networks train on the clients' data (the client's round is part of the server's)"
+    recorder = RoundRecorder(check.rounds - 1)
+    check.fit(module, callbacks=[recorder])
+    if not recorder.results:
+        raise RuntimeError(f"check_algorithm({check.name}) [without_trainer]: the fit's last round ran no client")
+    node, data = check.build(), check.data()  # a node's own copy of the algorithm and of its data
+    data.setup("fit")
+    steps, epochs = node.local_steps, node.local_epochs
+    settings = LocalSettings(steps=steps if epochs is None else None, epochs=epochs, lrs=recorder.lrs)
+    fix = ("its client hooks (client_init, client_step, client_final) read what a node does not have: the Trainer, "
+           "the engine (self.engine...), or server state that is not declared. Read the client's data through "
+           "run.data, its local work through run.local, and declare the server state the clients read with "
+           "self.add_broadcast(name)")
+    assert recorder.start is not None
+    for client_id, (update, state) in sorted(recorder.results.items()):
+        try:
+            with quiet():
+                result = run_client(node, client_id, recorder.round_idx, recorder.start, recorder.states[client_id],
+                                    settings, data.client_data(client_id, "train"), broadcast=recorder.broadcast)
+        except Exception as error:  # noqa: BLE001: whatever stops a client's round on a node is the finding
+            raise AssertionError(
+                f"check_algorithm({check.name}) [without_trainer]: client {client_id}'s round of round "
+                f"{recorder.round_idx} without a Trainer fails ({type(error).__name__}: {error}). Likely cause: "
+                f"{fix}") from error
+        got = named_tensors(result.uploads, result.state)
+        expected = named_tensors(update.tensors, state)
+        differing = sorted(k for k in expected.keys() | got.keys()
+                           if k not in got or k not in expected or not torch.equal(got[k], expected[k]))
+        if differing or result.update.num_samples != update.num_samples:
+            what = (", ".join(differing) if differing else
+                    f"the sample count ({result.update.num_samples}, the fit's {update.num_samples})")
+            raise AssertionError(
+                f"check_algorithm({check.name}) [without_trainer]: client {client_id}'s round of round "
+                f"{recorder.round_idx} without a Trainer differs from the fit's in {what}. Likely cause: {fix}")
+    return PASSED
+
+
+def named_tensors(uploads: dict[str, Tensor], state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A client round's uploads and state entries by one name each (``"upload delta"``, ``"state control"``)."""
+    return {**{f"upload {k}": v for k, v in uploads.items()}, **{f"state {k}": v for k, v in state.items()}}
+
+
 #: each property's check, in the order :func:`~fl_lightning.testing.check_algorithm` runs them (the
 #: two-process run last: it costs the most)
 CHECKS: dict[str, Callable[[AlgorithmCheck], str]] = {
@@ -293,6 +391,7 @@ CHECKS: dict[str, Callable[[AlgorithmCheck], str]] = {
     "batched": check_batched,
     "resume": check_resume,
     "nonfinite_update": check_nonfinite_update,
+    "without_trainer": check_without_trainer,
     "two_processes": check_two_processes,
 }
 #: every property, in the order they are checked
