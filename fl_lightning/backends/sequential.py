@@ -55,7 +55,7 @@ class SequentialBackend(ClientBackend):
         local = partial(ModuleLocal, self._program.view.params, optimizer=context.engine.local_optimizer())
         run = context.new_run(ModuleRun, client_id, local, context, self._program.view,
                               batches=context.client_batches(client_id))
-        run.start = run.start  # loaded into the client module
+        run._restart(run.start)  # the global model, into the client module
         return run
 
     def run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:

@@ -430,7 +430,7 @@ class BatchedBackend(ClientBackend):
         run = context.new_run(FunctionalRun, client_id, local or self._local_work(context), context,
                               [] if views is None else list(views))
         if views is None:
-            run.start = run.start  # a copy of its own
+            run._restart(run.start)  # a copy of its own
         return run
 
     def _start_runs(self, context: ClientContext, clients: list[int]
