@@ -261,20 +261,12 @@ class ModuleView:
 
 class ModuleLocal(LocalWork):
     """The local optimization of a :class:`ModuleRun`: ``optimizer``, a ``torch.optim`` optimizer over the
-    client module's parameters ``params``.
-
-    Args:
-        params: the client module's parameters, in the model's order.
-        **fields: the :class:`~fl_lightning.run.LocalWork` fields.
-    """
+    client module's parameters (its run tells it their order, for :attr:`moves`)."""
 
     optimizer: torch.optim.Optimizer
-
-    def __init__(self, params: Sequence[Tensor], num_steps: Optional[int], epochs: Optional[int] = None,
-                 shared: Optional[Tensor] = None, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
-        super().__init__(num_steps, epochs, shared, optimizer)
-        self._params = params
-        self._moves: Optional[list[bool]] = None
+    #: the client module's parameters in the model's order (set by the run) and which of them a step moves
+    _params: Sequence[Tensor] = ()
+    _moves: Optional[list[bool]] = None
 
     @property
     def lr(self) -> float:
@@ -307,6 +299,7 @@ class ModuleRun(ClientRun):
         super().__init__(**fields)
         self.services = services
         self._params, self._tensors = view.params, view.tensors
+        self.local._params = view.params
         self._forward_context, self._scaler = view.forward_context, view.scaler
         self._active: Model = None  # the model loss_fn's forward uses, if not the module's own
         self._unscaled = False  # the GradScaler unscaled this optimizer's gradients since its last step
@@ -491,7 +484,7 @@ class ClientProgram:
         The client module is left with the client's trained model."""
         algorithm, settings = self.algorithm, self.settings
         batches = self.batches(client_id, data)
-        local = ModuleLocal(self.view.params, settings.steps if config is None else config.local_steps,
+        local = ModuleLocal(settings.steps if config is None else config.local_steps,
                             settings.epochs if config is None else config.local_epochs,
                             optimizer=local_optimizer(self.client, settings.lrs))
         if config is not None and config.changes_lr:

@@ -52,7 +52,7 @@ class SequentialBackend(ClientBackend):
     def new_run(self, context: ClientContext, client_id: int) -> ModuleRun:
         """A lock-step run of ``client_id`` starting from the global model (loaded into the client module)."""
         assert self._program is not None, "the round has not started"
-        local = partial(ModuleLocal, self._program.view.params, optimizer=context.engine.local_optimizer())
+        local = partial(ModuleLocal, optimizer=context.engine.local_optimizer())
         run = context.new_run(ModuleRun, client_id, local, context, self._program.view,
                               batches=context.client_batches(client_id))
         run._restart(run.start)  # the global model, into the client module
@@ -136,9 +136,8 @@ def train_plainly(context: ClientContext, client_id: int, start: Tensor, steps: 
     module's loss and optimizer from ``start``, on ``steps`` batches of ``stream`` (keyed by
     ``round_idx``); returns the trained state vector. The client module is left trained: the
     caller restores it."""
-    view = context.module_view()
-    local = partial(ModuleLocal, view.params, optimizer=context.engine.local_optimizer())
-    run = context.new_run(ModuleRun, client_id, local, context, view,
+    local = partial(ModuleLocal, optimizer=context.engine.local_optimizer())
+    run = context.new_run(ModuleRun, client_id, local, context, context.module_view(),
                           batches=context.client_batches(client_id, round_idx), start=start, plain=True,
                           round_idx=round_idx)
     run.start = start  # loaded into the client module
