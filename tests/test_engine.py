@@ -3,6 +3,9 @@ order independence, bad input and non-finite updates."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -16,6 +19,8 @@ from fl_lightning.backends import SequentialBackend
 from fl_lightning.seeding import generator
 from fl_lightning.vectors import ModelVector
 from tests.helpers import global_vector, synthetic, tiny_client, trainer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class PlainClassifier(pl.LightningModule):
@@ -392,3 +397,17 @@ def test_a_logger_accepts_hyperparameters_the_module_and_the_data_share(tmp_path
     t = trainer(1, logger=CSVLogger(tmp_path))
     t.fit(FedAvg(tiny_client(), clients_per_round=2, local_steps=1, seed=3), synthetic(4, seed=0))
     assert t.current_epoch == 1
+
+
+def test_the_author_meets_few_names():
+    """Engine v4's bounds on what an algorithm's author meets (``benchmarks/author_surface.py`` counts them): at
+    most 20 names of a ``FederatedModule`` beyond Lightning's and its constructor's, 15 of a ``ClientRun``, and a
+    backend protocol of at most 6 public methods, 4 of them abstract."""
+    spec = importlib.util.spec_from_file_location("author_surface", ROOT / "benchmarks" / "author_surface.py")
+    assert spec is not None and spec.loader is not None
+    counter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(counter)
+    names = counter.surface()
+    assert len(names["author"]) <= 20, names["author"]
+    assert len(names["run"]) <= 15, names["run"]
+    assert len(names["backend"]) <= 6 and len(names["abstract"]) <= 4, (names["backend"], names["abstract"])
