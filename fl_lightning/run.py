@@ -129,6 +129,15 @@ class LocalWork:
         raise NotImplementedError
 
 
+class _StartModel:
+    """``ClientRun.start``: read as a plain attribute (no call: algorithms read it at every step); set, it also
+    loads the value into the trained model (the backend's ``_restart``)."""
+
+    def __set__(self, run: "ClientRun", start: Tensor) -> None:
+        run.__dict__["start"] = start
+        run._restart(start)
+
+
 class ClientRun:
     """One client's round. Subclassed by each backend, which supplies the model operations.
 
@@ -158,7 +167,7 @@ class ClientRun:
         self.client_id = client_id
         self.round = round_idx
         self.layout = layout
-        self._start = start
+        self.__dict__["start"] = start  # not loaded into the model: the backend starts it (start's setter does)
         self.state = state
         self.data = data
         self.local = local
@@ -168,14 +177,7 @@ class ClientRun:
         self._step_values: dict[str, list[Tensor]] = {}
         self._means: dict[str, Tensor] = {}
 
-    @property
-    def start(self) -> Tensor:
-        return self._start
-
-    @start.setter
-    def start(self, start: Tensor) -> None:
-        self._start = start
-        self._restart(start)
+    start = _StartModel()
 
     # ------------------------------------------------------------ backend operations
     @property

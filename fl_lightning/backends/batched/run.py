@@ -231,12 +231,13 @@ class FunctionalRun(ClientRun):
     # ------------------------------------------------------------ the carry: what a step reads and writes
     def carry(self) -> dict[str, Any]:
         """The run's per-client values (a pytree; its non-tensor leaves must agree over a block)."""
-        return {"tensors": self.tensors, "opt": self.local.opt_state, "start": self._start, "state": self.state,
+        return {"tensors": self.tensors, "opt": self.local.opt_state, "start": self.start, "state": self.state,
                 "scratch": self.scratch}
 
     def load_carry(self, carry: dict[str, Any]) -> None:
         """Take the values of :meth:`carry` back."""
-        self.tensors, self.local.opt_state, self._start = list(carry["tensors"]), list(carry["opt"]), carry["start"]
+        self.tensors, self.local.opt_state = list(carry["tensors"]), list(carry["opt"])
+        self.__dict__["start"] = carry["start"]  # the carry's tensors are the model: nothing to load
         self.state, self.scratch = dict(carry["state"]), dict(carry["scratch"])
 
     @classmethod
