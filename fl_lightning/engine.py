@@ -181,7 +181,8 @@ class FederationEngine:
         states: dict[int, Optional[dict[str, Tensor]]] = {}
         for _ in range(self.num_work_items()):  # the same count on every process; some have nothing left
             yield
-            for result in next(work, ()):
+            block = next(work, None)
+            for result in block.rows() if block is not None else ():
                 update = result.update
                 for cb in callbacks:
                     update = cb.on_client_update(trainer, module, update)

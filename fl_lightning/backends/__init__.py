@@ -11,6 +11,7 @@ through a :class:`ClientContext`; :data:`BACKENDS` maps the names ``client_backe
 
 from fl_lightning.backends.base import ClientBackend
 from fl_lightning.backends.batched import BatchedBackend, FunctionalRun
+from fl_lightning.backends.block import ClientBlock
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.client_round import ClientRoundResult, LocalSettings, ModuleRun, run_client
 from fl_lightning.backends.sequential import SequentialBackend, train_plainly
@@ -18,5 +19,5 @@ from fl_lightning.backends.sequential import SequentialBackend, train_plainly
 #: the client backends by the name ``FederatedModule(client_backend=...)`` takes
 BACKENDS: dict[str, type[ClientBackend]] = {"sequential": SequentialBackend, "batched": BatchedBackend}
 
-__all__ = ["BACKENDS", "BatchedBackend", "ClientBackend", "ClientContext", "ClientRoundResult", "FunctionalRun",
-           "LocalSettings", "ModuleRun", "SequentialBackend", "run_client", "train_plainly"]
+__all__ = ["BACKENDS", "BatchedBackend", "ClientBackend", "ClientBlock", "ClientContext", "ClientRoundResult",
+           "FunctionalRun", "LocalSettings", "ModuleRun", "SequentialBackend", "run_client", "train_plainly"]

@@ -7,10 +7,12 @@ the module. Its protocol is six methods, three of them abstract:
 * :meth:`ClientBackend.setup`: settle what depends on the run (device, data, block sizes) and refuse,
   before the first round, what it cannot run;
 * :meth:`ClientBackend.round`: the round of this process's clients as work items (the Trainer's
-  "batches" of the epoch), yielding each work item's results as it runs; in an ordinary round a work
-  item is a block of ``clients_per_block`` clients' whole rounds (:meth:`ClientBackend.run_clients`);
+  "batches" of the epoch), yielding each work item's results as it runs, a
+  :class:`~fl_lightning.backends.block.ClientBlock` (columns, not an object per client); in an ordinary
+  round a work item is a block of ``clients_per_block`` clients' whole rounds
+  (:meth:`ClientBackend.run_clients`);
 * :meth:`ClientBackend.run_clients` (abstract): the whole round of a block of clients, returning their
-  results;
+  results as a block;
 * :meth:`ClientBackend.lockstep_group` (abstract): a block of clients of a lock-step round (FedDRO), as
   an object whose operations :func:`lockstep_round` drives (:class:`LockstepGroup`): every group's
   batches, the clients' shared values (``client_share``), their weighted mean over all processes and
@@ -34,7 +36,7 @@ from typing import Any, Iterator, Optional, Protocol, Sequence
 import torch
 from torch import Tensor
 
-from fl_lightning.backends.client_round import ClientRoundResult
+from fl_lightning.backends.block import ClientBlock
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf, evaluate_in_module
 from fl_lightning.distributed import all_reduce_sum, rank_and_world
@@ -55,7 +57,7 @@ class LockstepGroup(Protocol):
     def step(self, batches: Any, step: int) -> None:
         """``client_step`` of every client of the group, the server's reply in ``run.local.shared``."""
 
-    def finish(self) -> list[ClientRoundResult]:
+    def finish(self) -> ClientBlock:
         """``client_final`` of every client of the group: their results."""
 
 
@@ -80,9 +82,9 @@ class ClientBackend(ABC):
             ValueError: this backend cannot run the algorithm here: the reason and the way out.
         """
 
-    def round(self, context: ClientContext, clients: list[int]) -> Iterator[list[ClientRoundResult]]:
+    def round(self, context: ClientContext, clients: list[int]) -> Iterator[ClientBlock]:
         """The round of this process's ``clients``: the results of each work item as it runs (those of the
-        clients it finished; none before a lock-step round's last step)."""
+        clients it finished; none before a lock-step round's last step), as a block."""
         if context.lockstep:
             yield from lockstep_round(self, context, clients)
             return
@@ -91,7 +93,7 @@ class ClientBackend(ABC):
             yield self.run_clients(context, clients[first:first + size])
 
     @abstractmethod
-    def run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:
+    def run_clients(self, context: ClientContext, clients: list[int]) -> ClientBlock:
         """The whole round of ``clients`` (one work item), from ``client_init`` to ``client_final``: their
         results, in the order they finished."""
 
@@ -133,8 +135,7 @@ def work_items_per_round(backend: ClientBackend, context: ClientContext, clients
     return math.ceil(math.ceil(clients_per_round / world) / backend.clients_per_block)
 
 
-def lockstep_round(backend: ClientBackend, context: ClientContext, clients: list[int]
-                   ) -> Iterator[list[ClientRoundResult]]:
+def lockstep_round(backend: ClientBackend, context: ClientContext, clients: list[int]) -> Iterator[ClientBlock]:
     """A lock-step round of this process's ``clients``, one work item per local step of all of them:
     ``client_share``, the server's reply to the weighted mean of the shares over every process,
     ``client_step``; after the last step, ``client_final`` (that work item's results: every client's)."""
@@ -155,8 +156,8 @@ def lockstep_round(backend: ClientBackend, context: ClientContext, clients: list
         for group, b in zip(groups, batches):
             group.step(b, step)
         if step < steps - 1:
-            yield []
-    yield [result for group in groups for result in group.finish()]
+            yield ClientBlock.of([])
+    yield ClientBlock.join([group.finish() for group in groups])
 
 
 def weighted_mean(parts: list[tuple[Tensor, Tensor]], total: float) -> Tensor:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.backends.base import ClientBackend
+from fl_lightning.backends.block import ClientBlock
 from fl_lightning.backends.client_round import ClientProgram, ClientRoundResult, ModuleLocal, ModuleRun
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.run import plain_step
@@ -45,7 +46,7 @@ class SequentialBackend(ClientBackend):
         if context.lockstep:
             self.clients_per_block = 1  # a lock-step group is one parked client
 
-    def round(self, context: ClientContext, clients: list[int]) -> Iterator[list[ClientRoundResult]]:
+    def round(self, context: ClientContext, clients: list[int]) -> Iterator[ClientBlock]:
         self._program = context.client_program()
         yield from super().round(context, clients)
 
@@ -58,9 +59,9 @@ class SequentialBackend(ClientBackend):
         run._restart(run.start)  # the global model, into the client module
         return run
 
-    def run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:
+    def run_clients(self, context: ClientContext, clients: list[int]) -> ClientBlock:
         """The whole round of each of ``clients`` (a block), one after another."""
-        return [self.run_client(context, client_id) for client_id in clients]
+        return ClientBlock.of([self.run_client(context, client_id) for client_id in clients])
 
     def run_client(self, context: ClientContext, client_id: int) -> ClientRoundResult:
         """One client's whole round: the round's client program run for it (``client_init``, its steps,
@@ -112,10 +113,10 @@ class _Parked:
             local.steps_taken += 1
             local.step_index += 1
 
-    def finish(self) -> list[ClientRoundResult]:
+    def finish(self) -> ClientBlock:
         with _activated(self.context, self.run, "final"):
             uploads = self.context.algorithm.client_final(self.run)
-        return [self.context.result(self.run, uploads)]
+        return ClientBlock.of([self.context.result(self.run, uploads)])
 
 
 @contextmanager

@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 
 from fl_lightning.algorithms.pefll import HypernetworkFederation
 from fl_lightning.backends.base import ClientBackend, LockstepGroup, refusal
+from fl_lightning.backends.block import ClientBlock
 from fl_lightning.backends.client_round import ClientRoundResult
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.sequential import train_one_by_one
@@ -156,7 +157,7 @@ class DeploymentBackend(ClientBackend):
             answered.add(node)
         self.node_of, self._nodes = node_of, answered
 
-    def run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:
+    def run_clients(self, context: ClientContext, clients: list[int]) -> ClientBlock:
         """The round of ``clients``: a job to each one's node; the checked replies' results."""
         if set(self.grid.get_node_ids()) != self._nodes:
             self.discover()  # a node joined, left or came back (with a new id)
@@ -218,7 +219,7 @@ class DeploymentBackend(ClientBackend):
                 marker = float(round_idx) if got.state_finite else float("nan")  # NaN: excluded as a non-finite state
                 state = {STATE_VERSION: torch.tensor(marker, dtype=torch.float64)} if algorithm.engine.state_specs else None
                 results.append(ClientRoundResult(got.update, state or {}))
-        return results
+        return ClientBlock.of(results)
 
     @staticmethod
     def _state_version(algorithm: FederatedModule, client_id: int) -> int:

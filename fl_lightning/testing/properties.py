@@ -313,11 +313,11 @@ class RoundRecorder(FederatedCallback):
         backend_round = engine.backend.round
 
         def recording(context: Any, round_clients: list[int]) -> Iterator[Any]:
-            for results in backend_round(context, round_clients):
-                for result in results:
+            for block in backend_round(context, round_clients):
+                for result in block.rows():
                     self.results[result.update.client_id] = (
                         result.update, {k: v.clone() for k, v in (result.state or {}).items()})
-                yield results
+                yield block
 
         engine.backend.round = recording
 

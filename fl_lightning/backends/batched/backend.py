@@ -26,6 +26,7 @@ from fl_lightning.backends.batched.run import FunctionalLocal, FunctionalRun, ca
 from fl_lightning.backends.batched.sizing import MEMORY_SHARE, activation_bytes, block_size, free_memory
 from fl_lightning.backends.batched.stacking import merge_leaves, plain_unflattener, split_leaves, stack_carries
 from fl_lightning.backends.batched.step_trial import NOT_VECTORIZABLE, trial_algorithm_step, trial_vectorized_step
+from fl_lightning.backends.block import ClientBlock
 from fl_lightning.backends.client_round import ClientRoundResult
 from fl_lightning.backends.context import ClientContext
 from fl_lightning.backends.evaluate import StateOf
@@ -247,14 +248,14 @@ class BatchedBackend(ClientBackend):
         return min(block_size(max(clients, 1), client_bytes, free_memory(device)),
                    self._fitting.get("evaluation", clients))
 
-    def run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:
+    def run_clients(self, context: ClientContext, clients: list[int]) -> ClientBlock:
         """A block's whole round: every client's ``client_init``, the block's vectorized steps, every
         client's ``client_final`` (in the clients' order). Clients whose batches differ in shape at
         every step (smaller clients than the batch) step as blocks of their own, each step one call
         over a whole block: no client's values are gathered out of a block and written back. Python's
         garbage collector is paused meanwhile (:func:`collection_paused`)."""
         with collection_paused():
-            return self._run_clients(context, clients)
+            return ClientBlock.of(self._run_clients(context, clients))
 
     def _run_clients(self, context: ClientContext, clients: list[int]) -> list[ClientRoundResult]:
         """:meth:`run_clients`' work (in parts of the block that fits, once a block ran out of memory)."""
@@ -514,7 +515,7 @@ class BatchedBackend(ClientBackend):
         return results
 
     # ------------------------------------------------------------ lock-step rounds (a block each group)
-    def round(self, context: ClientContext, clients: list[int]) -> Iterator[list[ClientRoundResult]]:
+    def round(self, context: ClientContext, clients: list[int]) -> Iterator[ClientBlock]:
         """The round (:meth:`ClientBackend.round`); in a lock-step round, out of memory is raised with what
         to change, since a lock-step round is not retried in smaller blocks: its clients have already
         exchanged shares with the server (which may keep state of them) by the step that fails."""
@@ -692,10 +693,10 @@ class _LockstepBlock:
             run.local.shared = shared
         self.backend._advance(self.context, self.block, batches, step, "step")
 
-    def finish(self) -> list[ClientRoundResult]:
+    def finish(self) -> ClientBlock:
         self.block.unstack()
         self.block.flush_logs(self.context)
-        return self.backend._finish_runs(self.context, self.block.runs)
+        return ClientBlock.of(self.backend._finish_runs(self.context, self.block.runs))
 
 
 def refusals(context: ClientContext) -> list[str]:
