@@ -81,17 +81,17 @@ class ClientBlock:
     def rows(self) -> Iterator[ClientRoundResult]:
         """Each client's result, in the block's order: its uploads and new state entries are views of the
         block's columns."""
-        uploads = {name: column.unbind(0) for name, column in self.uploads.items()}
-        states: list[dict[str, Tensor]] = [{} for _ in self.client_ids]
+        uploads = [(name, column.unbind(0)) for name, column in self.uploads.items()]
+        states: list[dict[str, Tensor]] = [{} for _ in self.client_ids] if self.state else []
         for name, column in self.state.items():
             for row, value in zip(self.state_rows[name], column.unbind(0) if isinstance(column, Tensor) else column):
                 states[row][name] = value
         metrics = self.metrics.items()
         for i, client_id in enumerate(self.client_ids):
             yield ClientRoundResult(ClientUpdate(client_id, self.num_samples[i],
-                                                 {name: rows[i] for name, rows in uploads.items()},
+                                                 {name: rows[i] for name, rows in uploads},
                                                  {name: values[i] for name, values in metrics if values[i] is not None}),
-                                    states[i])
+                                    states[i] if states else {})
 
 
 def columns(rows: Sequence[Tensor]) -> Tensor:
@@ -104,10 +104,14 @@ def columns(rows: Sequence[Tensor]) -> Tensor:
 
 
 def _base_of(rows: Sequence[Tensor]) -> Optional[Tensor]:
-    """The tensor ``rows`` are the rows of, in order and all of them; None if there is none."""
-    bases: dict[int, Any] = {}
-    found = [row_of(row, bases) for row in rows]
-    base = found[0][0] if found[0] is not None else None
-    if base is None or len(base) != len(rows):
+    """The tensor ``rows`` are the rows of, in order and all of them; None if there is none (two calls a row
+    once the first is known to be a row of its base)."""
+    first = row_of(rows[0])
+    if first is None or first[1] != 0 or first[0].shape[0] != len(rows):
         return None
-    return base if all(f is not None and f[0] is base and f[1] == i for i, f in enumerate(found)) else None
+    base, (offset, step), strides = first[0], (rows[0].storage_offset(), first[0].stride(0)), rows[0].stride()
+    for i, row in enumerate(rows):
+        if row._base is not base or row.storage_offset() != offset + i * step or row.stride() != strides \
+                or row.shape != rows[0].shape:
+            return None
+    return base
