@@ -95,6 +95,15 @@ def environment() -> dict[str, Any]:
             "tree": "FL_LIGHTNING_COMMIT" if os.environ.get("FL_LIGHTNING_COMMIT") else "clean"}
 
 
+def record(name: str, commit: str, params: dict[str, Any], wall_s: float, history: list[dict[str, Any]],
+           device: str) -> Run:
+    """A run as a result file holds it: its name, the commit it ran on (:func:`commit`), the settings its
+    tables group by, its wall time (rounded to 0.1 s), its evaluations, the device it trained on (``cpu``
+    or ``cuda: <the card>``) and this process's :func:`environment`."""
+    return {"name": name, "commit": commit, "params": params, "wall_s": round(wall_s, 1), "history": history,
+            "device": device, "env": environment()}
+
+
 def load(path: str | Path) -> list[Run]:
     """The runs of a result file, in file order (an absent file has none)."""
     path = Path(path)

@@ -348,9 +348,8 @@ def fit(run: Run, paper: str, plan: Any, commit: str, limits: Limits = Limits(),
     except DIVERGED as error:
         diverged = f"round {cli.trainer.current_epoch + 1}: {type(error).__name__}: {error}"
         print(f"{run.name} diverged in {diverged}", flush=True)
-    record = {"name": run.name, "commit": commit, "params": run.params,
-              "wall_s": round(recorder.elapsed(), 1), "history": recorder.history, "device": device_name(cli.trainer),
-              "env": results.environment()}
+    record = results.record(run.name, commit, run.params, recorder.elapsed(), recorder.history,
+                            device_name(cli.trainer))
     if backend is not None:
         record["backend"] = backend
     if len(recorder.commits) > 1:  # stopped and resumed on other code: every commit it ran on

@@ -45,6 +45,25 @@ def test_feddro_converges_to_the_optimum(beta):
     assert abs(x) < 1e-3
 
 
+def test_the_counterexample_records_each_run_with_its_commit_device_and_environment(tmp_path, monkeypatch):
+    """``experiments.feddro.counterexample`` writes one record per setting, each naming the commit, the device
+    and the environment it ran with, and the run's final x_bar as ``fit_toy`` gives it."""
+    from experiments import results
+    from experiments.feddro import counterexample
+
+    monkeypatch.setenv("FL_LIGHTNING_COMMIT", "0123abc")
+    out = tmp_path / "toy.json"
+    counterexample.main(["--out", str(out), "--iterations", "10"])
+    records = results.load(out)
+    assert [r["name"] for r in records] == [name for name, _, _ in counterexample.runs(10)]
+    for record in records:
+        assert record["commit"] == "0123abc" and record["device"] == "cpu"
+        assert record["env"] == {**results.environment(), "threads": 1}  # the script's one thread
+    first = records[0]
+    kw = {k: first["params"][k] for k in ("case", "lr", "local_steps")}
+    assert results.last(first, "x_bar") == fit_toy(ToyFedAvg, first["params"]["rounds"], **kw)
+
+
 # ------------------------------------------------------------------------ y-bar tracking
 class RecordingFedDRO(FedDRO):
     """Records ``(y_bar, sum_k w_k g_k(x_k; full data))`` at every step."""

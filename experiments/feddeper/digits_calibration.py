@@ -83,9 +83,8 @@ def run(method: str, seed: int, rounds: int, clients_per_round: int, eval_every:
     trainer.fit(algorithm(method, seed, clients_per_round), datamodule=dm)
     wall = time.perf_counter() - start
     params = dict(study="digits", m=clients_per_round, method=method, seed=seed, rounds=rounds)
-    return {"name": f"digits_m{clients_per_round}/{method}_s{seed}", "commit": commit, "params": params,
-            "wall_s": round(wall, 1), "device": "cpu", "env": results.environment(),
-            "history": [{"round": h["round"], "test_acc": h["test_acc"]} for h in recorder.history]}
+    history = [{"round": h["round"], "test_acc": h["test_acc"]} for h in recorder.history]
+    return results.record(f"digits_m{clients_per_round}/{method}_s{seed}", commit, params, wall, history, "cpu")
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ clients at every step, T local iterations (``T / I`` rounds of I local steps).
 
 Each run is one ``Trainer.fit`` of the engine's classes (``client_backend="batched"`` with
 ``compile_step=True``); its final figures go into the result file (:mod:`experiments.results`)
-as soon as it ends, with the commit it ran on, its seed and its rounds. Runs already in the
-file are skipped, so a stopped experiment resumes.
+as soon as it ends, with the commit it ran on, its device (the CPU), its environment, its seed and
+its rounds. Runs already in the file are skipped, so a stopped experiment resumes.
 """
 
 from __future__ import annotations
@@ -229,8 +229,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         params = dict(algorithm=setting.algorithm, split=setting.split, local_steps=setting.local_steps,
                       iterations=setting.iterations, rounds=setting.rounds, seed=setting.seed, lam=LAM, beta=BETA,
                       lr=LR, clients=CLIENTS, batch_size=BATCH)
-        results.add(args.out, {"name": setting.name, "commit": head, "params": params, "wall_s": round(wall, 1),
-                               "history": [{"round": setting.rounds, **figures}]})
+        results.add(args.out, results.record(setting.name, head, params, wall,
+                                             [{"round": setting.rounds, **figures}], "cpu"))
         print(f"{setting.name}: {figures} ({wall:.1f} s)", flush=True)
     print(report(results.load(args.out)))
 

@@ -7,7 +7,8 @@ Client 1 holds ``g_1(x) = 4x - 4``, client 2 ``g_2(x) = -2x + 4``, ``f(y) = sqrt
 Full-batch, deterministic (one sample per client, batch 1), plain SGD. The vanilla compositional
 FedAvg (Algorithm 1, cases I and II) stalls above 1 (the spec's values: check 1); FedDRO, which
 averages the inner estimate at every step, reaches ``x* = 0`` (check 2). Each run's final
-``x_bar`` goes into the result file (:mod:`experiments.results`) with the commit it ran on.
+``x_bar`` goes into the result file (:mod:`experiments.results`) with the commit it ran on, its device
+(the CPU) and its environment.
 ``tests/test_feddro.py`` runs a short version of both checks with these classes.
 """
 
@@ -125,10 +126,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         if name not in done:
             start = time.perf_counter()
             x = fit_toy(cls, rounds, **kw)
-            results.add(args.out, {"name": name, "commit": head,
-                                   "params": dict(algorithm=cls.__name__, **kw, rounds=rounds, seed=0),
-                                   "wall_s": round(time.perf_counter() - start, 1),
-                                   "history": [{"round": rounds, "x_bar": x}]})
+            params = dict(algorithm=cls.__name__, **kw, rounds=rounds, seed=0)
+            results.add(args.out, results.record(name, head, params, time.perf_counter() - start,
+                                                 [{"round": rounds, "x_bar": x}], "cpu"))
         run = next(r for r in results.load(args.out) if r["name"] == name)
         x = results.last(run, "x_bar")
         if cls is ToyFedAvg:

@@ -46,7 +46,7 @@ from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
 from experiments.fedproxvr.plan import FIG2, RESULTS, runs as plan_runs
-from experiments.results import commit
+from experiments.results import commit, environment
 from experiments.sweep import in_process_cli
 from fl_lightning.functional.fedproxvr_theory import sarah_steps_upper_bound
 from fl_lightning.functional.norms import joint_norm
@@ -58,9 +58,10 @@ ESTIMATORS = ("svrg", "sarah")
 FIRST_SETTING = next(iter(FIG2))
 #: the result file beside the document's
 RESULT = RESULTS.parent / "fedproxvr_estimator_error.json"
-QUIET = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing",
-         "false", "--trainer.enable_model_summary", "false", "--data.init_args.print_summary", "false",
-         "--trainer.limit_val_batches", "0"]
+#: the warm-up run's overrides: quiet, and on the CPU, where the measurements run (and which they record)
+QUIET = ["--trainer.accelerator", "cpu", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+         "--trainer.enable_checkpointing", "false", "--trainer.enable_model_summary", "false",
+         "--data.init_args.print_summary", "false", "--trainer.limit_val_batches", "0"]
 
 Params = dict[str, Tensor]
 
@@ -135,7 +136,7 @@ def aggregate(warmup: int, seed: int = 0, trajectory: str = "fedavg", warm_setti
     model is ``trajectory``'s (``fedavg``, ``svrg``, ``sarah``) after ``warmup`` rounds of its ``fig3`` run
     in ``warm_setting`` (default: the first): a method's own trajectory where it is the one measured.
     One entry of the result file's ``aggregates``, with ``code``: the commit the process imported (default:
-    the checkout's now)."""
+    the checkout's now), the device (the CPU) and the process's environment."""
     code = code or commit()
     plan = plan_by_name()
     warm_setting = warm_setting or FIRST_SETTING
@@ -151,7 +152,7 @@ def aggregate(warmup: int, seed: int = 0, trajectory: str = "fedavg", warm_setti
         return total / sum(size for _, size in client_chunks)
 
     out: dict[str, Any] = {"warmup_rounds": warmup, "seed": seed, "trajectory": trajectory, "warm_setting": warm_setting,
-                           "commit": code,
+                           "commit": code, "device": "cpu", "env": environment(),
                            "start_loss": sum(w * loss_on(start, c) for w, c in zip(weights, chunks)), "settings": {}}
     for setting in settings or FIG2:
         beta, tau, eta = FIG2[setting]
@@ -321,7 +322,7 @@ def main(argv: Any = None) -> None:
                 opts.out.write_text(json.dumps(result, indent=1) + "\n")
         print(aggregate_table(result))
         return
-    result = {"commit": code, "measurements": []}
+    result = {"commit": code, "device": "cpu", "env": environment(), "measurements": []}
     for warmup in opts.warmup:
         result["measurements"].append(measure(warmup, opts.client, opts.seed))
         if opts.out:  # as they come
