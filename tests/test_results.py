@@ -5,6 +5,7 @@ aside), and every figure a document shows is there. No training: the result file
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -39,6 +40,38 @@ def test_every_table_is_computed_from_the_result_file(paper):
 def test_every_figure_shown_is_there(document):
     shown = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", document.read_text())
     assert [target for target in shown if not (document.parent / target).is_file()] == []
+
+
+def test_the_index_counts_where_the_records_come_from_as_the_files_say():
+    """docs/results/index.md's table is the one ``experiments.provenance`` computes from the result files
+    (``python -m experiments.provenance --update`` after a file changed)."""
+    from experiments import provenance
+
+    assert provenance.table(DOCS.glob("*.json")) in (DOCS / "index.md").read_text()
+
+
+def test_provenance_counts_clean_commits_environments_devices_and_the_cost_of_the_rest(tmp_path):
+    from experiments import provenance
+
+    env = {"torch": "2.14.1"}
+    runs = {"runs": [{"name": "a", "commit": "abc", "env": env, "device": "cpu", "wall_s": 7200.0},
+                     {"name": "b", "commit": "abc+", "env": env, "device": "cpu", "wall_s": 3600.0},
+                     {"name": "c", "commit": "abc", "commits": ["abc", "def+"], "wall_s": 1800.0},
+                     {"name": "d", "commit": "abc", "wall_s": 1800.0}]}
+    measured = {"commit": "f00", "measurements": [{"x": 1}], "aggregates": [{"commit": "f01+", "env": env, "y": 2}]}
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    (tmp_path / "measured.json").write_text(json.dumps(measured))
+    (tmp_path / "whole.json").write_text(json.dumps({"setting": "s"}))
+    assert [r.get("commit") for r in provenance.records(measured)] == ["f00", "f01+"]
+    assert provenance.table(tmp_path.glob("*.json")).splitlines()[2:] == [
+        "| measured.json | 2 | 1 | 1 | not recorded 2 | 2, 0.0 (2 with no wall time) |",
+        "| runs.json | 4 | 2 | 2 | cpu 2, not recorded 2 | 3, 2.0 |",
+        "| whole.json | 1 | 0 | 0 | not recorded 1 | 1, 0.0 (1 with no wall time) |",
+        "| all | 7 | 3 | 3 | cpu 2, not recorded 5 | 6, 2.0 (3 with no wall time) |"]
+    page = f"# results\n\nintro\n\n{provenance.HEADER}\n|---|\n| old | row |\n\nafter\n"
+    assert provenance.update(page, "NEW") == "# results\n\nintro\n\nNEW\n\nafter\n"
+    with pytest.raises(ValueError, match="no table headed"):
+        provenance.update("# results\n", "NEW")
 
 
 def test_refresh_replaces_each_shown_table_by_its_new_counterpart():
