@@ -841,3 +841,23 @@ def test_fedproxvr_aggregates_are_added_to_the_result_file_as_it_is_when_each_en
     assert result["measurements"] == [] and result["commit"] == "c"
     assert [(a["trajectory"], a["seed"], a["start_loss"]) for a in result["aggregates"]] == [
         ("fedavg", 1, 1.0), ("sarah", 0, 2.0)]
+
+
+def test_scaffold_with_sample_weighted_controls_weights_the_control_deltas_by_sample_count():
+    """The SCAFFOLD experiment's "before" arm: after one round from c = 0, c is (|S| / N) times the
+    sample-weighted mean of the sampled clients' control deltas (each client's c_i, which started at 0),
+    where SCAFFOLD's own is (|S| / N) times their uniform mean."""
+    from experiments.scaffold.run import SampleWeightedControlSCAFFOLD
+    from fl_lightning.algorithms import SCAFFOLD
+    from tests.helpers import synthetic, tiny_client, trainer
+
+    for algorithm in (SCAFFOLD, SampleWeightedControlSCAFFOLD):
+        dm = synthetic(8)
+        module = algorithm(tiny_client(hidden=(8,)), clients_per_round=2, local_steps=4, seed=0)
+        trainer(1).fit(module, dm)
+        ran = list(module.engine.store.clients())
+        sizes = torch.tensor([float(dm.num_samples(c)) for c in ran])
+        controls = torch.stack([module.engine.store.get(c, "control") for c in ran])
+        assert len(ran) == 2 and sizes[0] != sizes[1]
+        weights = sizes / sizes.sum() if algorithm is SampleWeightedControlSCAFFOLD else torch.full((2,), 0.5)
+        assert torch.allclose(module.server_control.cpu(), 2 / 8 * (weights[:, None] * controls).sum(0), atol=1e-6)
