@@ -15,7 +15,7 @@ import pytest
 from experiments import results
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results"
-PAPERS = ("feddeper", "feddro", "fedproxvr", "pefll", "raga")
+PAPERS = ("feddeper", "feddro", "fedproxvr", "pefll", "raga", "scaffold")
 
 
 def plain(line: str) -> str:
