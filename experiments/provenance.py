@@ -5,6 +5,7 @@ the records that lack either (what re-running them costs, by their own ``wall_s`
 
     python -m experiments.provenance             # the table of docs/results/index.md
     python -m experiments.provenance --update    # put it there
+    python -m experiments.provenance --queue     # the records to re-run, by study, cheapest first
 
 A record is a run of a result file (:mod:`experiments.results`); in a file of another form, an entry of
 its ``measurements`` or ``aggregates`` (which may take the file's commit and environment), or else the
@@ -53,10 +54,9 @@ def device(record: dict[str, Any]) -> str:
 def row(name: str, entries: Sequence[dict[str, Any]]) -> str:
     """One file's row of the table."""
     devices = Counter(device(r) for r in entries)
-    rest = [r for r in entries if not (clean(r) and "env" in r)]
-    hours = sum(r.get("wall_s", 0.0) for r in rest) / 3600
+    rest = [r for r in entries if pending(r)]
     unmeasured = sum("wall_s" not in r for r in rest)
-    cost = f"{len(rest)}, {hours:.1f}" + (f" ({unmeasured} with no wall time)" if unmeasured else "")
+    cost = f"{len(rest)}, {hours(rest):.1f}" + (f" ({unmeasured} with no wall time)" if unmeasured else "")
     return (f"| {name} | {len(entries)} | {sum(map(clean, entries))} | {sum('env' in r for r in entries)} "
             f"| {', '.join(f'{d} {n}' for d, n in sorted(devices.items()))} | {cost} |")
 
@@ -69,6 +69,38 @@ def table(paths: Iterable[Path]) -> str:
         rows.append(row(path.name, entries))
         everything += entries
     return "\n".join([HEADER, "|---|---|---|---|---|---|", *rows, row("all", everything)])
+
+
+def pending(record: dict[str, Any]) -> bool:
+    """Whether a record is to be re-run: it lacks a clean commit or its environment."""
+    return not (clean(record) and "env" in record)
+
+
+def queue(paths: Iterable[Path]) -> str:
+    """The records of the result files at ``paths`` that are to be re-run, a row per file and study (a run's
+    name up to its first ``/``), cheapest first: their number, training hours, longest run, the rounds of
+    the stopped ones (to re-run with ``--until-round``), and the devices they name."""
+    studies: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for path in sorted(paths):
+        for entry in records(json.loads(path.read_text())):
+            if pending(entry):
+                study = str(entry.get("name", "")).partition("/")[0] or "-"
+                studies.setdefault((path.name, study), []).append(entry)
+    lines = ["| result file | study | records | training hours | longest run (min) | stopped at round | devices |",
+             "|---|---|---|---|---|---|---|"]
+    for (name, study), entries in sorted(studies.items(), key=lambda kv: (hours(kv[1]), kv[0])):
+        stopped = sorted({e["history"][-1]["round"] for e in entries if "stopped" in e and e.get("history")})
+        rounds = (f"{stopped[0]}" if len(stopped) == 1 else f"{stopped[0]}-{stopped[-1]}") if stopped else "-"
+        longest = max(e.get("wall_s", 0.0) for e in entries) / 60
+        devices = Counter(device(e) for e in entries)
+        lines.append(f"| {name} | {study} | {len(entries)} | {hours(entries):.2f} | {longest:.0f} | {rounds} "
+                     f"| {', '.join(f'{d} {n}' for d, n in sorted(devices.items()))} |")
+    return "\n".join(lines)
+
+
+def hours(entries: Iterable[dict[str, Any]]) -> float:
+    """The training hours of ``entries`` by their own ``wall_s`` (none where a record has none)."""
+    return sum(e.get("wall_s", 0.0) for e in entries) / 3600
 
 
 def update(page: str, new: str) -> str:
@@ -90,7 +122,12 @@ def update(page: str, new: str) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--update", action="store_true", help=f"write the table into {INDEX.relative_to(ROOT)}")
+    parser.add_argument("--queue", action="store_true",
+                        help="print the records to re-run instead, by study, cheapest first")
     opts = parser.parse_args(argv)
+    if opts.queue:
+        print(queue(RESULTS.glob("*.json")))
+        return
     new = table(RESULTS.glob("*.json"))
     if opts.update:
         INDEX.write_text(update(INDEX.read_text(), new))

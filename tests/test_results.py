@@ -77,6 +77,23 @@ def test_provenance_counts_clean_commits_environments_devices_and_the_cost_of_th
         provenance.update("# results\n", "NEW")
 
 
+def test_the_queue_lists_the_records_to_rerun_by_study_cheapest_first(tmp_path):
+    from experiments import provenance
+
+    env = {"torch": "2.14.1"}
+    stopped = {"stopped": "time limit"}
+    runs = {"runs": [{"name": "long/a_s0", "commit": "abc+", "wall_s": 3600.0, "history": [{"round": 90}], **stopped},
+                     {"name": "long/a_s1", "commit": "abc+", "wall_s": 1800.0, "history": [{"round": 110}], **stopped},
+                     {"name": "short/b_s0", "commit": "abc", "device": "cpu", "wall_s": 600.0},
+                     {"name": "short/b_s1", "commit": "abc", "env": env, "device": "cpu", "wall_s": 600.0}]}
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    (tmp_path / "whole.json").write_text(json.dumps({"setting": "s"}))
+    assert provenance.queue(tmp_path.glob("*.json")).splitlines()[2:] == [
+        "| whole.json | - | 1 | 0.00 | 0 | - | not recorded 1 |",
+        "| runs.json | short | 1 | 0.17 | 10 | - | cpu 1 |",
+        "| runs.json | long | 2 | 1.50 | 60 | 90-110 | not recorded 2 |"]
+
+
 def test_refresh_replaces_each_shown_table_by_its_new_counterpart():
     """Tables are matched in order by their column header and row labels; bold does not hide a
     table; new tables and tables the page does not show are listed, not placed."""
