@@ -51,14 +51,18 @@ def device(record: dict[str, Any]) -> str:
     return record.get("device") or "not recorded"
 
 
+def devices(entries: Iterable[dict[str, Any]]) -> str:
+    """The devices ``entries`` name, each with its count."""
+    return ", ".join(f"{d} {n}" for d, n in sorted(Counter(map(device, entries)).items()))
+
+
 def row(name: str, entries: Sequence[dict[str, Any]]) -> str:
     """One file's row of the table."""
-    devices = Counter(device(r) for r in entries)
     rest = [r for r in entries if pending(r)]
     unmeasured = sum("wall_s" not in r for r in rest)
     cost = f"{len(rest)}, {hours(rest):.1f}" + (f" ({unmeasured} with no wall time)" if unmeasured else "")
     return (f"| {name} | {len(entries)} | {sum(map(clean, entries))} | {sum('env' in r for r in entries)} "
-            f"| {', '.join(f'{d} {n}' for d, n in sorted(devices.items()))} | {cost} |")
+            f"| {devices(entries)} | {cost} |")
 
 
 def table(paths: Iterable[Path]) -> str:
@@ -92,14 +96,13 @@ def queue(paths: Iterable[Path]) -> str:
         stopped = sorted({e["history"][-1]["round"] for e in entries if "stopped" in e and e.get("history")})
         rounds = (f"{stopped[0]}" if len(stopped) == 1 else f"{stopped[0]}-{stopped[-1]}") if stopped else "-"
         longest = max(e.get("wall_s", 0.0) for e in entries) / 60
-        devices = Counter(device(e) for e in entries)
         lines.append(f"| {name} | {study} | {len(entries)} | {hours(entries):.2f} | {longest:.0f} | {rounds} "
-                     f"| {', '.join(f'{d} {n}' for d, n in sorted(devices.items()))} |")
+                     f"| {devices(entries)} |")
     return "\n".join(lines)
 
 
 def hours(entries: Iterable[dict[str, Any]]) -> float:
-    """The training hours of ``entries`` by their own ``wall_s`` (none where a record has none)."""
+    """The training hours of ``entries`` by their own ``wall_s`` (a record without one adds nothing)."""
     return sum(e.get("wall_s", 0.0) for e in entries) / 3600
 
 
