@@ -51,6 +51,16 @@ def device(record: dict[str, Any]) -> str:
     return record.get("device") or "not recorded"
 
 
+def pending(record: dict[str, Any]) -> bool:
+    """Whether a record is to be re-run: it lacks a clean commit or its environment."""
+    return not (clean(record) and "env" in record)
+
+
+def hours(entries: Iterable[dict[str, Any]]) -> float:
+    """The training hours of ``entries`` by their own ``wall_s`` (a record without one adds nothing)."""
+    return sum(e.get("wall_s", 0.0) for e in entries) / 3600
+
+
 def devices(entries: Iterable[dict[str, Any]]) -> str:
     """The devices ``entries`` name, each with its count."""
     return ", ".join(f"{d} {n}" for d, n in sorted(Counter(map(device, entries)).items()))
@@ -75,11 +85,6 @@ def table(paths: Iterable[Path]) -> str:
     return "\n".join([HEADER, "|---|---|---|---|---|---|", *rows, row("all", everything)])
 
 
-def pending(record: dict[str, Any]) -> bool:
-    """Whether a record is to be re-run: it lacks a clean commit or its environment."""
-    return not (clean(record) and "env" in record)
-
-
 def queue(paths: Iterable[Path]) -> str:
     """The records of the result files at ``paths`` that are to be re-run, a row per file and study (a run's
     name up to its first ``/``), cheapest first: their number, training hours, longest run, the rounds of
@@ -94,16 +99,11 @@ def queue(paths: Iterable[Path]) -> str:
              "|---|---|---|---|---|---|---|"]
     for (name, study), entries in sorted(studies.items(), key=lambda kv: (hours(kv[1]), kv[0])):
         stopped = sorted({e["history"][-1]["round"] for e in entries if "stopped" in e and e.get("history")})
-        rounds = (f"{stopped[0]}" if len(stopped) == 1 else f"{stopped[0]}-{stopped[-1]}") if stopped else "-"
+        rounds = "-".join(map(str, sorted({stopped[0], stopped[-1]}))) if stopped else "-"
         longest = max(e.get("wall_s", 0.0) for e in entries) / 60
         lines.append(f"| {name} | {study} | {len(entries)} | {hours(entries):.2f} | {longest:.0f} | {rounds} "
                      f"| {devices(entries)} |")
     return "\n".join(lines)
-
-
-def hours(entries: Iterable[dict[str, Any]]) -> float:
-    """The training hours of ``entries`` by their own ``wall_s`` (a record without one adds nothing)."""
-    return sum(e.get("wall_s", 0.0) for e in entries) / 3600
 
 
 def update(page: str, new: str) -> str:
